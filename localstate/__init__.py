@@ -1,0 +1,63 @@
+"""localstate: a fast, durable place for the watermarks and cursors of Airflow triggers.
+
+    async with StateStore(central_url="postgresql://...") as store:
+        await store.set("asset_watcher:orders", "watermark", 41)
+        await store.get("asset_watcher:orders", "watermark")
+"""
+
+from localstate.config import Settings
+from localstate.errors import (
+    CacheCorrupt,
+    CacheError,
+    CacheLocked,
+    CachePathNotWritable,
+    CacheWriteFailed,
+    CentralError,
+    CentralUnavailable,
+    ConfigError,
+    InvalidInput,
+    InvalidName,
+    LocalStateError,
+    SchemaError,
+    StoreClosed,
+    ValueEncodingError,
+    ValueTooLarge,
+    VersionConflict,
+    WriteRejected,
+)
+from localstate.model import UNSET, Durability, FlushState, Record, Unset
+from localstate.stats import StoreStats
+from localstate.store import StateStore
+from localstate.variable import StateVariable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "UNSET",
+    "CacheCorrupt",
+    "CacheError",
+    "CacheLocked",
+    "CachePathNotWritable",
+    "CacheWriteFailed",
+    "CentralError",
+    "CentralUnavailable",
+    "ConfigError",
+    "Durability",
+    "FlushState",
+    "InvalidInput",
+    "InvalidName",
+    "LocalStateError",
+    "Record",
+    "SchemaError",
+    "Settings",
+    "StateStore",
+    "StateVariable",
+    "StoreClosed",
+    "StoreStats",
+    "Unset",
+    "ValueEncodingError",
+    "ValueTooLarge",
+    "VersionConflict",
+    "WriteRejected",
+    "__version__",
+]

@@ -1,0 +1,127 @@
+"""The exception tree: every error localstate raises is a `LocalStateError`.
+
+    LocalStateError
+    ├── InvalidInput                   bad arguments: nothing was written
+    │   ├── InvalidName                an owner or key that is empty, too long or has control chars
+    │   ├── ValueEncodingError         a value orjson cannot encode, NaN or infinity
+    │   └── ValueTooLarge              an encoded value over `max_value_bytes`
+    ├── ConfigError                    a setting with a bad value (names the setting and its source)
+    ├── StoreClosed                    a call on a store after `close()`
+    ├── VersionConflict                `compare_and_set` saw another version
+    ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
+    ├── CacheError                     the local cache file
+    │   ├── CacheLocked                another live process holds the file
+    │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache
+    │   ├── CacheWriteFailed           a local commit failed (disk full, I/O error)
+    │   └── CachePathNotWritable       the folder or file cannot be created or written
+    ├── SchemaError                    a local or central schema newer than this code
+    └── CentralError                   the central metadata DB
+        └── CentralUnavailable         unreachable or failing past the wait allowed
+
+Driver exceptions (sqlite3, aiosqlite, SQLAlchemy, asyncpg) never escape: they are wrapped in
+one of these, with the driver's exception as `__cause__`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheCorrupt",
+    "CacheError",
+    "CacheLocked",
+    "CachePathNotWritable",
+    "CacheWriteFailed",
+    "CentralError",
+    "CentralUnavailable",
+    "ConfigError",
+    "InvalidInput",
+    "InvalidName",
+    "LocalStateError",
+    "SchemaError",
+    "StoreClosed",
+    "ValueEncodingError",
+    "ValueTooLarge",
+    "VersionConflict",
+    "WriteRejected",
+]
+
+
+class LocalStateError(Exception):
+    """The root of every error localstate raises."""
+
+
+class InvalidInput(LocalStateError, ValueError):
+    """An argument was refused before anything was written."""
+
+
+class InvalidName(InvalidInput):
+    """An owner or key that is empty, too long, or holds control characters."""
+
+
+class ValueEncodingError(InvalidInput):
+    """A value that cannot be stored as JSON (unsupported type, NaN, infinity, >64-bit int)."""
+
+
+class ValueTooLarge(InvalidInput):
+    """An encoded value larger than the store's `max_value_bytes`."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class ConfigError(LocalStateError, ValueError):
+    """A setting with a value that is not allowed."""
+
+
+class StoreClosed(LocalStateError, RuntimeError):
+    """The store was closed; open a new one."""
+
+
+class VersionConflict(LocalStateError):
+    """`compare_and_set` expected one version and found another."""
+
+    def __init__(self, message: str, *, expected: int, actual: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
+class WriteRejected(LocalStateError):
+    """The central DB kept its own record over this write (the key's conflict policy)."""
+
+
+class CacheError(LocalStateError):
+    """A problem with the local cache file; the message names the file."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class CacheLocked(CacheError):
+    """Another live process holds the cache file."""
+
+
+class CacheCorrupt(CacheError):
+    """The file is not a SQLite database, or not a localstate cache."""
+
+
+class CacheWriteFailed(CacheError):
+    """A local commit failed; the write stays staged and is retried."""
+
+
+class CachePathNotWritable(CacheError):
+    """The cache folder or file cannot be created or written."""
+
+
+class SchemaError(LocalStateError):
+    """A database whose schema is newer than this code (or otherwise unusable)."""
+
+
+class CentralError(LocalStateError):
+    """The central metadata DB failed."""
+
+
+class CentralUnavailable(CentralError):
+    """The central metadata DB could not be reached in the time allowed."""

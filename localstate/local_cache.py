@@ -1,0 +1,400 @@
+"""`LocalCache`: the triggerer's own SQLite file, written by one group-committing writer task.
+
+Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = `APPLICATION_ID`)::
+
+    CREATE TABLE state (
+        owner          TEXT    NOT NULL,
+        key            TEXT    NOT NULL,
+        value          BLOB,              -- orjson-encoded JSON; NULL: deleted, not yet flushed
+        version        INTEGER NOT NULL,  -- one more with every write
+        updated_at     REAL    NOT NULL,  -- POSIX seconds
+        updated_by     TEXT    NOT NULL,  -- the writer's id (the triggerer id)
+        synced_version INTEGER NOT NULL,  -- the version the central DB is known to hold (0: none)
+        PRIMARY KEY (owner, key)
+    ) WITHOUT ROWID;
+
+A row is dirty (the sync worker still owes it to the central DB) while
+``version != synced_version``. Every write goes through one writer task: callers stage entries,
+the writer turns all the entries staged while the previous commit ran into one transaction
+(group commit), and each caller that asked for ``local`` durability waits for the commit that
+carried its write. A ``memory`` write only asks the writer to commit within `memory_window`.
+The writer reads each entry as it stands when the batch is taken, so a later write can never be
+overwritten by an older one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import aiosqlite
+
+from localstate.codec import IMMUTABLE_TYPES, decode
+from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate.errors import (
+    CacheCorrupt,
+    CacheError,
+    CachePathNotWritable,
+    CacheWriteFailed,
+    SchemaError,
+)
+from localstate.file_lock import CacheFileLock
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "LocalCache", "LocalSync"]
+
+log = logging.getLogger(__name__)
+
+#: "LSt1": marks a SQLite file as a localstate cache, so a stranger's database is never touched.
+APPLICATION_ID: Final = 0x4C537431
+SCHEMA_VERSION: Final = 1
+
+LocalSync = Literal["full", "normal"]
+
+_SCHEMA: Final = """
+CREATE TABLE state (
+    owner          TEXT    NOT NULL,
+    key            TEXT    NOT NULL,
+    value          BLOB,
+    version        INTEGER NOT NULL,
+    updated_at     REAL    NOT NULL,
+    updated_by     TEXT    NOT NULL,
+    synced_version INTEGER NOT NULL,
+    PRIMARY KEY (owner, key)
+) WITHOUT ROWID
+"""
+_UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
+_PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
+# Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
+_RETRY_DELAY: Final = 0.1
+
+
+class _Batch:
+    """The commit that the writes staged now will ride on; waiters wait on `done`."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self.error: BaseException | None = None
+
+
+class LocalCache:
+    """The local SQLite write-ahead cache of one process. Open with `await LocalCache.open()`."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        owner_id: str,
+        local_sync: LocalSync = "full",
+        memory_window: float = 0.05,
+    ) -> None:
+        self.path = path
+        self.local_sync = local_sync
+        self.memory_window = memory_window
+        self._lock = CacheFileLock(path, owner_id=owner_id)
+        self._conn: aiosqlite.Connection | None = None
+        self._staged: dict[StateKey, Entry] = {}
+        self._batch: _Batch | None = None
+        self._pending = asyncio.Event()  # something is staged
+        self._urgent = asyncio.Event()  # somebody waits for the commit
+        self._stopping = False
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+        # figures for stats()
+        self.commits = 0
+        self.rows_committed = 0
+        self.last_error: BaseException | None = None
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        owner_id: str,
+        local_sync: LocalSync = "full",
+        memory_window: float = 0.05,
+    ) -> LocalCache:
+        cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window)
+        await cache._open()
+        return cache
+
+    async def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CachePathNotWritable(
+                f"cannot create the cache folder {self.path.parent}: {exc.strerror}; "
+                "set cache_dir (or cache_path) to a writable folder",
+                path=str(self.path),
+            ) from exc
+        self._lock.acquire()
+        try:
+            self._conn = await aiosqlite.connect(self.path)
+            await self._check_and_prepare(self._conn)
+        except BaseException:
+            await self._abort_open()
+            raise
+        self._writer = asyncio.get_running_loop().create_task(
+            self._write_loop(), name=f"localstate-writer:{self.path.name}"
+        )
+
+    async def _abort_open(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+        self._lock.release()
+        self._closed = True
+
+    async def _check_and_prepare(self, conn: aiosqlite.Connection) -> None:
+        """Refuse any file that is not ours, then set the pragmas. Never wipes anything."""
+        with self._wrap("open"):
+            app_id = await self._scalar(conn, "PRAGMA application_id")
+            user_version = await self._scalar(conn, "PRAGMA user_version")
+            tables = await self._scalar(conn, "SELECT count(*) FROM sqlite_master")
+        if app_id != APPLICATION_ID and (app_id != 0 or tables != 0):
+            raise CacheCorrupt(
+                f"{self.path} is a SQLite database but not a localstate cache "
+                f"(application_id {app_id:#x}); point cache_path at another file, "
+                "this one was left untouched",
+                path=str(self.path),
+            )
+        if app_id == APPLICATION_ID and user_version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"the local cache {self.path} has schema version {user_version}, newer than "
+                f"this localstate ({SCHEMA_VERSION}); upgrade localstate, or move the file "
+                "aside to start an empty cache (its unflushed writes stay in it)"
+            )
+        with self._wrap("open"):
+            quick = await self._scalar(conn, "PRAGMA quick_check(1)")
+            if quick != "ok":
+                raise CacheCorrupt(
+                    f"the local cache {self.path} failed SQLite's quick_check ({quick}); "
+                    "move it aside (what it has flushed is safe in the central DB) and restart",
+                    path=str(self.path),
+                )
+            # WAL: a commit appends to the -wal file instead of rewriting pages, readers (the
+            # CLI, a backup) never block the writer, and a commit needs one fsync, not two.
+            mode = await self._scalar(conn, "PRAGMA journal_mode=WAL")
+            if str(mode).lower() != "wal":
+                raise CachePathNotWritable(
+                    f"{self.path} cannot use WAL mode (got {mode!r}); keep the cache on a "
+                    "local filesystem",
+                    path=str(self.path),
+                )
+            # FULL: every commit is fsynced, so a write acknowledged in `local` durability
+            # survives power loss as well as a crash. Group commit spreads that one fsync over
+            # every write staged meanwhile. NORMAL (an option) survives a process crash but
+            # may lose the last commits on power loss.
+            await conn.execute(f"PRAGMA synchronous={self.local_sync.upper()}")
+            # A CLI reader or a backup may hold a read lock for a moment: wait, don't fail.
+            await conn.execute("PRAGMA busy_timeout=5000")
+            # Keep the -wal file from growing past 8 MiB after checkpoints (a soak stays flat).
+            await conn.execute("PRAGMA journal_size_limit=8388608")
+            await conn.execute("PRAGMA temp_store=MEMORY")
+            if app_id == 0:
+                await conn.execute(_SCHEMA)
+                await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                await conn.commit()
+
+    @staticmethod
+    async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
+        async with conn.execute(sql) as cursor:
+            row = await cursor.fetchone()
+        return None if row is None else row[0]
+
+    @contextlib.contextmanager
+    def _wrap(self, doing: str) -> Iterator[None]:
+        """Turn sqlite3 errors into localstate's, naming the file and what to do."""
+        try:
+            yield
+        except CacheError:
+            raise
+        except sqlite3.Error as exc:
+            raise self._translate(exc, doing) from exc
+
+    def _translate(self, exc: sqlite3.Error, doing: str) -> CacheError:
+        text = str(exc)
+        path = str(self.path)
+        if isinstance(exc, sqlite3.DatabaseError) and (
+            "not a database" in text or "malformed" in text
+        ):
+            return CacheCorrupt(
+                f"the local cache {path} is damaged or not a database ({text}); move it aside "
+                "(what it has flushed is safe in the central DB) and restart",
+                path=path,
+            )
+        if "readonly" in text or "unable to open" in text:
+            return CachePathNotWritable(
+                f"cannot write the local cache {path} ({text}); make it and its folder "
+                "writable, or set cache_dir to a writable folder",
+                path=path,
+            )
+        if "disk is full" in text or "disk I/O" in text or "database or disk is full" in text:
+            return CacheWriteFailed(
+                f"the local cache {path} could not {doing}: {text}; free disk space: staged "
+                "writes are kept in memory and retried",
+                path=path,
+            )
+        return CacheWriteFailed(f"the local cache {path} could not {doing}: {text}", path=path)
+
+    async def close(self) -> None:
+        """Commit what is staged, stop the writer and close the file. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        self._pending.set()
+        self._urgent.set()
+        if self._writer is not None:
+            await self._writer
+            self._writer = None
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+        self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if not self._closed and self._conn is not None:
+            _warn(f"LocalCache {self.path} was never closed", ResourceWarning, stacklevel=1)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def load(self) -> dict[StateKey, Entry]:
+        """Every row of the file as entries (the store keeps them all in memory)."""
+        conn = self._require()
+        entries: dict[StateKey, Entry] = {}
+        with self._wrap("read"):
+            async with conn.execute(
+                "SELECT owner, key, value, version, updated_at, updated_by, synced_version "
+                "FROM state"
+            ) as cursor:
+                async for owner, key, value, version, updated_at, updated_by, synced in cursor:
+                    entries[owner, key] = Entry(
+                        value, _immutable(value), version, updated_at, updated_by, synced
+                    )
+        return entries
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def stage(self, key: StateKey, entry: Entry) -> None:
+        """Have the writer commit `entry` within `memory_window` (a `memory` write)."""
+        self._staged[key] = entry
+        if not self._pending.is_set():
+            self._pending.set()
+
+    async def commit(self, key: StateKey, entry: Entry) -> None:
+        """Stage `entry` and wait until the transaction that carries it has committed."""
+        self._staged[key] = entry
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
+        self._pending.set()
+        self._urgent.set()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    async def sync_now(self) -> None:
+        """Wait for a commit of everything staged so far (no-op when nothing is)."""
+        if not self._staged:
+            return
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
+        self._pending.set()
+        self._urgent.set()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    @property
+    def staged_count(self) -> int:
+        return len(self._staged)
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._pending.wait()
+            if not self._urgent.is_set():
+                # only memory writes: let more arrive, up to the promised window
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), self.memory_window)
+            self._pending.clear()
+            self._urgent.clear()
+            staged, self._staged = self._staged, {}
+            batch, self._batch = self._batch, None
+            if staged:
+                error = await self._commit_batch(staged)
+            else:
+                error = None
+            if batch is not None:
+                batch.error = error
+                batch.done.set()
+            if error is not None:
+                # keep what failed, under anything staged since, and try again shortly
+                for key, entry in staged.items():
+                    self._staged.setdefault(key, entry)
+                self._pending.set()
+                if not self._stopping:
+                    await asyncio.sleep(_RETRY_DELAY)
+            if self._stopping and (not self._staged or error is not None):
+                return
+
+    async def _commit_batch(self, staged: dict[StateKey, Entry]) -> CacheError | None:
+        upserts: list[tuple[Any, ...]] = []
+        purges: list[tuple[str, str]] = []
+        for (owner, key), e in staged.items():
+            if e.data is None and not e.dirty:
+                purges.append((owner, key))  # a deletion the central DB has: drop the row
+            else:
+                upserts.append(
+                    (owner, key, e.data, e.version, e.updated_at, e.updated_by, e.synced_version)
+                )
+        conn = self._require()
+        try:
+            with self._wrap("commit"):
+                try:
+                    if upserts:
+                        await conn.executemany(_UPSERT, upserts)
+                    if purges:
+                        await conn.executemany(_PURGE, purges)
+                    await conn.commit()
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        await conn.rollback()
+                    raise
+        except CacheError as exc:
+            self.last_error = exc
+            log.warning("%s", exc)
+            return exc
+        self.commits += 1
+        self.rows_committed += len(staged)
+        self.last_error = None
+        return None
+
+    def _require(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
+        return self._conn
+
+
+def _immutable(data: bytes | None) -> Any:
+    """The decoded value when handing it out as is is safe, else NOT_DECODED."""
+    if data is None:
+        return None
+    value = decode(data)
+    return value if type(value) in IMMUTABLE_TYPES else NOT_DECODED

@@ -1,0 +1,112 @@
+"""The state-variable model: names, records, durability modes and the "unset" sentinel.
+
+A state variable is named by ``(owner, key)``. The owner says who it belongs to
+(``asset_watcher:<name>``, ``trigger:<classpath>:<hash>``, ``dag:<dag_id>/<task_id>``...), the key
+names one value of that owner (``watermark``, ``cursor``...). Every write makes a new ``version``
+(one more than the last), stamped with ``updated_at`` and ``updated_by`` (the writer's id).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Final, Literal
+
+from localstate.errors import InvalidInput, InvalidName
+
+__all__ = [
+    "DURABILITIES",
+    "MAX_NAME_LENGTH",
+    "UNSET",
+    "Durability",
+    "FlushState",
+    "Record",
+    "Unset",
+    "check_durability",
+    "check_name",
+    "epoch_to_datetime",
+]
+
+MAX_NAME_LENGTH: Final = 250
+
+Durability = Literal["memory", "local", "central"]
+DURABILITIES: Final[frozenset[str]] = frozenset({"memory", "local", "central"})
+
+# C0 and C1 control characters and lone surrogates (which cannot be encoded as UTF-8).
+_BAD_NAME_CHARS: Final = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+class Unset(enum.Enum):
+    """The type of `UNSET`: "no value given", distinct from `None` (a value JSON can hold)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSET: Final = Unset.UNSET
+
+
+class FlushState(str, enum.Enum):
+    """Where a record stands against the central DB."""
+
+    #: written locally, not yet in the central DB
+    DIRTY = "dirty"
+    #: the central DB holds this version
+    FLUSHED = "flushed"
+    #: the last flush found another writer's record; see the conflict policy
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One state variable as the store holds it."""
+
+    owner: str
+    key: str
+    value: Any
+    version: int
+    updated_at: datetime
+    updated_by: str
+    flush_state: FlushState
+    #: the version the central DB is known to hold (0: none known yet)
+    central_version: int
+
+
+def check_name(kind: str, name: object) -> str:
+    """Return `name` if it is a valid owner or key, else raise `InvalidName` saying why."""
+    if not isinstance(name, str):
+        raise InvalidName(f"{kind} must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidName(f"{kind} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(
+            f"{kind} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}: {name[:40]!r}..."
+        )
+    bad = _BAD_NAME_CHARS.search(name)
+    if bad is not None:
+        raise InvalidName(
+            f"{kind} {name!r} holds the character {bad.group()!r} at position {bad.start()}: "
+            "control characters and lone surrogates are not allowed in names"
+        )
+    return name
+
+
+def check_durability(durability: object) -> Durability:
+    """Return `durability` if it names a mode, else raise `InvalidInput` listing the modes."""
+    if durability not in DURABILITIES:
+        raise InvalidInput(
+            f"durability must be one of {sorted(DURABILITIES)}, not {durability!r}"
+        )
+    return durability  # type: ignore[return-value]
+
+
+def epoch_to_datetime(ts: float) -> datetime:
+    """A POSIX timestamp as an aware UTC datetime."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc)

@@ -1,0 +1,317 @@
+"""`CentralStore`: the central metadata DB through SQLAlchemy 2 async (PostgreSQL or SQLite).
+
+One code path for both dialects; the SQL that differs lives in `sync.dialects`. Every driver
+error is wrapped: an unreachable or failing database is `CentralUnavailable`, anything else
+`CentralError`, with the driver's exception as the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Row, event, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from localstate.entry import StateKey
+from localstate.errors import CentralError, CentralUnavailable, LocalStateError
+from sync.conflicts import PolicyMap
+from sync.dialects import UpsertRow, batch_sql_for
+from sync.rows import CentralRow, DirtyRow, FlushOutcome
+from sync.schema import require_current, state_variable, upgrade
+
+__all__ = ["CentralStore", "async_url"]
+
+log = logging.getLogger(__name__)
+
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+
+
+def async_url(url: str) -> str:
+    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://` -> `+asyncpg`."""
+    parsed = make_url(url)
+    if "+" not in parsed.drivername and parsed.drivername in _ASYNC_DRIVERS:
+        parsed = parsed.set(drivername=_ASYNC_DRIVERS[parsed.drivername])
+    return parsed.render_as_string(hide_password=False)
+
+
+def _epoch(value: datetime | str) -> float:
+    if isinstance(value, str):  # SQLite rows read through text SQL
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:  # SQLite keeps no offset: we always write UTC
+        value = value.replace(tzinfo=timezone.utc)
+    return value.timestamp()
+
+
+def _central_row(row: Row[Any]) -> CentralRow:
+    owner, key, value, version, updated_at, updated_by = row
+    return CentralRow(
+        owner, key, None if value is None else value.encode(), int(version), _epoch(updated_at),
+        updated_by,
+    )
+
+
+class CentralStore:
+    """The central table, read and written in batches. Open with `await CentralStore.open()`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self._sql = batch_sql_for(self.dialect)
+        self.url = engine.url.render_as_string(hide_password=True)
+        #: committed write transactions and the rows they wrote (for stats and the benchmark)
+        self.transactions = 0
+        self.rows_written = 0
+
+    @classmethod
+    async def open(cls, url: str, *, upgrade_schema: bool = True) -> CentralStore:
+        engine = make_engine(url)
+        store = cls(engine)
+        try:
+            async with store._errors("open"):
+                if upgrade_schema:
+                    await upgrade(engine)
+                else:
+                    await require_current(engine)
+        except BaseException:
+            await engine.dispose()
+            raise
+        return store
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @contextlib.asynccontextmanager
+    async def _errors(self, doing: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except LocalStateError:
+            raise
+        except (DBAPIError, OSError, TimeoutError) as exc:
+            unreachable = not isinstance(exc, DBAPIError) or exc.connection_invalidated or (
+                _looks_unreachable(exc)
+            )
+            cls = CentralUnavailable if unreachable else CentralError
+            raise cls(
+                f"central DB {self.url} failed to {doing}: {_short(exc)}"
+                + ("; writes stay in the local cache and are retried" if unreachable else "")
+            ) from exc
+        except SQLAlchemyError as exc:
+            raise CentralError(f"central DB {self.url} failed to {doing}: {_short(exc)}") from exc
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        if not keys:
+            return {}
+        async with self._errors("read"), self.engine.connect() as conn:
+            return await self._select(conn, keys, lock=False)
+
+    async def read_owner(self, owner: str) -> list[CentralRow]:
+        t = state_variable.c
+        query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
+            t.owner == owner
+        )
+        async with self._errors("read"), self.engine.connect() as conn:
+            return [_central_row(r) for r in await conn.execute(query)]
+
+    async def list(
+        self, *, owner_prefix: str = "", after: StateKey | None = None, limit: int = 100,
+        include_deleted: bool = False,
+    ) -> list[CentralRow]:
+        """Rows in (owner, key) order, starting after `after` (cursor pagination)."""
+        t = state_variable.c
+        query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by)
+        if owner_prefix:
+            escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(t.owner.like(escaped + "%", escape="\\"))
+        if after is not None:
+            query = query.where((t.owner > after[0]) | ((t.owner == after[0]) & (t.key > after[1])))
+        if not include_deleted:
+            query = query.where(t.value.is_not(None))
+        query = query.order_by(t.owner, t.key).limit(limit)
+        async with self._errors("list"), self.engine.connect() as conn:
+            return [_central_row(r) for r in await conn.execute(query)]
+
+    async def _select(
+        self, conn: AsyncConnection, keys: Sequence[StateKey], *, lock: bool
+    ) -> dict[StateKey, CentralRow]:
+        stmt = self._sql.select_keys_locked if lock else self._sql.select_keys
+        result = await conn.execute(stmt, self._sql.key_params(keys))
+        rows = (_central_row(r) for r in result)
+        return {(r.owner, r.key): r for r in rows}
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def write_direct(
+        self, owner: str, key: str, data: bytes | None, *, updated_at: float, updated_by: str
+    ) -> CentralRow:
+        """One unconditional write in its own transaction: the cache-off (direct) path."""
+        values = (data.decode() if data is not None else None)
+        stmt = text(
+            f'INSERT INTO {state_variable.name} AS t (owner, "key", value, version, '
+            "prev_version, updated_at, updated_by) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, '
+            "version = t.version + 1, prev_version = t.version, "
+            "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by "
+            "RETURNING t.version"
+        ) if self.dialect == "postgresql" else text(
+            f'INSERT INTO {state_variable.name} (owner, "key", value, version, prev_version, '
+            "updated_at, updated_by) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
+            f"version = {state_variable.name}.version + 1, "
+            f"prev_version = {state_variable.name}.version, "
+            "updated_at = excluded.updated_at, updated_by = excluded.updated_by "
+            "RETURNING version"
+        )
+        at: Any = datetime.fromtimestamp(updated_at, tz=timezone.utc)
+        if self.dialect == "sqlite":
+            at = at.strftime("%Y-%m-%d %H:%M:%S.%f")
+        params = {"owner": owner, "key": key, "value": values, "at": at, "by": updated_by}
+        async with self._errors("write"), self.engine.begin() as conn:
+            version = (await conn.execute(stmt, params)).scalar_one()
+        self.transactions += 1
+        self.rows_written += 1
+        return CentralRow(owner, key, data, int(version), updated_at, updated_by)
+
+    async def write_batch(
+        self, rows: Sequence[DirtyRow], policies: PolicyMap
+    ) -> list[FlushOutcome]:
+        """Write `rows` in one transaction, fenced; resolve conflicts by each owner's policy."""
+        if not rows:
+            return []
+        async with self._errors("flush"), self.engine.begin() as conn:
+            outcomes = await self._write_batch(conn, rows, policies)
+        self.transactions += 1
+        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        return outcomes
+
+    async def _write_batch(
+        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap
+    ) -> list[FlushOutcome]:
+        outcomes: list[FlushOutcome] = []
+        # 1. Under max, read (and lock) the central values first: a write that would lower
+        #    one is refused even when it is based on the current central version.
+        to_write: list[tuple[DirtyRow, int, bool]] = []  # (row, base to fence on, conflict)
+        max_rows = [r for r in rows if policies.for_owner(r.owner).is_max]
+        current = await self._select(conn, [(r.owner, r.key) for r in max_rows], lock=True) \
+            if max_rows else {}
+        for r in rows:
+            policy = policies.for_owner(r.owner)
+            c = current.get((r.owner, r.key)) if policy.is_max else None
+            if c is None:
+                to_write.append((r, r.base_version, False))
+                continue
+            stale = c.version != r.base_version
+            if policy.exceeds(r.data, c.data, strictly=stale):
+                to_write.append((r, c.version, stale))
+            else:
+                outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
+        # 2. The fenced upsert; what it does not return was refused by the fence.
+        written = await self._upsert(conn, to_write)
+        refused: list[DirtyRow] = []
+        for r, base, conflict in to_write:
+            version = written.get((r.owner, r.key))
+            if version is None:
+                refused.append(r)
+                continue
+            central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
+            outcomes.append(FlushOutcome(r, "written", central, conflict,
+                                         policies.for_owner(r.owner).spec))
+        if not refused:
+            return outcomes
+        # 3. Conflicts: lock the central rows and settle each by its policy.
+        current = await self._select(conn, [(r.owner, r.key) for r in refused], lock=True)
+        retry: list[tuple[DirtyRow, int, bool]] = []
+        for r in refused:
+            policy = policies.for_owner(r.owner)
+            c = current.get((r.owner, r.key))
+            if c is None:  # the row vanished meanwhile: nothing to conflict with
+                retry.append((r, r.base_version, True))
+            elif policy.local_wins(r, c):
+                retry.append((r, c.version, True))
+            else:
+                outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
+        written = await self._upsert(conn, retry)
+        for r, _base, _conflict in retry:
+            version = written.get((r.owner, r.key))
+            spec = policies.for_owner(r.owner).spec
+            if version is None:
+                outcomes.append(FlushOutcome(r, "retry", None, True, spec))
+            else:
+                central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
+                outcomes.append(FlushOutcome(r, "written", central, True, spec))
+        return outcomes
+
+    async def _upsert(
+        self, conn: AsyncConnection, rows: Iterable[tuple[DirtyRow, int, bool]]
+    ) -> dict[StateKey, int]:
+        packed: list[UpsertRow] = []
+        for r, base, _conflict in rows:
+            # a write replacing central version `base` gets a version above both chains
+            version = r.version if r.version > base else base + 1
+            packed.append((
+                r.owner, r.key, None if r.data is None else r.data.decode(), version, base,
+                r.updated_at, r.updated_by,
+            ))
+        if not packed:
+            return {}
+        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
+        return {(owner, key): int(version) for owner, key, version in result}
+
+
+def make_engine(url: str) -> AsyncEngine:
+    """An async engine for the central DB, set up for this workload."""
+    full = async_url(url)
+    parsed = make_url(full)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_async_engine(full, connect_args={"timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    # pre_ping: a server restarted under us costs one failed ping, not a failed flush
+    return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                               pool_timeout=10)
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    """WAL plus BEGIN IMMEDIATE for every transaction.
+
+    pysqlite's own implicit BEGIN is deferred: a flush that reads before it writes would try to
+    upgrade its read lock and fail with SQLITE_BUSY when another process wrote meanwhile (busy
+    timeouts do not apply to that). Taking the write lock up front makes concurrent triggerers
+    queue instead (the recipe in SQLAlchemy's pysqlite documentation).
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _looks_unreachable(exc: DBAPIError) -> bool:
+    text_ = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
+    return any(
+        marker in text_
+        for marker in (
+            "connection", "connect", "terminat", "shutdown", "closed", "refused",
+            "database is locked", "timeout", "cannot", "admin",
+        )
+    )
+
+
+def _short(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text_ = str(orig if orig is not None else exc).strip().splitlines()
+    return text_[0] if text_ else type(exc).__name__

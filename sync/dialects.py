@@ -1,0 +1,132 @@
+"""The only dialect-specific SQL: a many-row conditional upsert and a many-key lookup.
+
+Both dialects get one statement with a fixed number of parameters however many rows it carries,
+so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
+
+* PostgreSQL: the rows travel as one array per column and are spread back out by ``unnest``
+  (measured 1.7× asyncpg's executemany of the same rows);
+* SQLite: the rows travel as one JSON array and are spread out by ``json_each``.
+
+The upsert's ``WHERE`` is the fence: a row replaces the central one only when the central
+version is the one the write was based on (``prev_version``), or when the central row is this
+writer's own earlier write of the same chain (a flush whose commit landed but whose local
+mark-clean was lost in a crash: replaying it is harmless). Rows the ``WHERE`` refuses are not
+returned; they are the conflicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, Final
+
+import orjson
+from sqlalchemy import TextClause, text
+
+from localstate.entry import StateKey
+from sync.schema import STATE_TABLE
+
+__all__ = ["BatchSql", "batch_sql_for"]
+
+_SET: Final = (
+    'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
+    'updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by'
+)
+_FENCE: Final = (
+    "{t}.version = EXCLUDED.prev_version OR ({t}.updated_by = EXCLUDED.updated_by "
+    "AND {t}.version > EXCLUDED.prev_version AND {t}.version <= EXCLUDED.version)"
+)
+_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by'
+
+#: one row for the upsert: owner, key, value text, version, prev_version, updated_at, by
+UpsertRow = tuple[str, str, str | None, int, int, float, str]
+
+
+class BatchSql:
+    """Statements and parameter packing for one dialect."""
+
+    upsert: TextClause
+    select_keys: TextClause
+    select_keys_locked: TextClause
+
+    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _PostgresSql(BatchSql):
+    upsert = text(
+        f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
+        "SELECT * FROM unnest(CAST(:owners AS TEXT[]), CAST(:keys AS TEXT[]), "
+        "CAST(:vals AS TEXT[]), CAST(:versions AS BIGINT[]), CAST(:prevs AS BIGINT[]), "
+        "CAST(:ats AS TIMESTAMPTZ[]), CAST(:bys AS TEXT[])) "
+        f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
+        'RETURNING t.owner, t."key", t.version'
+    )
+    _select = (
+        f'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by '
+        f"FROM {STATE_TABLE} AS t JOIN unnest(CAST(:owners AS TEXT[]), CAST(:keys AS TEXT[])) "
+        'AS k(owner, "key") ON t.owner = k.owner AND t."key" = k."key"'
+    )
+    select_keys = text(_select)
+    select_keys_locked = text(_select + " FOR UPDATE OF t")
+
+    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+        return {
+            "owners": [r[0] for r in rows],
+            "keys": [r[1] for r in rows],
+            "vals": [r[2] for r in rows],
+            "versions": [r[3] for r in rows],
+            "prevs": [r[4] for r in rows],
+            "ats": [datetime.fromtimestamp(r[5], tz=timezone.utc) for r in rows],
+            "bys": [r[6] for r in rows],
+        }
+
+    def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
+        return {"owners": [k[0] for k in keys], "keys": [k[1] for k in keys]}
+
+
+def _sqlite_timestamp(ts: float) -> str:
+    # the text form SQLAlchemy's SQLite DateTime reads back
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+class _SqliteSql(BatchSql):
+    _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
+    # "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join
+    upsert = text(
+        f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols} FROM json_each(:rows) AS j "
+        f'WHERE true ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
+        f"WHERE {_FENCE.format(t=STATE_TABLE)} "
+        'RETURNING owner, "key", version'
+    )
+    # CROSS JOIN: SQLite keeps the left side as the outer loop, so each key is one PK lookup
+    select_keys = text(
+        'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by '
+        f"FROM json_each(:keys) AS j CROSS JOIN {STATE_TABLE} AS t "
+        "ON t.owner = json_extract(j.value, '$[0]') AND t.\"key\" = json_extract(j.value, '$[1]')"
+    )
+    # the write lock of BEGIN IMMEDIATE already serializes every writer
+    select_keys_locked = select_keys
+
+    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+        packed = [(o, k, v, ver, prev, _sqlite_timestamp(at), by)
+                  for o, k, v, ver, prev, at, by in rows]
+        return {"rows": orjson.dumps(packed).decode()}
+
+    def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
+        return {"keys": orjson.dumps(keys).decode()}
+
+
+_BY_DIALECT: Final[dict[str, BatchSql]] = {"postgresql": _PostgresSql(), "sqlite": _SqliteSql()}
+
+
+def batch_sql_for(dialect: str) -> BatchSql:
+    try:
+        return _BY_DIALECT[dialect]
+    except KeyError:
+        raise NotImplementedError(
+            f"central DB dialect {dialect!r} is not supported: use postgresql or sqlite"
+        ) from None

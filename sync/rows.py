@@ -1,0 +1,55 @@
+"""The rows that move between the local cache and a sink."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CentralRow", "DirtyRow", "FlushOutcome", "Resolution"]
+
+
+@dataclass(frozen=True, slots=True)
+class DirtyRow:
+    """A local write the central DB does not hold yet, as taken for one flush."""
+
+    owner: str
+    key: str
+    #: encoded JSON; None for a deletion
+    data: bytes | None
+    #: the local version being flushed
+    version: int
+    #: the central version this write was based on: the write may only replace that one
+    base_version: int
+    updated_at: float
+    updated_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class CentralRow:
+    """A record as the central DB holds it."""
+
+    owner: str
+    key: str
+    #: encoded JSON; None when the central record is a deletion
+    data: bytes | None
+    version: int
+    updated_at: float
+    updated_by: str
+
+
+#: What a flush did with one dirty row:
+#: "written"  the central DB now holds the local value (at `FlushOutcome.row.version`);
+#: "adopted"  the central record won: the local one is replaced by `FlushOutcome.row`;
+#: "retry"    nothing was decided (a race lost twice): the row stays dirty for the next flush.
+Resolution = Literal["written", "adopted", "retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushOutcome:
+    row: DirtyRow
+    resolution: Resolution
+    #: the central record after the flush (None for "retry")
+    central: CentralRow | None
+    #: the central version was not the base the write expected (or a max policy refused it)
+    conflict: bool = False
+    policy: str = ""

@@ -1,0 +1,43 @@
+"""`Sink`: where the sync worker sends flushes and where read-through reads.
+
+`sync.central_store.CentralStore` (localstate's own table, PostgreSQL or SQLite) is the sink
+this package ships; the Airflow integration adds one that goes through Airflow's state store.
+A sink takes coalesced batches: one call per flush batch, never one per ``set``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from localstate.entry import StateKey
+from sync.conflicts import PolicyMap
+from sync.rows import CentralRow, DirtyRow, FlushOutcome
+
+__all__ = ["Sink"]
+
+
+class Sink(Protocol):
+    #: a name for messages and stats (the URL, passwords hidden)
+    url: str
+    #: committed write transactions and the rows they wrote
+    transactions: int
+    rows_written: int
+
+    async def write_batch(
+        self, rows: Sequence[DirtyRow], policies: PolicyMap
+    ) -> list[FlushOutcome]:
+        """Write `rows` fenced on their base versions; settle conflicts by policy."""
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        """The central records of `keys` (absent keys are left out)."""
+
+    async def read_owner(self, owner: str) -> list[CentralRow]:
+        """Every central record of `owner`, deletions included."""
+
+    async def write_direct(
+        self, owner: str, key: str, data: bytes | None, *, updated_at: float, updated_by: str
+    ) -> CentralRow:
+        """One write in its own transaction (the cache-off path)."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,356 @@
+"""`SyncWorker`: moves the local cache's dirty keys to the central DB in few, large transactions.
+
+One asyncio task per store. Every `flush_interval`, or at once when `max_batch` keys are dirty,
+a flush runs its three steps, each a method tests call directly:
+
+1. `collect_dirty` takes the dirty keys as they stand now: coalesced, since a key set 10,000
+   times since the last flush is one entry at its latest version;
+2. `write_batch` writes up to `max_batch` of them in one transaction through the sink, fenced on
+   the central version each write was based on, conflicts settled by the owner's policy;
+3. `mark_clean` records what the central DB now holds. A key whose local version moved during
+   the flush stays dirty (with its new base) and goes out in the next flush.
+
+One flush runs at a time (`flush()` waits for the one in flight, then runs its own). When the
+central DB fails, the worker backs off (capped exponential, with jitter) and keeps the dirty set
+where it is: in the local cache, so memory stays bounded by the number of distinct keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from localstate.codec import IMMUTABLE_TYPES, decode
+from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
+from localstate.local_cache import LocalCache
+from sync.backoff import Backoff
+from sync.conflicts import PolicyMap
+from sync.rows import CentralRow, DirtyRow, FlushOutcome
+from sync.sinks import Sink
+
+__all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConflictInfo:
+    """Passed to the `on_conflict` callback and logged, for each conflict a flush settles."""
+
+    owner: str
+    key: str
+    policy: str
+    #: "local" (the local write went in) or "central" (the central record was kept)
+    winner: str
+    local_version: int
+    central_version: int
+    local_data: bytes | None
+    central_data: bytes | None
+
+
+@dataclass
+class FlushReport:
+    """What one flush did."""
+
+    rows: int = 0
+    written: int = 0
+    adopted: int = 0
+    conflicts: int = 0
+    retried: int = 0
+    transactions: int = 0
+    duration: float = 0.0
+    #: keys still dirty when it finished (written meanwhile, or left to retry)
+    still_dirty: int = 0
+    outcomes: list[FlushOutcome] = field(default_factory=list, repr=False)
+
+
+class SyncWorker:
+    def __init__(
+        self,
+        *,
+        entries: dict[StateKey, Entry],
+        dirty: dict[StateKey, None],
+        cache: LocalCache,
+        sink: Sink,
+        policies: PolicyMap,
+        flush_interval: float = 1.0,
+        max_batch: int = 10_000,
+        on_conflict: Callable[[ConflictInfo], None] | None = None,
+    ) -> None:
+        self.entries = entries
+        self.dirty = dirty
+        self.cache = cache
+        self.sink = sink
+        self.policies = policies
+        self.flush_interval = flush_interval
+        self.max_batch = max_batch
+        self.on_conflict = on_conflict
+        self._kick = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: dict[StateKey, list[tuple[int, asyncio.Future[None]]]] = {}
+        # capped at one flush interval: after an outage the lag recovers within two intervals
+        self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
+        #: keys whose last flush met a conflict (the record's flush state says "conflict")
+        self.conflicted: set[StateKey] = set()
+        # figures for stats()
+        self.flushes = 0
+        self.conflicts = 0
+        self.central_errors = 0
+        self.last_flush_at: float | None = None
+        self.last_flush: FlushReport | None = None
+        self.last_error: BaseException | None = None
+        self.lags: deque[float] = deque(maxlen=10_000)
+
+    # -- running -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="localstate-sync-worker"
+            )
+
+    def kick(self) -> None:
+        """Flush now rather than at the next interval (enough keys are dirty, or a waiter)."""
+        self._kick.set()
+
+    async def stop(self, deadline: float) -> FlushReport | None:
+        """Stop the loop, then flush what is dirty for up to `deadline` seconds."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        report = None
+        if self.dirty:
+            try:
+                report = await asyncio.wait_for(self.flush(), deadline)
+            except (asyncio.TimeoutError, LocalStateError) as exc:
+                log.warning(
+                    "could not flush %d dirty keys before closing (%s); they stay in the "
+                    "local cache %s and are flushed at the next start",
+                    len(self.dirty), exc or "deadline passed", self.cache.path,
+                )
+        for waiters in self._waiters.values():
+            for _version, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(CentralUnavailable(
+                        "the store closed before the central DB held this write; it is kept "
+                        f"in the local cache {self.cache.path} and flushed at the next start"
+                    ))
+                    fut.add_done_callback(_retrieve)
+        self._waiters.clear()
+        return report
+
+    async def _run(self) -> None:
+        retry_in: float | None = None
+        while not self._stop.is_set():
+            if retry_in is not None:
+                # after a failure wait out the backoff: kicks (a full batch, a central write)
+                # must not turn an outage into a busy loop of retries
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), retry_in)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), self.flush_interval)
+            if self._stop.is_set():
+                return
+            self._kick.clear()
+            if not self.dirty:
+                continue
+            try:
+                await self.flush()
+            except LocalStateError as exc:
+                retry_in = self._backoff.next_delay()
+                log.warning("flush to %s failed, retrying in %.2f s: %s", self.sink.url,
+                            retry_in, exc)
+            else:
+                self._backoff.reset()
+                retry_in = None
+
+    # -- one flush -----------------------------------------------------------------------
+
+    async def flush(self) -> FlushReport:
+        """Flush every key dirty now, in batches of `max_batch`; one flush at a time."""
+        async with self._flush_lock:
+            started = time.monotonic()
+            report = FlushReport()
+            try:
+                # Commit staged memory writes locally first: the central DB must never hold a
+                # version the local file could lose in a crash (a restart would then replay
+                # an older one over it).
+                await self.cache.sync_now()
+                keys = list(self.dirty)
+                for start in range(0, len(keys), self.max_batch):
+                    rows = self.collect_dirty(keys[start:start + self.max_batch])
+                    if not rows:
+                        continue
+                    outcomes = await self.write_batch(rows)
+                    self.mark_clean(outcomes, report)
+                    report.transactions += 1
+            except LocalStateError as exc:
+                self.central_errors += 1
+                self.last_error = exc
+                raise
+            report.duration = time.monotonic() - started
+            report.still_dirty = len(self.dirty)
+            self.flushes += 1
+            self.last_flush_at = time.time()
+            self.last_flush = report
+            self.last_error = None
+            return report
+
+    def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
+        """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""
+        rows: list[DirtyRow] = []
+        entries = self.entries
+        for k in (self.dirty if keys is None else keys):
+            e = entries.get(k)
+            if e is None or not e.dirty:
+                self.dirty.pop(k, None)
+                continue
+            rows.append(
+                DirtyRow(k[0], k[1], e.data, e.version, e.synced_version, e.updated_at,
+                         e.updated_by)
+            )
+        return rows
+
+    async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
+        """Step 2: one fenced transaction through the sink."""
+        return await self.sink.write_batch(rows, self.policies)
+
+    def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
+                   ) -> None:
+        """Step 3: record what the central DB holds now; stage it for the local file."""
+        report = report if report is not None else FlushReport()
+        now = time.time()
+        for o in outcomes:
+            r = o.row
+            k = (r.owner, r.key)
+            e = self.entries.get(k)
+            report.rows += 1
+            report.outcomes.append(o)
+            if e is None:
+                continue
+            central = o.central
+            if o.resolution == "retry" or central is None:
+                report.retried += 1
+                continue
+            moved = e.version != r.version
+            if o.resolution == "written":
+                report.written += 1
+                e.synced_version = central.version
+                if not moved:
+                    e.version = central.version
+                elif e.version <= central.version:
+                    e.version = central.version + 1
+                self.lags.append(max(0.0, now - r.updated_at))
+                self._settle_waiters(k, r.version, None)
+            else:
+                report.adopted += 1
+                if moved and self.policies.for_owner(r.owner).is_max:
+                    # newer local writes came in meanwhile: the next flush weighs them
+                    e.synced_version = central.version
+                    if e.version <= central.version:
+                        e.version = central.version + 1
+                    self._settle_waiters(k, r.version, _rejected(r, central))
+                else:
+                    self._adopt(e, central)
+                    self._settle_waiters(k, e.version, _rejected(r, central), every=True)
+            if o.conflict:
+                report.conflicts += 1
+                self._report_conflict(o, central)
+            else:
+                self.conflicted.discard(k)
+            if not e.dirty:
+                self.dirty.pop(k, None)
+            else:
+                self.dirty[k] = None
+            self.cache.stage(k, e)
+
+    @staticmethod
+    def _adopt(e: Entry, central: CentralRow) -> None:
+        e.data = central.data
+        if central.data is None:
+            e.obj = None
+        else:
+            value = decode(central.data)
+            e.obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+        e.version = e.synced_version = central.version
+        e.updated_at = central.updated_at
+        e.updated_by = central.updated_by
+
+    def _report_conflict(self, o: FlushOutcome, central: CentralRow) -> None:
+        r = o.row
+        self.conflicts += 1
+        self.conflicted.add((r.owner, r.key))
+        info = ConflictInfo(
+            owner=r.owner, key=r.key, policy=o.policy,
+            winner="local" if o.resolution == "written" else "central",
+            local_version=r.version, central_version=central.version,
+            local_data=r.data, central_data=central.data,
+        )
+        log.warning(
+            "conflict on %s/%s under %s: the %s record won (local v%d based on v%d, "
+            "central v%d by %s)", r.owner, r.key, o.policy, info.winner, r.version,
+            r.base_version, central.version, central.updated_by,
+        )
+        if self.on_conflict is not None:
+            try:
+                self.on_conflict(info)
+            except Exception:
+                log.exception("the on_conflict callback failed")
+
+    # -- central-durability waiters ------------------------------------------------------
+
+    async def wait_flushed(self, key: StateKey, version: int, timeout: float) -> None:
+        """Wait until the central DB holds `version` of `key` (or a later one)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append((version, fut))
+        self.kick()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise CentralUnavailable(
+                f"the central DB {self.sink.url} did not take {key[0]}/{key[1]} v{version} "
+                f"within {timeout:g} s ({self.last_error or 'no error yet'}); the write is "
+                "kept in the local cache and flushed when the DB answers"
+            ) from None
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters[:] = [(v, f) for v, f in waiters if f is not fut]
+                if not waiters:
+                    del self._waiters[key]
+
+    def _settle_waiters(self, key: StateKey, version: int, error: BaseException | None,
+                        *, every: bool = False) -> None:
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return
+        for v, fut in waiters:
+            if (every or v <= version) and not fut.done():
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+                    fut.add_done_callback(_retrieve)
+
+
+def _rejected(r: DirtyRow, central: CentralRow) -> WriteRejected:
+    return WriteRejected(
+        f"the central DB kept its record of {r.owner}/{r.key} (v{central.version} by "
+        f"{central.updated_by}) over this write (v{r.version} based on v{r.base_version}): "
+        "another writer owns it now; read it again before writing"
+    )
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
