@@ -72,7 +72,7 @@ class CacheFileLock:
         if previous != "unknown holder":
             log.info("taking over %s, last held by %s (no longer running)", self.lock_path,
                      previous)
-        holder = orjson.dumps(
+        stamp = orjson.dumps(
             {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
@@ -81,7 +81,7 @@ class CacheFileLock:
             }
         )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, holder, 0)
+        os.pwrite(fd, stamp, 0)
         self._fd = fd
 
     def release(self) -> None:

@@ -132,13 +132,14 @@ class LocalCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CachePathNotWritable(
-                f"cannot create the cache folder {self.path.parent}: {exc.strerror}; "
-                "set cache_dir (or cache_path) to a writable folder",
+                f"cannot create the cache folder {self.path.parent} for the local cache "
+                f"{self.path}: {exc.strerror}; set cache_dir (or cache_path) to a writable "
+                "folder",
                 path=str(self.path),
             ) from exc
         self._lock.acquire()
         try:
-            self._conn = await aiosqlite.connect(self.path)
+            self._conn = await self._connect()
             await self._check_and_prepare(self._conn)
         except BaseException:
             await self._abort_open()
@@ -146,6 +147,22 @@ class LocalCache:
         self._writer = asyncio.get_running_loop().create_task(
             self._write_loop(), name=f"localstate-writer:{self.path.name}"
         )
+
+    async def _connect(self) -> aiosqlite.Connection:
+        connection = aiosqlite.connect(self.path)
+        try:
+            # wrapped: a cache path SQLite cannot open (a folder, say) must raise our error
+            # naming the file, not a bare sqlite3.OperationalError
+            with self._wrap("open"):
+                return await connection
+        except BaseException:
+            # After a failed connect aiosqlite stops its worker thread without waiting for it;
+            # the thread then calls into the event loop, which may be closed by then
+            # ("RuntimeError: Event loop is closed" in that thread). Wait for it here.
+            thread = getattr(connection, "_thread", None)
+            if thread is not None and thread.is_alive():
+                await asyncio.to_thread(thread.join, 10)
+            raise
 
     async def _abort_open(self) -> None:
         if self._conn is not None:
@@ -202,6 +219,10 @@ class LocalCache:
             await conn.execute("PRAGMA journal_size_limit=8388608")
             await conn.execute("PRAGMA temp_store=MEMORY")
             if app_id == 0:
+                # One transaction: sqlite3 runs DDL in autocommit, so without the BEGIN a
+                # crash right after CREATE TABLE left a file with a table and application_id
+                # 0, which every later open refused as "not a localstate cache".
+                await conn.execute("BEGIN IMMEDIATE")
                 await conn.execute(_SCHEMA)
                 await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -299,6 +320,7 @@ class LocalCache:
 
     async def commit(self, key: StateKey, entry: Entry) -> None:
         """Stage `entry` and wait until the transaction that carries it has committed."""
+        self._require_writer()
         self._staged[key] = entry
         batch = self._batch
         if batch is None:
@@ -313,6 +335,7 @@ class LocalCache:
         """Wait for a commit of everything staged so far (no-op when nothing is)."""
         if not self._staged:
             return
+        self._require_writer()
         batch = self._batch
         if batch is None:
             batch = self._batch = _Batch()
@@ -385,6 +408,12 @@ class LocalCache:
         self.rows_committed += len(staged)
         self.last_error = None
         return None
+
+    def _require_writer(self) -> None:
+        # Once the writer task has ended (close()), nothing would ever set the batch's event:
+        # waiting for it would hang forever, so refuse the wait instead.
+        if self._writer is None or self._writer.done():
+            raise CacheError(f"the local cache {self.path} is closed", path=str(self.path))
 
     def _require(self) -> aiosqlite.Connection:
         if self._conn is None:

@@ -87,7 +87,8 @@ def check_name(kind: str, name: object) -> str:
         raise InvalidName(f"{kind} must not be empty")
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidName(
-            f"{kind} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}: {name[:40]!r}..."
+            f"{kind} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}: "
+            f"{name[:40]!r}..."
         )
     bad = _BAD_NAME_CHARS.search(name)
     if bad is not None:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["StateStore"]
 
 log = logging.getLogger(__name__)
+_now = time.time
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -114,8 +115,8 @@ class StateStore:
         self._opened = False
         self._closed = False
         self._sets = 0
-        self._gets = 0
-        self._hits = 0
+        self._hits = 0  # gets served from memory
+        self._misses = 0  # gets that had to look further
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -210,7 +211,6 @@ class StateStore:
         """The value of ``(owner, key)``, or `default` when it has none."""
         if self._closed:
             raise self._closed_error()
-        self._gets += 1
         e = self._entries.get((owner, key))
         if e is not None:
             self._hits += 1
@@ -219,6 +219,7 @@ class StateStore:
                 return default
             obj = e.obj
             return obj if obj is not NOT_DECODED else decode(data)
+        self._misses += 1
         e = await self._known((owner, key))
         if e is None or e.data is None:
             return default
@@ -232,7 +233,7 @@ class StateStore:
         found = await asyncio.gather(*(self._known((owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
-            for k, e in zip(keys, found)
+            for k, e in zip(keys, found, strict=True)
             if e is not None and e.data is not None
         }
 
@@ -319,15 +320,22 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         data = encode(value, self._max_value_bytes)
+        if durability is None:
+            durability = self._durability
+        elif durability != "memory" and durability != "local" and durability != "central":
+            check_durability(durability)  # raises, before anything is written
         k = (owner, key)
         if self._direct:
             return await self._set_direct(k, data, durability)
         e = self._entries.get(k)
         if e is None:
             e = await self._first_write(k)
-        return await self._write(
+        version = self._apply(
             k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
         )
+        if durability == "memory":
+            return version
+        return await self._persist(k, e, version, durability)
 
     async def compare_and_set(
         self, owner: str, key: str, value: Any, *, expected_version: int,
@@ -399,35 +407,49 @@ class StateStore:
                 _entry_from(row) if row is not None
                 else Entry(None, None, 0, 0.0, self.triggerer_id, 0)
             )
+        self._absent.pop(k, None)
         return e
+
+    def _apply(
+        self, k: StateKey, e: Entry, data: bytes | None, obj: Any, durability: Durability
+    ) -> int:
+        """Make a write in memory; return its version. Synchronous: nothing sees it half done.
+
+        A memory-durability write is staged for the local writer here too (one call less on
+        the hot path); `_persist` does the waiting for the other modes.
+        """
+        e.data = data
+        e.obj = obj
+        version = e.version = e.version + 1
+        e.updated_at = _now()
+        e.updated_by = self.triggerer_id
+        dirty = self._dirty
+        dirty[k] = None
+        self._sets += 1
+        if len(dirty) >= self._max_batch:
+            self._worker.kick()  # type: ignore[union-attr]  # set whenever not direct
+        if durability == "memory":
+            self._cache.stage(k, e)  # type: ignore[union-attr]  # set whenever not direct
+        return version
+
+    async def _persist(
+        self, k: StateKey, e: Entry, version: int, durability: Durability
+    ) -> int:
+        """Wait until the write `version` of `k` holds at `durability`."""
+        if durability == "memory":
+            return version  # staged by _apply
+        await self._require_cache().commit(k, e)
+        if durability == "central":
+            await self._require_worker().wait_flushed(k, version, self.settings.central_timeout)
+        return version
 
     async def _write(
         self, k: StateKey, e: Entry, data: bytes | None, obj: Any,
         durability: Durability | None,
     ) -> int:
-        # Everything up to the first await is one step of the event loop: no other coroutine
-        # sees the entry half-updated.
-        e.data = data
-        e.obj = obj
-        version = e.version = e.version + 1
-        e.updated_at = time.time()
-        e.updated_by = self.triggerer_id
-        self._dirty[k] = None
-        self._sets += 1
-        if self._absent:
-            self._absent.pop(k, None)
-        if len(self._dirty) >= self._max_batch:
-            self._require_worker().kick()
         mode = self._durability if durability is None else check_durability(durability)
-        cache = self._cache
-        assert cache is not None
-        if mode == "memory":
-            cache.stage(k, e)
-            return version
-        await cache.commit(k, e)
-        if mode == "central":
-            await self._require_worker().wait_flushed(k, version, self.settings.central_timeout)
-        return version
+        version = self._apply(k, e, data, obj, mode)
+        return await self._persist(k, e, version, mode)
 
     async def _set_direct(
         self, k: StateKey, data: bytes | None, durability: Durability | None
@@ -465,7 +487,7 @@ class StateStore:
         last_error = (w.last_error if w is not None else None) or (
             c.last_error if c is not None else None)
         return StoreStats(
-            sets=self._sets, gets=self._gets, cache_hits=self._hits,
+            sets=self._sets, gets=self._hits + self._misses, cache_hits=self._hits,
             read_through_queries=self._reader.queries if self._reader is not None else 0,
             local_commits=c.commits if c else 0, local_rows=c.rows_committed if c else 0,
             rows_per_commit=(c.rows_committed / c.commits) if c and c.commits else 0.0,

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Row, event, select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -48,7 +48,7 @@ def _epoch(value: datetime | str) -> float:
     return value.timestamp()
 
 
-def _central_row(row: Row[Any]) -> CentralRow:
+def _central_row(row: Sequence[Any]) -> CentralRow:
     owner, key, value, version, updated_at, updated_by = row
     return CentralRow(
         owner, key, None if value is None else value.encode(), int(version), _epoch(updated_at),
@@ -120,7 +120,7 @@ class CentralStore:
         async with self._errors("read"), self.engine.connect() as conn:
             return [_central_row(r) for r in await conn.execute(query)]
 
-    async def list(
+    async def list_rows(
         self, *, owner_prefix: str = "", after: StateKey | None = None, limit: int = 100,
         include_deleted: bool = False,
     ) -> list[CentralRow]:
@@ -215,7 +215,7 @@ class CentralStore:
         # 2. The fenced upsert; what it does not return was refused by the fence.
         written = await self._upsert(conn, to_write)
         refused: list[DirtyRow] = []
-        for r, base, conflict in to_write:
+        for r, _base, conflict in to_write:
             version = written.get((r.owner, r.key))
             if version is None:
                 refused.append(r)

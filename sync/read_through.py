@@ -7,6 +7,7 @@ a thousand triggers starting at once cost a handful of queries, not a thousand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from localstate.entry import StateKey
 from sync.rows import CentralRow
@@ -60,10 +61,8 @@ class ReadThrough:
     async def close(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
 
 def _retrieve(fut: asyncio.Future[CentralRow | None]) -> None:

@@ -1,0 +1,83 @@
+"""Shared fixtures: a real PostgreSQL server for the session, real SQLite files per test.
+
+Every central test takes `central_url`, parametrized over both backends, so each runs on the
+embedded SQLite default and on PostgreSQL without being written twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from postgres_server import PostgresServer
+
+from localstate import StateStore
+
+BACKENDS = ["sqlite", "postgresql"]
+_db_names = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads the developer's airflow.cfg or AIRFLOW__LOCALSTATE__* variables."""
+    for name in list(os.environ):
+        if name.startswith("AIRFLOW__LOCALSTATE__") or name == "AIRFLOW_CONFIG":
+            monkeypatch.delenv(name)
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    server.start()
+    yield server
+    server.close()
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def central_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty central database on the backend under test."""
+    if backend == "sqlite":
+        return sqlite_url(tmp_path / "central.db")
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    return server.create_database(f"central_{os.getpid()}_{next(_db_names)}")
+
+
+StoreFactory = Callable[..., Awaitable[StateStore]]
+
+
+@pytest_asyncio.fixture
+async def open_store(central_url: str, tmp_path: Path) -> AsyncIterator[StoreFactory]:
+    """Open stores on the test's central DB, each with its own cache file; all closed after."""
+    opened: list[StateStore] = []
+    ids = itertools.count(1)
+
+    async def factory(**options: Any) -> StateStore:
+        n = next(ids)
+        options.setdefault("triggerer_id", f"triggerer-{n}")
+        options.setdefault("cache_path", tmp_path / f"cache-{options['triggerer_id']}.db")
+        options.setdefault("central_url", central_url)
+        options.setdefault("flush_interval", 60.0)  # tests flush explicitly unless they say
+        store = await StateStore.open(**options)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        await store.close()

@@ -1,0 +1,425 @@
+"""`CentralStore` against both backends: schema migrations, the fenced batch upsert, reads.
+
+Every test takes `central_url`, parametrized over SQLite and the real PostgreSQL server the
+suite starts, so each runs on both without being written twice. Statement and transaction counts
+come from SQLAlchemy's own cursor and commit events, not from the store's counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from localstate import SchemaError, StateStore
+from sync.central_store import CentralStore, make_engine
+from sync.conflicts import PolicyMap
+from sync.rows import CentralRow, DirtyRow, FlushOutcome
+from sync.schema import LATEST_VERSION, STATE_TABLE, schema_table, upgrade
+
+OWNER = "asset_watcher:orders"
+_DELETED: Any = object()
+
+
+def dirty(
+    key: str, value: Any, *, version: int, base: int, by: str = "triggerer-a",
+    owner: str = OWNER,
+) -> DirtyRow:
+    """A dirty row as the worker would take it for a flush (`_DELETED` for a deletion)."""
+    data = None if value is _DELETED else orjson.dumps(value)
+    return DirtyRow(owner, key, data, version, base, time.time(), by)
+
+
+def value_of(row: CentralRow | None) -> Any:
+    assert row is not None
+    assert row.data is not None
+    return orjson.loads(row.data)
+
+
+def only(outcomes: list[FlushOutcome]) -> FlushOutcome:
+    assert len(outcomes) == 1, outcomes
+    return outcomes[0]
+
+
+class StatementLog:
+    """Every statement and commit an engine sends, as seen by SQLAlchemy's events."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine.sync_engine
+        self.statements: list[tuple[str, Any]] = []
+        self.commits = 0
+
+    def _on_execute(self, conn: Connection, cursor: Any, statement: str, parameters: Any,
+                    context: Any, executemany: bool) -> None:
+        self.statements.append((statement, parameters))
+
+    def _on_commit(self, conn: Connection) -> None:
+        self.commits += 1
+
+    @contextmanager
+    def watching(self) -> Iterator[StatementLog]:
+        event.listen(self._engine, "before_cursor_execute", self._on_execute)
+        event.listen(self._engine, "commit", self._on_commit)
+        try:
+            yield self
+        finally:
+            event.remove(self._engine, "before_cursor_execute", self._on_execute)
+            event.remove(self._engine, "commit", self._on_commit)
+
+    def of_kind(self, verb: str) -> list[tuple[str, Any]]:
+        return [(s, p) for s, p in self.statements if s.lstrip().upper().startswith(verb)]
+
+
+def rows_carried(parameters: Any) -> int:
+    """How many rows one batch statement carries, read from its driver parameters.
+
+    PostgreSQL gets one array per column (`unnest`), SQLite one JSON array (`json_each`).
+    """
+    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
+    sizes = [len(v) for v in values if isinstance(v, list)]
+    sizes += [len(orjson.loads(v)) for v in values if isinstance(v, str) and v.startswith("[")]
+    assert sizes, parameters
+    return max(sizes)
+
+
+@pytest_asyncio.fixture
+async def central(central_url: str) -> AsyncIterator[CentralStore]:
+    store = await CentralStore.open(central_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+
+
+# -- schema --------------------------------------------------------------------------------
+
+
+async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) -> None:
+    engine = make_engine(central_url)
+    try:
+        assert not {STATE_TABLE, "localstate_schema"} & await _tables(engine)
+        applied = await upgrade(engine)
+        assert [m.version for m in applied] == list(range(1, LATEST_VERSION + 1))
+        assert {STATE_TABLE, "localstate_schema"} <= await _tables(engine)
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns(STATE_TABLE)}
+            )
+            primary = await conn.run_sync(
+                lambda c: inspect(c).get_pk_constraint(STATE_TABLE)["constrained_columns"]
+            )
+        assert columns == {"owner", "key", "value", "version", "prev_version", "updated_at",
+                           "updated_by"}
+        assert primary == ["owner", "key"]
+
+        assert await upgrade(engine) == []  # a second run applies nothing...
+        async with engine.connect() as conn:  # ...and records nothing twice
+            versions = (await conn.execute(select(schema_table.c.version))).scalars().all()
+        assert sorted(versions) == list(range(1, LATEST_VERSION + 1))
+    finally:
+        await engine.dispose()
+    # opening on an up-to-date DB, with or without upgrading, works and keeps the data
+    store = await CentralStore.open(central_url)
+    try:
+        await store.write_batch([dirty("k", 1, version=1, base=0)], PolicyMap())
+    finally:
+        await store.close()
+    store = await CentralStore.open(central_url, upgrade_schema=False)
+    try:
+        assert value_of((await store.read_many([(OWNER, "k")]))[(OWNER, "k")]) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_newer_schema_is_refused(central_url: str) -> None:
+    engine = make_engine(central_url)
+    try:
+        await upgrade(engine)
+        async with engine.begin() as conn:
+            await conn.execute(schema_table.insert().values(
+                version=LATEST_VERSION + 1, description="from the future",
+                applied_at=datetime.now(timezone.utc),
+            ))
+        with pytest.raises(SchemaError, match="upgrade localstate"):
+            await upgrade(engine)
+    finally:
+        await engine.dispose()
+    for upgrade_schema in (True, False):
+        with pytest.raises(SchemaError, match=f"version {LATEST_VERSION + 1}, newer"):
+            await CentralStore.open(central_url, upgrade_schema=upgrade_schema)
+    # and the refusal reaches StateStore.open too, naming what to do
+    with pytest.raises(SchemaError, match="upgrade localstate"):
+        await StateStore.open(central_url=central_url, triggerer_id="t", flush_interval=60)
+
+
+async def test_open_without_upgrade_on_an_empty_db_says_to_run_db_upgrade(
+    central_url: str,
+) -> None:
+    with pytest.raises(SchemaError, match="run `localstate db upgrade"):
+        await CentralStore.open(central_url, upgrade_schema=False)
+    engine = make_engine(central_url)
+    try:  # the refusal created nothing
+        assert not {STATE_TABLE, "localstate_schema"} & await _tables(engine)
+    finally:
+        await engine.dispose()
+
+
+# -- write_batch: inserts, fencing, conflict policies --------------------------------------
+
+
+async def test_fresh_rows_are_inserted(central: CentralStore) -> None:
+    rows = [dirty(f"k{i}", {"n": i}, version=1 + i % 3, base=0) for i in range(5)]
+    rows.append(dirty("gone", _DELETED, version=2, base=0))
+    outcomes = await central.write_batch(rows, PolicyMap())
+    assert [(o.row.key, o.resolution, o.conflict) for o in outcomes] == [
+        (r.key, "written", False) for r in rows
+    ]
+    assert all(o.central is not None and o.central.version == o.row.version for o in outcomes)
+    found = await central.read_many([(OWNER, r.key) for r in rows] + [(OWNER, "never")])
+    assert set(found) == {(OWNER, r.key) for r in rows}
+    for r in rows[:-1]:
+        got = found[(OWNER, r.key)]
+        assert (value_of(got), got.version, got.updated_by) == (
+            orjson.loads(r.data or b""), r.version, "triggerer-a")
+        assert got.updated_at == pytest.approx(r.updated_at, abs=1e-3)
+    assert found[(OWNER, "gone")].data is None  # a deletion is kept as a tombstone
+    assert (central.transactions, central.rows_written) == (1, 6)
+    assert await central.write_batch([], PolicyMap()) == []
+
+
+async def test_a_stale_write_under_reject_adopts_the_central_record(
+    central: CentralStore,
+) -> None:
+    await central.write_batch([dirty("k", 10, version=1, base=0, by="b")], PolicyMap())
+    # "a" never saw b's write: its base (0) is stale
+    o = only(await central.write_batch([dirty("k", 99, version=3, base=0)], PolicyMap()))
+    assert (o.resolution, o.conflict, o.policy) == ("adopted", True, "reject")
+    assert o.central is not None
+    assert (value_of(o.central), o.central.version, o.central.updated_by) == (10, 1, "b")
+    got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
+    assert (value_of(got), got.version, got.updated_by) == (10, 1, "b")
+    # a write based on the central version goes in
+    o = only(await central.write_batch([dirty("k", 11, version=2, base=1)], PolicyMap()))
+    assert (o.resolution, o.conflict) == ("written", False)
+    assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == 11
+
+
+async def test_a_stale_write_under_last_writer_wins_goes_in_above_both_versions(
+    central: CentralStore,
+) -> None:
+    policies = PolicyMap("last_writer_wins")
+    await central.write_batch([dirty("k", "b's", version=5, base=0, by="b")], policies)
+    o = only(await central.write_batch([dirty("k", "a's", version=2, base=0)], policies))
+    assert (o.resolution, o.conflict, o.policy) == ("written", True, "last_writer_wins")
+    got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
+    assert (value_of(got), got.updated_by) == ("a's", "triggerer-a")
+    assert got.version > 5
+    assert got.version > 2
+    assert o.central is not None
+    assert o.central.version == got.version
+
+
+@pytest.mark.parametrize(
+    ("central_value", "local_value", "winner"),
+    [(10, 20, 20), (20, 10, 20), (10.5, 10, 10.5), (-1, 0, 0)],
+)
+async def test_a_stale_write_under_max_keeps_the_greater_value(
+    central: CentralStore, central_value: float, local_value: float, winner: float,
+) -> None:
+    policies = PolicyMap("max")
+    await central.write_batch([dirty("wm", central_value, version=4, base=0, by="b")], policies)
+    o = only(await central.write_batch([dirty("wm", local_value, version=1, base=0)], policies))
+    assert o.conflict
+    assert o.resolution == ("written" if winner == local_value else "adopted")
+    got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
+    assert value_of(got) == winner
+    assert got.version == (5 if winner == local_value else 4)
+
+
+async def test_max_never_lowers_the_central_value_even_from_its_current_version(
+    central: CentralStore,
+) -> None:
+    policies = PolicyMap("max")
+    await central.write_batch([dirty("wm", 100, version=1, base=0)], policies)
+    # based on the current version, but lower: refused all the same
+    o = only(await central.write_batch([dirty("wm", 50, version=2, base=1)], policies))
+    assert (o.resolution, o.conflict) == ("adopted", True)
+    # equal is not lower: a rewrite of the same value based on the current version goes in
+    o = only(await central.write_batch([dirty("wm", 100, version=2, base=1)], policies))
+    assert (o.resolution, o.conflict) == ("written", False)
+    got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
+    assert (value_of(got), got.version) == (100, 2)
+
+
+async def test_max_of_a_field_compares_that_field(central: CentralStore) -> None:
+    policies = PolicyMap({"asset_watcher:*": "max:offset", "*": "reject"})
+    await central.write_batch(
+        [dirty("cur", {"offset": 7, "file": "z"}, version=1, base=0, by="b")], policies)
+    # a lower offset loses whatever the other fields say
+    o = only(await central.write_batch(
+        [dirty("cur", {"offset": 6, "file": "zzz"}, version=9, base=0)], policies))
+    assert (o.resolution, o.policy) == ("adopted", "max:offset")
+    # an object without the field never wins
+    o = only(await central.write_batch([dirty("cur", {"file": "a"}, version=9, base=0)],
+                                       policies))
+    assert o.resolution == "adopted"
+    o = only(await central.write_batch(
+        [dirty("cur", {"offset": 8, "file": "a"}, version=2, base=0)], policies))
+    assert (o.resolution, o.conflict) == ("written", True)
+    got = (await central.read_many([(OWNER, "cur")]))[(OWNER, "cur")]
+    assert value_of(got) == {"offset": 8, "file": "a"}
+    # owners the glob does not match fall back to reject
+    other = "dag:x/y"
+    await central.write_batch([dirty("cur", {"offset": 1}, version=1, base=0, owner=other,
+                                     by="b")], policies)
+    o = only(await central.write_batch([dirty("cur", {"offset": 5}, version=1, base=0,
+                                              owner=other)], policies))
+    assert (o.resolution, o.policy) == ("adopted", "reject")
+
+
+async def test_max_compares_iso_timestamps_as_times(central: CentralStore) -> None:
+    policies = PolicyMap("max")
+    # As text "2024-01-01T00:30:00+02:00" sorts after "2023-12-31T23:00:00Z"; as a time it is
+    # 22:30 UTC on Dec 31, half an hour earlier.
+    await central.write_batch(
+        [dirty("ts", "2023-12-31T23:00:00Z", version=1, base=0, by="b")], policies)
+    o = only(await central.write_batch(
+        [dirty("ts", "2024-01-01T00:30:00+02:00", version=1, base=0)], policies))
+    assert o.resolution == "adopted"
+    o = only(await central.write_batch(
+        [dirty("ts", "2024-01-01T01:30:00+02:00", version=1, base=0)], policies))
+    assert o.resolution == "written"  # 23:30 UTC: later
+    got = (await central.read_many([(OWNER, "ts")]))[(OWNER, "ts")]
+    assert value_of(got) == "2024-01-01T01:30:00+02:00"
+
+
+async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
+    central: CentralStore,
+) -> None:
+    """A flush committed but never marked clean (a crash) is replayed from the same base."""
+    policies = PolicyMap()
+    await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
+    first = dirty("k", "v3", version=3, base=1)
+    assert only(await central.write_batch([first], policies)).resolution == "written"
+    # the same rows again: the central DB already holds this writer's v3 of this chain
+    o = only(await central.write_batch([first], policies))
+    assert (o.resolution, o.conflict) == ("written", False)
+    # and the chain moved on locally before the replay: still the same writer, still fine
+    o = only(await central.write_batch([dirty("k", "v4", version=4, base=1)], policies))
+    assert (o.resolution, o.conflict) == ("written", False)
+    got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
+    assert (value_of(got), got.version) == ("v4", 4)
+    # another writer on the same stale base is a conflict, not a replay
+    o = only(await central.write_batch([dirty("k", "b's", version=4, base=1, by="b")],
+                                       policies))
+    assert (o.resolution, o.conflict) == ("adopted", True)
+    # nor is the same writer's stale base with a *lower* version than central's (not a replay
+    # of the chain that produced central's record)
+    o = only(await central.write_batch([dirty("k", "old", version=2, base=1)], policies))
+    assert o.resolution == "adopted"
+    assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == "v4"
+
+
+async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralStore) -> None:
+    policies = PolicyMap()
+    await central.write_batch(
+        [dirty("a", 1, version=1, base=0), dirty("b", 1, version=1, base=0, by="b")], policies)
+    outcomes = await central.write_batch([
+        dirty("a", 2, version=2, base=1),  # based on the current version
+        dirty("b", 2, version=2, base=0),  # stale
+        dirty("c", 1, version=1, base=0),  # new
+    ], policies)
+    assert {o.row.key: (o.resolution, o.conflict) for o in outcomes} == {
+        "a": ("written", False), "b": ("adopted", True), "c": ("written", False)}
+    found = await central.read_many([(OWNER, k) for k in "abc"])
+    assert {k[1]: value_of(r) for k, r in found.items()} == {"a": 2, "b": 1, "c": 1}
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+async def test_read_owner_and_list_rows(central: CentralStore) -> None:
+    owners = ["a%b", "a%bc", "a_b", "axb", "ab", "b"]
+    rows = [dirty(k, f"{o}/{k}", version=1, base=0, owner=o)
+            for o in owners for k in ("k1", "k2")]
+    rows.append(dirty("k3", _DELETED, version=1, base=0, owner="a%b"))
+    await central.write_batch(rows, PolicyMap())
+
+    own = {r.key: r for r in await central.read_owner("a%b")}
+    assert sorted(own) == ["k1", "k2", "k3"]  # the tombstone is included
+    assert own["k3"].data is None
+    assert value_of(own["k1"]) == "a%b/k1"
+    assert await central.read_owner("a") == []  # exact owner, not a prefix
+
+    everything = await central.list_rows(limit=1000)
+    assert [(r.owner, r.key) for r in everything] == sorted(
+        (o, k) for o in owners for k in ("k1", "k2"))
+    with_deleted = await central.list_rows(limit=1000, include_deleted=True)
+    assert ("a%b", "k3") in {(r.owner, r.key) for r in with_deleted}
+
+    # "%" and "_" in a prefix are literal characters, not LIKE wildcards
+    assert {r.owner for r in await central.list_rows(owner_prefix="a%")} == {"a%b", "a%bc"}
+    assert {r.owner for r in await central.list_rows(owner_prefix="a_")} == {"a_b"}
+    assert {r.owner for r in await central.list_rows(owner_prefix="a")} == {
+        "a%b", "a%bc", "a_b", "axb", "ab"}
+
+    # cursor pagination: pages of 5 starting after the last row of the previous page
+    paged: list[tuple[str, str]] = []
+    after: tuple[str, str] | None = None
+    while True:
+        page = await central.list_rows(after=after, limit=5)
+        paged += [(r.owner, r.key) for r in page]
+        if len(page) < 5:
+            break
+        after = (page[-1].owner, page[-1].key)
+    assert paged == [(r.owner, r.key) for r in everything]
+    # `after` inside one owner continues with the owner's next key
+    assert [(r.owner, r.key) for r in await central.list_rows(after=("a_b", "k1"), limit=2)] \
+        == [("a_b", "k2"), ("ab", "k1")]
+
+
+# -- statement and transaction counts ------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["reject", "max"])
+async def test_a_batch_of_1000_rows_is_one_insert_in_one_transaction(
+    central: CentralStore, policy: str,
+) -> None:
+    policies = PolicyMap(policy)
+    # half the keys exist already, so the batch is a mix of updates and inserts
+    await central.write_batch(
+        [dirty(f"k{i:04}", i, version=1, base=0) for i in range(0, 1000, 2)], policies)
+    batch = [dirty(f"k{i:04}", i + 1, version=2 if i % 2 == 0 else 1, base=1 if i % 2 == 0 else 0)
+             for i in range(1000)]
+    with StatementLog(central.engine).watching() as log:
+        outcomes = await central.write_batch(batch, policies)
+    assert [o.resolution for o in outcomes].count("written") == 1000
+    inserts = log.of_kind("INSERT")
+    assert len(inserts) == 1
+    assert rows_carried(inserts[0][1]) == 1000
+    assert log.commits == 1
+    # besides the insert: at most BEGIN (SQLite's BEGIN IMMEDIATE) and, under max, one SELECT
+    # of the current values; never a statement per row
+    others = [s for s, _ in log.statements if not s.lstrip().upper().startswith("INSERT")]
+    assert len(others) <= 2, others
+    async with central.engine.connect() as conn:
+        count = (await conn.execute(
+            select(func.count()).select_from(text(STATE_TABLE)))).scalar_one()
+        total = (await conn.execute(
+            text(f"SELECT sum(CAST(value AS INTEGER)) FROM {STATE_TABLE}"))).scalar_one()
+    assert count == 1000
+    assert total == sum(i + 1 for i in range(1000))

@@ -1,0 +1,597 @@
+"""`LocalCache` on its own: real SQLite files, a real second process for the lock.
+
+The file is always checked from the outside too, with a separate `sqlite3` connection: what a
+test asserts is what a restart (or the CLI) would find on disk, not what the cache believes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import os
+import random
+import signal
+import sqlite3
+import sys
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate.codec import encode
+from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate.errors import (
+    CacheCorrupt,
+    CacheError,
+    CacheLocked,
+    CachePathNotWritable,
+    CacheWriteFailed,
+    LocalStateError,
+    SchemaError,
+)
+from localstate.file_lock import CacheFileLock
+from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION, LocalCache
+
+OWNER_ID = "triggerer-test"
+
+# (value, version, synced_version) as the file holds them
+DiskRow = tuple[bytes | None, int, int]
+
+
+def make_entry(value: Any, version: int, synced: int = 0, *, deleted: bool = False) -> Entry:
+    data = None if deleted else encode(value)
+    obj = None if deleted else (value if type(value) in (int, str, float, bool) else NOT_DECODED)
+    return Entry(data, obj, version, time.time(), OWNER_ID, synced)
+
+
+def read_rows(path: Path) -> dict[StateKey, DiskRow]:
+    """Every row of the cache file, read by a connection of our own."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT owner, key, value, version, synced_version FROM state")
+        return {(o, k): (v, ver, synced) for o, k, v, ver, synced in rows}
+
+
+def pragma(path: Path, name: str) -> Any:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def files_under(root: Path) -> dict[Path, str]:
+    """The sha256 of every regular file under `root`."""
+    return {p: sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def truncate(path: Path, fraction: float) -> int:
+    """Cut `path` to `fraction` of its length; return the length it had."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return len(data)
+
+
+def write_garbage(path: Path) -> None:
+    path.write_bytes(random.Random(1234).randbytes(64 * 1024))
+
+
+async def open_cache(path: Path, **options: Any) -> LocalCache:
+    return await LocalCache.open(path, owner_id=OWNER_ID, **options)
+
+
+async def closed_cache_with_rows(path: Path, rows: int) -> None:
+    """A real cache file holding `rows` rows, closed (its WAL checkpointed into the file)."""
+    cache = await open_cache(path)
+    try:
+        await asyncio.gather(
+            *(cache.commit(("owner", f"k{i}"), make_entry("x" * 200 + str(i), 1))
+              for i in range(rows))
+        )
+    finally:
+        await cache.close()
+
+
+# -- opening: schema and pragmas ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("local_sync", "expected"), [("full", 2), ("normal", 1)])
+async def test_open_creates_schema_and_sets_pragmas(
+    tmp_path: Path, local_sync: str, expected: int
+) -> None:
+    path = tmp_path / "sub" / "folder" / "cache.db"  # the folders are created too
+    cache = await open_cache(path, local_sync=local_sync)
+    try:
+        assert path.is_file()
+        assert cache.path == path
+        # persistent, in the file: visible to any other connection
+        assert pragma(path, "application_id") == APPLICATION_ID
+        assert pragma(path, "user_version") == SCHEMA_VERSION
+        assert pragma(path, "journal_mode") == "wal"
+        assert read_rows(path) == {}
+        # `synchronous` is a per-connection setting (another connection reports its own
+        # default), so it has to be read on the cache's own connection
+        conn = cache._conn
+        assert conn is not None
+        async with conn.execute("PRAGMA synchronous") as cursor:
+            row = await cursor.fetchone()
+        assert row is not None
+        assert row[0] == expected
+    finally:
+        await cache.close()
+    # an existing cache reopens as it is: nothing is re-created or wiped
+    await closed_cache_with_rows(tmp_path / "other.db", 3)
+    again = await open_cache(tmp_path / "other.db")
+    try:
+        assert len(await again.load()) == 3
+    finally:
+        await again.close()
+
+
+async def test_empty_file_is_initialised(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    path.write_bytes(b"")  # e.g. created by `touch`: a SQLite file with no tables yet
+    cache = await open_cache(path)
+    try:
+        await cache.commit(("o", "k"), make_entry(1, 1))
+    finally:
+        await cache.close()
+    assert pragma(path, "application_id") == APPLICATION_ID
+    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+
+
+async def test_close_is_safe_twice_and_refuses_later_commits(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path)
+    await cache.commit(("o", "k"), make_entry(1, 1))
+    assert not cache.closed
+    await cache.close()
+    assert cache.closed
+    await cache.close()
+    assert cache.closed
+    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+    # the writer is gone: a commit must fail at once, not wait forever for a commit
+    with pytest.raises(CacheError, match="closed"):
+        await asyncio.wait_for(cache.commit(("o", "k"), make_entry(2, 2)), 10)
+    # the lock was released: another cache can take the file
+    other = await open_cache(path)
+    await other.close()
+
+
+async def test_normal_use_emits_no_resource_warning(tmp_path: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = await open_cache(tmp_path / "cache.db")
+        await cache.commit(("o", "a"), make_entry(1, 1))
+        cache.stage(("o", "b"), make_entry({"x": 1}, 1))
+        await cache.sync_now()
+        assert len(await cache.load()) == 2
+        await cache.close()
+        await cache.close()
+        del cache
+        gc.collect()
+    resource = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert resource == []
+
+
+async def test_unclosed_cache_would_warn(tmp_path: Path) -> None:
+    """The ResourceWarning check above can fail: an open cache does warn when collected."""
+    seen: list[tuple[str, type[Warning]]] = []
+
+    def collect(message: str, category: type[Warning], stacklevel: int = 1) -> None:
+        seen.append((message, category))
+
+    cache = await open_cache(tmp_path / "cache.db")
+    finalizer: Callable[..., None] = cache.__del__  # what the garbage collector calls
+    try:
+        finalizer(_warn=collect)
+        assert seen == [(f"LocalCache {cache.path} was never closed", ResourceWarning)]
+    finally:
+        await cache.close()
+    finalizer(_warn=collect)
+    assert len(seen) == 1  # closed: no further warning
+
+
+# -- group commit and ordering -----------------------------------------------------------------
+
+
+async def test_group_commit_batches_concurrent_commits(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path)
+    try:
+        await asyncio.gather(
+            *(cache.commit(("owner", f"k{i}"), make_entry(i, 1)) for i in range(1000))
+        )
+        # every commit call has returned, so every row is on disk now, before close()
+        rows = read_rows(path)
+        assert cache.commits <= 20, f"{cache.commits} commits for 1,000 concurrent writes"
+        assert cache.commits >= 1
+        assert cache.rows_committed == 1000
+        assert cache.staged_count == 0
+        assert cache.last_error is None
+    finally:
+        await cache.close()
+    assert rows == {("owner", f"k{i}"): (encode(i), 1, 0) for i in range(1000)}
+
+
+async def test_mutation_before_commit_is_what_reaches_disk(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path, memory_window=60.0)
+    try:
+        e = make_entry("v1", 1)
+        cache.stage(("o", "k"), e)
+        # the store mutates the shared entry in place for the next write, then commits it
+        e.data, e.obj, e.version = encode("v2"), "v2", 2
+        await cache.commit(("o", "k"), e)
+        assert read_rows(path) == {("o", "k"): (b'"v2"', 2, 0)}
+        assert cache.commits == 1  # one commit carried both writes
+        # a second, distinct entry object staged later replaces the first in the batch
+        cache.stage(("o", "j"), make_entry("old", 1))
+        cache.stage(("o", "j"), make_entry("new", 2))
+        await cache.sync_now()
+        assert read_rows(path)[("o", "j")] == (b'"new"', 2, 0)
+    finally:
+        await cache.close()
+
+
+async def test_later_write_never_overwritten_by_older(tmp_path: Path) -> None:
+    """Commits, memory stages and commits in flight interleave; the newest always wins."""
+    path = tmp_path / "cache.db"
+    rng = random.Random(7)
+    cache = await open_cache(path)
+    k: StateKey = ("o", "k")
+    checked = 0
+
+    async def commit_and_check(version: int) -> None:
+        nonlocal checked
+        await cache.commit(k, make_entry(version, version))
+        # acknowledged: the file holds this version or a later one, never an older one
+        on_disk = read_rows(path)[k][1]
+        assert on_disk >= version
+        checked += 1
+
+    try:
+        tasks: list[asyncio.Task[None]] = []
+        for version in range(1, 301):
+            if version % 3 == 0:
+                cache.stage(k, make_entry(version, version))  # a memory write
+            else:
+                tasks.append(asyncio.create_task(commit_and_check(version)))
+            for _ in range(rng.randrange(4)):
+                await asyncio.sleep(0)  # let the writer take batches at random points
+        await asyncio.gather(*tasks)
+        await cache.sync_now()
+        assert read_rows(path)[k] == (b"300", 300, 0)
+        assert checked == len(tasks) == 200
+        assert cache.commits < 300  # batched: interleaving still groups writes
+    finally:
+        await cache.close()
+    assert read_rows(path)[k] == (b"300", 300, 0)
+
+
+async def test_failed_commit_is_retried_and_newer_staging_wins(tmp_path: Path) -> None:
+    """A commit that fails (here a trigger aborts it) raises, stays staged, and is retried."""
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path)
+
+    def run_sql(sql: str) -> None:
+        # in a thread: the writer's failed transaction may still hold the write lock until
+        # the event loop lets it roll back
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+            conn.execute(sql)
+            conn.commit()
+
+    try:
+        await cache.commit(("o", "before"), make_entry(1, 1))
+        await asyncio.to_thread(
+            run_sql,
+            "CREATE TRIGGER fail_poison BEFORE INSERT ON state WHEN NEW.owner = 'poison' "
+            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+        )
+        cache.stage(("o", "bystander"), make_entry("b", 1))  # rides in the failing batch
+        with pytest.raises(CacheWriteFailed, match="injected failure") as info:
+            await cache.commit(("poison", "k"), make_entry("v1", 1))
+        assert str(path) in str(info.value)
+        assert info.value.path == str(path)
+        assert isinstance(cache.last_error, CacheWriteFailed)
+        # while it keeps failing, a newer write of the key is staged
+        cache.stage(("poison", "k"), make_entry("v2", 2))
+        assert ("poison", "k") not in read_rows(path)
+        await asyncio.to_thread(run_sql, "DROP TRIGGER fail_poison")
+        await asyncio.wait_for(cache.sync_now(), 30)
+        rows = read_rows(path)
+        assert rows[("poison", "k")] == (b'"v2"', 2, 0)  # the retry did not bring back v1
+        assert rows[("o", "bystander")] == (b'"b"', 1, 0)
+        assert rows[("o", "before")] == (b"1", 1, 0)
+        assert cache.last_error is None
+        assert cache.staged_count == 0
+    finally:
+        await cache.close()
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+async def test_load_round_trips_entries_and_purges_clean_tombstones(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    written = {
+        ("a", "int"): make_entry(41, 3, 2),
+        ("a", "str"): make_entry("héllo", 1, 1),
+        ("a", "dict"): make_entry({"cursor": [1, 2, {"x": None}]}, 5, 0),
+        ("b", "dirty-tombstone"): make_entry(None, 7, 6, deleted=True),
+    }
+    cache = await open_cache(path)
+    try:
+        for k, e in written.items():
+            await cache.commit(k, e)
+        await cache.commit(("b", "gone"), make_entry(1, 1))
+        assert ("b", "gone") in read_rows(path)
+        # a deletion the central DB holds (version == synced): the row is dropped, not kept
+        await cache.commit(("b", "gone"), make_entry(None, 2, 2, deleted=True))
+        await cache.commit(("b", "never-stored"), make_entry(None, 4, 4, deleted=True))
+    finally:
+        await cache.close()
+    assert set(read_rows(path)) == set(written)
+
+    cache = await open_cache(path)
+    try:
+        loaded = await cache.load()
+    finally:
+        await cache.close()
+    assert set(loaded) == set(written)
+    for k, e in written.items():
+        got = loaded[k]
+        assert (got.data, got.version, got.synced_version, got.updated_by, got.updated_at) == (
+            e.data, e.version, e.synced_version, e.updated_by, e.updated_at
+        ), k
+        assert got.dirty == e.dirty
+    assert loaded["a", "int"].obj == 41
+    assert loaded["a", "str"].obj == "héllo"
+    assert loaded["a", "dict"].obj is NOT_DECODED  # containers are decoded afresh per reader
+    assert loaded["b", "dirty-tombstone"].data is None
+    assert loaded["b", "dirty-tombstone"].obj is None
+
+
+# -- memory-mode staging ------------------------------------------------------------------------
+
+
+async def test_staged_write_reaches_disk_without_anyone_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path, memory_window=0.05)
+    try:
+        cache.stage(("o", "k"), make_entry(1, 1))
+        # nobody awaits a commit: the writer commits on its own within the window; poll the
+        # file for up to ~5 s (a bound for a stalled machine, not a latency assertion)
+        rows: dict[StateKey, DiskRow] = {}
+        for _ in range(500):
+            rows = read_rows(path)
+            if rows:
+                break
+            await asyncio.sleep(0.01)
+        assert rows == {("o", "k"): (b"1", 1, 0)}
+        assert cache.commits == 1
+        assert cache.staged_count == 0
+    finally:
+        await cache.close()
+
+
+async def test_sync_now_commits_staged_writes_before_the_window(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path, memory_window=60.0)
+    try:
+        await cache.sync_now()  # nothing staged: returns at once, commits nothing
+        assert cache.commits == 0
+        for i in range(10):
+            cache.stage(("o", f"k{i}"), make_entry(i, 1))
+        await asyncio.sleep(0.1)
+        # within the 60 s window the writer is still gathering: nothing on disk yet
+        assert read_rows(path) == {}
+        assert cache.staged_count == 10
+        await asyncio.wait_for(cache.sync_now(), 10)
+        assert read_rows(path) == {("o", f"k{i}"): (encode(i), 1, 0) for i in range(10)}
+        assert cache.commits == 1
+        assert cache.staged_count == 0
+    finally:
+        await cache.close()
+
+
+async def test_close_commits_what_is_staged(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    cache = await open_cache(path, memory_window=60.0)
+    cache.stage(("o", "k"), make_entry("last", 9))
+    await asyncio.wait_for(cache.close(), 10)
+    assert read_rows(path) == {("o", "k"): (b'"last"', 9, 0)}
+
+
+# -- files that are not (usable) caches ---------------------------------------------------------
+
+
+async def _garbage(path: Path) -> None:
+    write_garbage(path)
+
+
+async def _truncated(path: Path) -> None:
+    await closed_cache_with_rows(path, 300)
+    size = truncate(path, 0.6)
+    assert size > 16 * 4096  # many pages, so the cut loses real b-tree pages
+
+
+async def _foreign(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE foo (x INTEGER)")
+        conn.execute("INSERT INTO foo VALUES (1)")
+        conn.commit()
+    assert pragma(path, "application_id") == 0
+
+
+async def _foreign_application_id(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA application_id=305419896")  # another program's id, no tables
+        conn.execute("PRAGMA user_version=1")
+
+
+async def _newer_schema(path: Path) -> None:
+    await closed_cache_with_rows(path, 20)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    assert pragma(path, "user_version") == SCHEMA_VERSION + 1
+
+
+BAD_FILES: dict[str, tuple[Callable[[Path], Awaitable[None]], type[LocalStateError], str]] = {
+    "garbage": (_garbage, CacheCorrupt, "not a database"),
+    "truncated": (_truncated, CacheCorrupt, "malformed"),
+    "foreign-sqlite-db": (_foreign, CacheCorrupt, "not a localstate cache"),
+    "foreign-application-id": (_foreign_application_id, CacheCorrupt, "not a localstate cache"),
+    "newer-schema": (_newer_schema, SchemaError, f"schema version {SCHEMA_VERSION + 1}"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+async def test_bad_file_is_refused_and_left_untouched(tmp_path: Path, kind: str) -> None:
+    make, error, text = BAD_FILES[kind]
+    path = tmp_path / f"{kind}.db"
+    await make(path)
+    before = sha256(path)
+    with pytest.raises(error) as info:
+        await open_cache(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert text in message
+    if isinstance(info.value, CacheError):
+        assert info.value.path == str(path)
+    assert sha256(path) == before, "the refused file was modified"
+    # the failed open let go of the lock, so it is not "in use" by us now
+    lock = CacheFileLock(path, owner_id="probe")
+    lock.acquire()
+    lock.release()
+    # and the refusal is stable: a second attempt says the same
+    with pytest.raises(error):
+        await open_cache(path)
+    assert sha256(path) == before
+
+
+async def _parent_is_a_file(tmp_path: Path) -> Path:
+    blocker = tmp_path / "afile"
+    blocker.write_bytes(b"a regular file, not a folder")
+    return blocker / "x.db"
+
+
+async def _parent_is_a_file_deeper(tmp_path: Path) -> Path:
+    blocker = tmp_path / "afile"
+    blocker.write_bytes(b"a regular file, not a folder")
+    return blocker / "sub" / "x.db"
+
+
+async def _cache_is_a_folder(tmp_path: Path) -> Path:
+    path = tmp_path / "cache.db"
+    path.mkdir()
+    (path / "keep").write_bytes(b"inside")
+    return path
+
+
+async def _lock_is_a_folder(tmp_path: Path) -> Path:
+    path = tmp_path / "cache.db"
+    await closed_cache_with_rows(path, 5)
+    lock = path.with_name(path.name + ".lock")
+    lock.unlink()
+    lock.mkdir()
+    return path
+
+
+# These tests run as root, and root ignores permission bits: a chmod 0o555 folder would not
+# stop the cache. Each case below fails on the *type* of a file (ENOTDIR, EISDIR), which the
+# kernel refuses to root and to everyone else alike, so the test means the same for any user.
+UNWRITABLE: dict[str, Callable[[Path], Awaitable[Path]]] = {
+    "parent-is-a-file": _parent_is_a_file,
+    "parent-of-parent-is-a-file": _parent_is_a_file_deeper,
+    "cache-path-is-a-folder": _cache_is_a_folder,
+    "lock-path-is-a-folder": _lock_is_a_folder,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNWRITABLE))
+async def test_unwritable_path_raises_cache_path_not_writable(tmp_path: Path, kind: str) -> None:
+    path = await UNWRITABLE[kind](tmp_path)
+    before = files_under(tmp_path)
+    with pytest.raises(CachePathNotWritable) as info:
+        await open_cache(path)
+    assert str(path) in str(info.value)
+    assert info.value.path == str(path)
+    after = files_under(tmp_path)
+    # (the lock file beside the cache path may have been created: that is the lock's own)
+    assert {p: after.get(p) for p in before} == before, "a file was modified or removed"
+
+
+# -- locking ------------------------------------------------------------------------------------
+
+
+async def test_second_cache_in_same_process_is_locked_out(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    first = await open_cache(path)
+    try:
+        with pytest.raises(CacheLocked) as info:
+            await LocalCache.open(path, owner_id="intruder")
+        message = str(info.value)
+        assert str(path) in message
+        assert f"pid {os.getpid()}" in message
+        assert repr(OWNER_ID) in message
+        # the refused open did not disturb the holder
+        await first.commit(("o", "k"), make_entry(1, 1))
+        assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+    finally:
+        await first.close()
+    second = await LocalCache.open(path, owner_id="next")
+    try:
+        assert set(await second.load()) == {("o", "k")}
+    finally:
+        await second.close()
+
+
+_HOLDER_SCRIPT = """
+import asyncio, pathlib, sys
+from localstate.local_cache import LocalCache
+
+async def main():
+    cache = await LocalCache.open(pathlib.Path(sys.argv[1]), owner_id="holder-process")
+    print("READY", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_live_process_holds_lock_until_killed(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER_SCRIPT, str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line == b"READY\n", line
+        with pytest.raises(CacheLocked) as info:
+            await open_cache(path)
+        message = str(info.value)
+        assert f"pid {proc.pid}" in message
+        assert "'holder-process'" in message
+        assert str(path) in message
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+        _out, err = await proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err.decode()
+    # the kernel dropped the dead process's flock: the cache is taken over
+    cache = await open_cache(path)
+    try:
+        with pytest.raises(CacheLocked, match=f"pid {os.getpid()}"):
+            await open_cache(path)  # and the lock file now names us
+        await cache.commit(("o", "k"), make_entry(1, 1))
+    finally:
+        await cache.close()
+    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}

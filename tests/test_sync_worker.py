@@ -1,0 +1,711 @@
+"""The sync worker through `StateStore`, and step by step: coalescing, batching, fencing races
+under each conflict policy, a randomized failover schedule, read-through, restarts, outages of
+a real PostgreSQL server, central durability and direct mode.
+
+Central statements and transactions are counted with SQLAlchemy's cursor and commit events on
+the store's own engine, never by trusting the code's counters. Tests that stop the PostgreSQL
+server make their own database on it (so they run on PostgreSQL only, by construction) and
+always start it again in a ``finally``: the server is shared by the whole session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import StoreFactory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from postgres_server import PostgresServer
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+
+from localstate import (
+    CentralUnavailable,
+    FlushState,
+    StateStore,
+    WriteRejected,
+)
+from sync.central_store import CentralStore
+from sync.rows import CentralRow
+from sync.worker import ConflictInfo, SyncWorker
+
+OWNER = "asset_watcher:orders"
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+class StatementLog:
+    """Every statement and commit an engine sends, as seen by SQLAlchemy's events."""
+
+    def __init__(self, store: StateStore | CentralStore) -> None:
+        central = store if isinstance(store, CentralStore) else sink_of(store)
+        self._engine = central.engine.sync_engine
+        self.statements: list[tuple[str, Any]] = []
+        self.commits = 0
+
+    def _on_execute(self, conn: Connection, cursor: Any, statement: str, parameters: Any,
+                    context: Any, executemany: bool) -> None:
+        self.statements.append((statement, parameters))
+
+    def _on_commit(self, conn: Connection) -> None:
+        self.commits += 1
+
+    @contextmanager
+    def watching(self) -> Iterator[StatementLog]:
+        event.listen(self._engine, "before_cursor_execute", self._on_execute)
+        event.listen(self._engine, "commit", self._on_commit)
+        try:
+            yield self
+        finally:
+            event.remove(self._engine, "before_cursor_execute", self._on_execute)
+            event.remove(self._engine, "commit", self._on_commit)
+
+    def of_kind(self, verb: str) -> list[tuple[str, Any]]:
+        return [(s, p) for s, p in self.statements if s.lstrip().upper().startswith(verb)]
+
+
+def rows_carried(parameters: Any) -> int:
+    """How many rows one batch statement carries, read from its driver parameters
+    (PostgreSQL: one array per column for `unnest`; SQLite: one JSON array for `json_each`)."""
+    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
+    sizes = [len(v) for v in values if isinstance(v, list)]
+    sizes += [len(orjson.loads(v)) for v in values if isinstance(v, str) and v.startswith("[")]
+    assert sizes, parameters
+    return max(sizes)
+
+
+def sink_of(store: StateStore) -> CentralStore:
+    sink = store._sink
+    assert isinstance(sink, CentralStore)
+    return sink
+
+
+def worker_of(store: StateStore) -> SyncWorker:
+    worker = store._worker
+    assert worker is not None
+    return worker
+
+
+@contextlib.asynccontextmanager
+async def central_reader(url: str) -> AsyncIterator[CentralStore]:
+    """A CentralStore of its own: what the central DB holds, not what a store believes."""
+    reader = await CentralStore.open(url)
+    try:
+        yield reader
+    finally:
+        await reader.close()
+
+
+async def central_row(reader: CentralStore, key: str, owner: str = OWNER) -> CentralRow | None:
+    return (await reader.read_many([(owner, key)])).get((owner, key))
+
+
+async def central_value(reader: CentralStore, key: str, owner: str = OWNER) -> Any:
+    row = await central_row(reader, key, owner)
+    return None if row is None or row.data is None else orjson.loads(row.data)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str,
+                     timeout: float = 60.0) -> None:
+    """Wait until `check()` holds (a generous deadline, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def flush_once_back(store: StateStore) -> None:
+    """Flush, retrying while the central DB is still coming back."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await store.flush()
+        except CentralUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+        else:
+            return
+
+
+def new_database(pg: PostgresServer, purpose: str) -> str:
+    return pg.create_database(f"{purpose}_{uuid.uuid4().hex[:12]}")
+
+
+def local_rows(cache_path: Path) -> dict[str, tuple[Any, int, int]]:
+    """key -> (value, version, synced_version), read straight from the cache file."""
+    with contextlib.closing(sqlite3.connect(f"file:{cache_path}?mode=ro", uri=True)) as conn:
+        rows = conn.execute("SELECT key, value, version, synced_version FROM state").fetchall()
+    return {k: (orjson.loads(v), ver, synced) for k, v, ver, synced in rows}
+
+
+# -- coalescing and batching ---------------------------------------------------------------
+
+
+async def test_a_key_set_1000_times_between_flushes_is_one_row_write(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    for i in range(1000):
+        await store.set(OWNER, "watermark", i, durability="memory")
+    with StatementLog(store).watching() as log:
+        report = await store.flush()
+    inserts = log.of_kind("INSERT")
+    assert len(inserts) == 1
+    assert rows_carried(inserts[0][1]) == 1
+    assert log.commits == 1
+    assert (report.rows, report.written, report.transactions) == (1, 1, 1)
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "watermark")
+    assert row is not None
+    assert (orjson.loads(row.data or b""), row.version) == (999, 1000)  # the latest version
+    # nothing dirty: a flush sends nothing at all
+    with StatementLog(store).watching() as log:
+        assert (await store.flush()).rows == 0
+    assert (log.statements, log.commits) == ([], 0)
+
+
+async def test_1000_dirty_keys_with_max_batch_100_are_10_transactions_of_100_rows(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    keys = [f"k{i:04}" for i in range(1000)]
+    first = await open_store()
+    for i, k in enumerate(keys):
+        await first.set(OWNER, k, i, durability="memory")
+    await first.flush()
+    # a triggerer taking the owner over preloads it in one query, then updates every key
+    store = await open_store(max_batch=100)
+    assert await store.load(OWNER) == 1000
+    for i, k in enumerate(keys):
+        await store.set(OWNER, k, i + 1000, durability="memory")
+    with StatementLog(store).watching() as log:
+        report = await store.flush()
+    inserts = log.of_kind("INSERT")
+    assert [rows_carried(p) for _, p in inserts] == [100] * 10
+    assert log.commits == 10
+    assert (report.written, report.conflicts, report.transactions) == (1000, 0, 10)
+    async with central_reader(central_url) as reader:
+        rows = await reader.read_owner(OWNER)
+    assert sorted((r.key, orjson.loads(r.data or b""), r.version) for r in rows) == [
+        (k, i + 1000, 2) for i, k in enumerate(keys)]
+
+
+async def test_max_batch_dirty_keys_start_a_flush_without_waiting_for_the_interval(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(max_batch=50, flush_interval=3600)
+    for i in range(50):
+        await store.set(OWNER, f"k{i}", i, durability="memory")
+
+    async with central_reader(central_url) as reader:
+        async def all_flushed() -> bool:
+            return len(await reader.read_owner(OWNER)) == 50
+
+        await eventually(all_flushed, "the worker to flush a full batch on its own")
+    assert store.stats().dirty_keys == 0
+
+
+async def test_a_key_written_during_its_flush_stays_dirty_and_goes_out_next(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    worker = worker_of(store)
+    await store.set(OWNER, "k", "v1")
+    await store.set(OWNER, "other", "x")
+    rows = worker.collect_dirty()
+    assert sorted((r.key, r.version, r.base_version) for r in rows) == [
+        ("k", 1, 0), ("other", 1, 0)]
+    await store.set(OWNER, "k", "v2")  # lands while the flush is in flight
+    outcomes = await worker.write_batch(rows)
+    worker.mark_clean(outcomes)
+
+    record = await store.record(OWNER, "k")
+    assert record is not None
+    assert (record.value, record.flush_state, record.central_version) == (
+        "v2", FlushState.DIRTY, 1)
+    other = await store.record(OWNER, "other")
+    assert other is not None
+    assert other.flush_state == FlushState.FLUSHED
+    assert store.stats().dirty_keys == 1
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "k")
+        assert row is not None
+        assert (orjson.loads(row.data or b""), row.version) == ("v1", 1)
+
+        report = await store.flush()
+        assert [o.row.key for o in report.outcomes] == ["k"]
+        assert (report.written, report.conflicts) == (1, 0)
+        row = await central_row(reader, "k")
+        assert row is not None
+        assert (orjson.loads(row.data or b""), row.version) == ("v2", 2)
+    record = await store.record(OWNER, "k")
+    assert record is not None
+    assert (record.flush_state, record.version, record.central_version) == (
+        FlushState.FLUSHED, 2, 2)
+
+
+# -- two stores racing on one key ----------------------------------------------------------
+
+
+async def test_race_under_reject_the_central_record_wins(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    seen: list[ConflictInfo] = []
+    a = await open_store(triggerer_id="a")
+    b = await open_store(triggerer_id="b", on_conflict=seen.append)
+    await a.set(OWNER, "k", "from a")
+    await b.set(OWNER, "k", "from b")  # neither has flushed: both based on "no record"
+    assert (await a.flush()).written == 1
+    report = await b.flush()
+    assert (report.written, report.adopted, report.conflicts) == (0, 1, 1)
+
+    assert await b.get(OWNER, "k") == "from a"  # the local record was replaced
+    record = await b.record(OWNER, "k")
+    assert record is not None
+    assert (record.version, record.updated_by, record.flush_state) == (
+        1, "a", FlushState.CONFLICT)
+    assert b.stats().conflicts == 1
+    assert seen == [ConflictInfo(
+        owner=OWNER, key="k", policy="reject", winner="central", local_version=1,
+        central_version=1, local_data=b'"from b"', central_data=b'"from a"',
+    )]
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "k")
+        assert row is not None
+        assert (orjson.loads(row.data or b""), row.version, row.updated_by) == (
+            "from a", 1, "a")
+
+        # now based on the central record, b writes without conflict
+        await b.set(OWNER, "k", "b again")
+        report = await b.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert await central_value(reader, "k") == "b again"
+
+        # a `central` write based on a stale record (a still holds v1) is refused, says so,
+        # and leaves a with the central record
+        with pytest.raises(WriteRejected, match="another writer owns it now"):
+            await a.set(OWNER, "k", "a, late", durability="central")
+        assert await a.get(OWNER, "k") == "b again"
+        assert a.stats().conflicts == 1
+        assert await central_value(reader, "k") == "b again"
+    assert len(seen) == 1  # the callback is b's alone
+
+
+async def test_race_under_last_writer_wins_the_later_flush_wins(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    seen: list[ConflictInfo] = []
+    a = await open_store(triggerer_id="a", conflict_policy="last_writer_wins")
+    b = await open_store(triggerer_id="b", conflict_policy="last_writer_wins",
+                         on_conflict=seen.append)
+    await a.set(OWNER, "k", "from a")
+    await b.set(OWNER, "k", "from b")
+    await b.set(OWNER, "k", "from b, again")
+    await a.flush()
+    report = await b.flush()
+    assert (report.written, report.conflicts) == (1, 1)
+    assert [(i.winner, i.policy) for i in seen] == [("local", "last_writer_wins")]
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "k")
+    assert row is not None
+    assert (orjson.loads(row.data or b""), row.updated_by) == ("from b, again", "b")
+    assert row.version > 2  # above both chains: a's v1 and b's v2
+    record = await b.record(OWNER, "k")
+    assert record is not None
+    assert (record.value, record.version, record.central_version) == (
+        "from b, again", row.version, row.version)
+    # a keeps its own value until it reloads the owner (a trigger moving back to it)
+    assert await a.get(OWNER, "k") == "from a"
+    await a.load(OWNER)
+    assert await a.get(OWNER, "k") == "from b, again"
+
+
+async def test_race_under_max_never_moves_the_watermark_backwards(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    seen: list[ConflictInfo] = []
+    a = await open_store(triggerer_id="a", conflict_policy="max")
+    b = await open_store(triggerer_id="b", conflict_policy="max", on_conflict=seen.append)
+    history: list[int] = []
+    async with central_reader(central_url) as reader:
+        async def flush(store: StateStore) -> None:
+            await store.flush()
+            history.append(await central_value(reader, "wm"))
+
+        await a.set(OWNER, "wm", 10)
+        await b.set(OWNER, "wm", 5)
+        await flush(a)
+        await flush(b)  # stale and lower: adopted
+        assert await b.get(OWNER, "wm") == 10
+        await b.set(OWNER, "wm", 7)  # based on the current record, but lower: refused too
+        await flush(b)
+        assert await b.get(OWNER, "wm") == 10
+        await a.set(OWNER, "wm", 20)
+        await b.set(OWNER, "wm", 15)  # a zombie that lost the trigger, flushing late
+        await flush(a)
+        await flush(b)
+        await b.set(OWNER, "wm", 30)  # stale but greater: it goes in
+        await flush(b)
+        await a.set(OWNER, "wm", 25)
+        await flush(a)
+        assert await a.get(OWNER, "wm") == 30
+        assert history == [10, 10, 10, 20, 20, 30, 30]
+        row = await central_row(reader, "wm")
+        assert row is not None
+        assert row.updated_by == "b"
+    assert [i.winner for i in seen] == ["central", "central", "central", "local"]
+
+
+# -- the randomized failover schedule ------------------------------------------------------
+
+_KINDS = ("set", "set", "zombie", "flush", "load", "handover", "restart")
+_step = st.tuples(st.sampled_from(_KINDS), st.integers(0, 2), st.integers(1, 5))
+
+
+@settings(max_examples=200, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stores=st.integers(2, 3), schedule=st.lists(_step, min_size=1, max_size=25))
+def test_the_watermark_never_goes_backwards_under_a_random_failover_schedule(
+    stores: int, schedule: list[tuple[str, int, int]],
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="localstate-failover-") as tmp:
+        asyncio.run(_run_failover(Path(tmp), stores, schedule))
+
+
+async def _run_failover(tmp: Path, n: int, schedule: list[tuple[str, int, int]]) -> None:
+    """Stores take a trigger's watermark over from each other; stale ones keep writing.
+
+    A small model says what the central DB must hold: each flush of a dirty value makes it the
+    greater of the two. The assertion that matters: the central value never decreases.
+    """
+    url = f"sqlite:///{tmp / 'central.db'}"
+
+    async def open_(i: int) -> StateStore:
+        return await StateStore.open(
+            central_url=url, cache_path=tmp / f"t{i}.db", triggerer_id=f"t{i}",
+            conflict_policy="max", flush_interval=3600, durability="memory",
+        )
+
+    opened: list[StateStore] = []
+    try:
+        for i in range(n):
+            opened.append(await open_(i))
+        async with central_reader(url) as reader:
+            central: int | None = None  # the model of the central value
+            local: list[tuple[int, bool] | None] = [None] * n  # (value, dirty) per store
+            seen: list[int] = []
+
+            def flushed(i: int) -> None:
+                nonlocal central
+                known = local[i]
+                if known is not None and known[1]:
+                    central = known[0] if central is None else max(central, known[0])
+                    local[i] = (central, False)
+
+            for kind, i, amount in schedule:
+                i %= n
+                store = opened[i]
+                if kind in ("set", "zombie"):
+                    current = await store.get(OWNER, "wm", 0)
+                    value = current + amount if kind == "set" else current - amount
+                    await store.set(OWNER, "wm", value)
+                    local[i] = (value, True)
+                elif kind == "flush":
+                    await store.flush()
+                    flushed(i)
+                elif kind == "restart":
+                    await store.close()
+                    flushed(i)  # close flushed it
+                    store = opened[i] = await open_(i)
+                else:  # "load", or "handover": the trigger moves to store i
+                    await store.load(OWNER)
+                    known = local[i]
+                    if central is not None and (known is None or not known[1]):
+                        local[i] = (central, False)
+                    if kind == "handover":
+                        watermark = await store.get(OWNER, "wm", 0)
+                        if central is not None and (known is None or not known[1]):
+                            # the new owner continues from the last flushed watermark
+                            assert watermark == central
+                        await store.set(OWNER, "wm", watermark + amount)
+                        local[i] = (watermark + amount, True)
+                actual = await central_value(reader, "wm")
+                assert actual == central
+                if actual is not None:
+                    assert not seen or actual >= seen[-1], (seen, actual)
+                    seen.append(actual)
+                known = local[i]
+                if known is not None:
+                    assert await store.get(OWNER, "wm") == known[0]
+            # every store flushes at the end: the greatest value flushed is what remains
+            for i, store in enumerate(opened):
+                await store.flush()
+                flushed(i)
+            assert await central_value(reader, "wm") == central
+            assert all(s.stats().dirty_keys == 0 for s in opened)
+    finally:
+        for store in opened:
+            await store.close()
+
+
+# -- read-through, restarts --------------------------------------------------------------
+
+
+async def test_a_replacement_store_reads_through_to_the_last_flushed_value(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    a = await open_store(triggerer_id="a")
+    await a.set(OWNER, "watermark", 41)
+    await a.set(OWNER, "cursor", {"page": 3})
+    await a.set("other", "x", 1)
+    await a.flush()
+    await a.close()
+
+    b = await open_store(triggerer_id="b")  # another triggerer, its own (empty) cache file
+    assert b.stats().keys_in_memory == 0
+    assert await b.get(OWNER, "watermark") == 41
+    assert await b.get(OWNER, "cursor") == {"page": 3}
+    queries = b.stats().read_through_queries
+    assert queries >= 1
+    assert await b.get(OWNER, "watermark") == 41  # now cached: no query
+    assert b.stats().read_through_queries == queries
+    record = await b.record(OWNER, "watermark")
+    assert record is not None
+    assert (record.version, record.updated_by, record.flush_state) == (
+        1, "a", FlushState.FLUSHED)
+    # it continues from the watermark, based on the central version: no conflict
+    await b.set(OWNER, "watermark", 42)
+    report = await b.flush()
+    assert (report.written, report.conflicts) == (1, 0)
+
+    # a third one preloads the owner in one query
+    c = await open_store(triggerer_id="c")
+    with StatementLog(c).watching() as log:
+        assert await c.load(OWNER) == 2
+    assert len(log.of_kind("SELECT")) == 1
+    assert sorted((r.key, r.value, r.version) async for r in c.items(OWNER)) == [
+        ("cursor", {"page": 3}, 1), ("watermark", 42, 2)]
+    with StatementLog(c).watching() as log:
+        assert await c.get(OWNER, "watermark") == 42
+    assert log.statements == []
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "watermark")
+    assert row is not None
+    assert (row.version, row.updated_by) == (2, "b")
+
+
+async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
+    pg_server: PostgresServer, tmp_path: Path,
+) -> None:
+    url = new_database(pg_server, "restart")
+    cache = tmp_path / "t.db"
+    options: dict[str, Any] = dict(
+        central_url=url, cache_path=cache, triggerer_id="t", flush_interval=3600,
+        close_timeout=5,
+    )
+    store = await StateStore.open(**options)
+    try:
+        await store.set(OWNER, "before", 1)
+        await store.flush()
+        pg_server.stop()
+        try:
+            for i in range(1, 6):
+                assert await store.set(OWNER, "wm", i) == i  # acknowledged locally
+            await store.set(OWNER, "before", 2)
+            with pytest.raises(CentralUnavailable):
+                await store.flush()
+            assert store.stats().last_error is not None
+        finally:
+            try:
+                await store.close()  # cannot flush: the writes stay in the cache file
+            finally:
+                pg_server.start()
+    finally:
+        await store.close()
+    assert local_rows(cache) == {"before": (2, 2, 1), "wm": (5, 5, 0)}  # dirty on disk
+    async with central_reader(url) as reader:
+        assert await central_value(reader, "before") == 1
+        assert await central_row(reader, "wm") is None
+
+        store = await StateStore.open(**options)  # the same cache: no explicit flush below
+        try:
+            async def flushed_at_start() -> bool:
+                return await central_value(reader, "wm") == 5
+
+            await eventually(flushed_at_start, "the reopened store to flush its backlog")
+            wm = await central_row(reader, "wm")
+            before = await central_row(reader, "before")
+            assert wm is not None
+            assert before is not None
+            assert (wm.version, before.version, orjson.loads(before.data or b"")) == (5, 2, 2)
+            await eventually(lambda: _async(store.stats().dirty_keys == 0), "clean keys")
+            assert store.stats().conflicts == 0
+        finally:
+            await store.close()
+    assert local_rows(cache) == {"before": (2, 2, 2), "wm": (5, 5, 5)}
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+# -- outages -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop_mode", ["fast", "immediate"])
+async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
+    pg_server: PostgresServer, tmp_path: Path, stop_mode: str,
+) -> None:
+    url = new_database(pg_server, "outage")
+    store = await StateStore.open(
+        central_url=url, cache_path=tmp_path / "t.db", triggerer_id="t",
+        flush_interval=0.05, durability="local",
+    )
+    keys = [f"k{j:02}" for j in range(20)]
+    counts = dict.fromkeys(keys, 0)
+    last: dict[str, int] = {}
+    done = asyncio.Event()
+
+    async def write_loop() -> None:
+        i = 0
+        while not done.is_set():
+            i += 1
+            batch = [k for j, k in enumerate(keys) if i % (j % 4 + 1) == 0]
+            versions = await asyncio.gather(*(store.set(OWNER, k, i) for k in batch))
+            for k, version in zip(batch, versions, strict=True):
+                counts[k] += 1
+                last[k] = i
+                assert version == counts[k]  # acknowledged, at the next local version
+            await asyncio.sleep(0.002)
+
+    def total() -> int:
+        return sum(counts.values())
+
+    try:
+        async with central_reader(url) as reader:
+            writer = asyncio.create_task(write_loop())
+            try:
+                async def some_flushed() -> bool:
+                    return len(await reader.read_owner(OWNER)) == len(keys)
+
+                await eventually(some_flushed, "flushes before the outage")
+                await asyncio.to_thread(pg_server.stop, stop_mode)
+                try:
+                    await eventually(lambda: _async(store.stats().last_error is not None),
+                                     "the worker to notice the outage")
+                    during = total()
+
+                    async def sets_go_on() -> bool:
+                        if writer.done():
+                            writer.result()  # a failed set fails the test here
+                        return total() >= during + 200
+
+                    await eventually(sets_go_on, "sets to keep working during the outage")
+                    stats = store.stats()
+                    assert stats.central_errors > 0
+                    assert stats.dirty_keys > 0
+                    assert stats.oldest_unflushed_s > 0.0
+                    assert not writer.done()
+                finally:
+                    await asyncio.to_thread(pg_server.start)
+                await eventually(lambda: _async(store.stats().last_error is None),
+                                 "a flush to succeed after the restart")
+            finally:
+                done.set()
+                await writer  # re-raises any failed set
+            await flush_once_back(store)
+            assert store.stats().dirty_keys == 0
+            rows = {r.key: r for r in await reader.read_owner(OWNER)}
+    finally:
+        await store.close()
+    assert sorted(rows) == keys
+    # every acknowledged write arrived once: one central version per set, the last value
+    assert {k: (r.version, orjson.loads(r.data or b"")) for k, r in rows.items()} == {
+        k: (counts[k], last[k]) for k in keys}
+    assert store.stats().conflicts == 0
+
+
+async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_write(
+    pg_server: PostgresServer, tmp_path: Path,
+) -> None:
+    url = new_database(pg_server, "central")
+    store = await StateStore.open(
+        central_url=url, cache_path=tmp_path / "t.db", triggerer_id="t", flush_interval=3600,
+        central_timeout=1,
+    )
+    try:
+        async with central_reader(url) as reader:
+            assert await store.set(OWNER, "k", "before", durability="central") == 1
+            assert await central_value(reader, "k") == "before"  # in the DB on return
+            pg_server.stop()
+            try:
+                with pytest.raises(CentralUnavailable, match="kept in the local cache"):
+                    await store.set(OWNER, "k", "during", durability="central")
+                assert await store.get(OWNER, "k") == "during"
+                record = await store.record(OWNER, "k")
+                assert record is not None
+                assert (record.version, record.flush_state) == (2, FlushState.DIRTY)
+                assert store.stats().last_error is not None
+            finally:
+                pg_server.start()
+            # the local file has it (it was committed locally before the central wait)
+            assert local_rows(tmp_path / "t.db")["k"] == ("during", 2, 1)
+            await flush_once_back(store)
+            row = await central_row(reader, "k")
+            assert row is not None
+            assert (orjson.loads(row.data or b""), row.version) == ("during", 2)
+            # and central durability works again
+            assert await store.set(OWNER, "k", "after", durability="central") == 3
+            assert await central_value(reader, "k") == "after"
+    finally:
+        await store.close()
+
+
+# -- direct mode -------------------------------------------------------------------------
+
+
+async def test_direct_mode_is_one_central_transaction_per_set(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(enabled=False)
+    other = await open_store(enabled=False, triggerer_id="other")
+    with StatementLog(store).watching() as log:
+        versions = [await store.set(OWNER, "k", i) for i in range(5)]
+        versions.append(await store.set(OWNER, "j", "x"))
+    assert versions == [1, 2, 3, 4, 5, 1]
+    assert log.commits == 6
+    assert [rows_carried_direct(p) for _, p in log.of_kind("INSERT")] == [1] * 6
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader, "k") == 4  # in the DB as soon as set returns
+    # get reads the central DB every time: a write by another store is seen at once
+    with StatementLog(store).watching() as log:
+        assert await store.get(OWNER, "k") == 4
+        await other.set(OWNER, "k", "from other")
+        assert await store.get(OWNER, "k") == "from other"
+    assert len(log.of_kind("SELECT")) == 2
+    assert log.commits == 0  # reads commit nothing
+    stats = store.stats()
+    assert (stats.cache_enabled, stats.central_transactions, stats.dirty_keys) == (False, 6, 0)
+    assert (await store.flush()).rows == 0
+    assert await store.delete(OWNER, "j")
+    assert await store.get(OWNER, "j") is None
+
+
+def rows_carried_direct(parameters: Any) -> int:
+    """Direct-mode inserts carry one row of scalar parameters."""
+    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
+    assert not any(isinstance(v, list) for v in values)
+    return 1
