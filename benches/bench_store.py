@@ -71,10 +71,7 @@ async def run(seconds: float, folder: Path) -> list[dict[str, Any]]:
             rows.append({"op": "set", "mode": "bare", "writers": writers, "ops_per_s": bare,
                          "ratio_to_bare": 1.0})
             for mode in ("memory", "local", "central"):
-                if mode == "central" and writers == 1:
-                    secs = min(seconds, 3.0)
-                else:
-                    secs = seconds
+                secs = min(seconds, 3.0) if mode == "central" and writers == 1 else seconds
 
                 async def store_set(w: int, n: int, mode: Any = mode) -> None:
                     await store.set(owners[w], "watermark", n, durability=mode)

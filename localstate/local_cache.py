@@ -46,7 +46,7 @@ from localstate.errors import (
 )
 from localstate.file_lock import CacheFileLock
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "LocalCache", "LocalSync"]
+__all__ = ["APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "LocalCache", "LocalSync"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ SCHEMA_VERSION: Final = 1
 
 LocalSync = Literal["full", "normal"]
 
-_SCHEMA: Final = """
+SCHEMA: Final = """
 CREATE TABLE state (
     owner          TEXT    NOT NULL,
     key            TEXT    NOT NULL,
@@ -68,7 +68,7 @@ CREATE TABLE state (
     PRIMARY KEY (owner, key)
 ) WITHOUT ROWID
 """
-_UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
+UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
 _PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
@@ -223,7 +223,7 @@ class LocalCache:
                 # crash right after CREATE TABLE left a file with a table and application_id
                 # 0, which every later open refused as "not a localstate cache".
                 await conn.execute("BEGIN IMMEDIATE")
-                await conn.execute(_SCHEMA)
+                await conn.execute(SCHEMA)
                 await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 await conn.commit()
@@ -392,7 +392,7 @@ class LocalCache:
             with self._wrap("commit"):
                 try:
                     if upserts:
-                        await conn.executemany(_UPSERT, upserts)
+                        await conn.executemany(UPSERT, upserts)
                     if purges:
                         await conn.executemany(_PURGE, purges)
                     await conn.commit()

@@ -110,7 +110,8 @@ class StateStore:
         self._worker: SyncWorker | None = None
         self._reader: ReadThrough | None = None
         self._entries: dict[StateKey, Entry] = {}
-        self._dirty: dict[StateKey, None] = {}
+        #: dirty keys, each with the time of its oldest write the central DB lacks
+        self._dirty: dict[StateKey, float] = {}
         self._absent: dict[StateKey, float] = {}
         self._opened = False
         self._closed = False
@@ -156,7 +157,7 @@ class StateStore:
                     memory_window=s.memory_window,
                 )
                 self._entries = await self._cache.load()
-                self._dirty = dict.fromkeys(k for k, e in self._entries.items() if e.dirty)
+                self._dirty = {k: e.updated_at for k, e in self._entries.items() if e.dirty}
                 self._worker = SyncWorker(
                     entries=self._entries, dirty=self._dirty, cache=self._cache,
                     sink=self._sink, policies=self._policies,
@@ -421,10 +422,11 @@ class StateStore:
         e.data = data
         e.obj = obj
         version = e.version = e.version + 1
-        e.updated_at = _now()
+        e.updated_at = now = _now()
         e.updated_by = self.triggerer_id
         dirty = self._dirty
-        dirty[k] = None
+        if k not in dirty:
+            dirty[k] = now
         self._sets += 1
         if len(dirty) >= self._max_batch:
             self._worker.kick()  # type: ignore[union-attr]  # set whenever not direct
@@ -481,8 +483,7 @@ class StateStore:
     def stats(self) -> StoreStats:
         w, c, sink = self._worker, self._cache, self._sink
         now = time.time()
-        oldest = min((self._entries[k].updated_at for k in self._dirty if k in self._entries),
-                     default=None)
+        oldest = min(self._dirty.values(), default=None)
         lags = list(w.lags) if w is not None else []
         last_error = (w.last_error if w is not None else None) or (
             c.last_error if c is not None else None)

@@ -198,6 +198,7 @@ class CentralStore:
         # 1. Under max, read (and lock) the central values first: a write that would lower
         #    one is refused even when it is based on the current central version.
         to_write: list[tuple[DirtyRow, int, bool]] = []  # (row, base to fence on, conflict)
+        replaced: dict[StateKey, CentralRow] = {}  # what a conflicting write replaces
         max_rows = [r for r in rows if policies.for_owner(r.owner).is_max]
         current = await self._select(conn, [(r.owner, r.key) for r in max_rows], lock=True) \
             if max_rows else {}
@@ -208,8 +209,18 @@ class CentralStore:
                 to_write.append((r, r.base_version, False))
                 continue
             stale = c.version != r.base_version
+            # A replay of this writer's own chain (a flush that committed but was never marked
+            # clean) is no conflict: the upsert's fence accepts it, and max must too. Without
+            # this, max reported a spurious conflict and failed the `central` waiter of a write
+            # the DB holds. Fenced on its own base, the replay keeps its version (no bump).
+            replay = stale and c.updated_by == r.updated_by and (
+                r.base_version < c.version <= r.version)
+            if replay:
+                stale = False
             if policy.exceeds(r.data, c.data, strictly=stale):
-                to_write.append((r, c.version, stale))
+                to_write.append((r, r.base_version if replay else c.version, stale))
+                if stale:
+                    replaced[(r.owner, r.key)] = c
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
@@ -222,7 +233,8 @@ class CentralStore:
                 continue
             central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
             outcomes.append(FlushOutcome(r, "written", central, conflict,
-                                         policies.for_owner(r.owner).spec))
+                                         policies.for_owner(r.owner).spec,
+                                         replaced.get((r.owner, r.key))))
         if not refused:
             return outcomes
         # 3. Conflicts: lock the central rows and settle each by its policy.
@@ -235,6 +247,7 @@ class CentralStore:
                 retry.append((r, r.base_version, True))
             elif policy.local_wins(r, c):
                 retry.append((r, c.version, True))
+                replaced[(r.owner, r.key)] = c
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         written = await self._upsert(conn, retry)
@@ -245,7 +258,8 @@ class CentralStore:
                 outcomes.append(FlushOutcome(r, "retry", None, True, spec))
             else:
                 central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
-                outcomes.append(FlushOutcome(r, "written", central, True, spec))
+                outcomes.append(FlushOutcome(r, "written", central, True, spec,
+                                             replaced.get((r.owner, r.key))))
         return outcomes
 
     async def _upsert(

@@ -53,3 +53,7 @@ class FlushOutcome:
     #: the central version was not the base the write expected (or a max policy refused it)
     conflict: bool = False
     policy: str = ""
+    #: for a conflict the local write won: the central record it replaced. (Added: `central`
+    #: is then the local write itself, so the conflict callback and log could not tell what
+    #: was overwritten.)
+    replaced: CentralRow | None = None

@@ -67,6 +67,8 @@ class FlushReport:
     duration: float = 0.0
     #: keys still dirty when it finished (written meanwhile, or left to retry)
     still_dirty: int = 0
+    #: POSIX time the flush started (before it took its snapshot of the dirty keys)
+    started_at: float = 0.0
     outcomes: list[FlushOutcome] = field(default_factory=list, repr=False)
 
 
@@ -75,7 +77,7 @@ class SyncWorker:
         self,
         *,
         entries: dict[StateKey, Entry],
-        dirty: dict[StateKey, None],
+        dirty: dict[StateKey, float],
         cache: LocalCache,
         sink: Sink,
         policies: PolicyMap,
@@ -124,6 +126,9 @@ class SyncWorker:
     async def stop(self, deadline: float) -> FlushReport | None:
         """Stop the loop, then flush what is dirty for up to `deadline` seconds."""
         self._stop.set()
+        # Wake the loop too: between flushes it waits on `_kick` (up to flush_interval), not
+        # on `_stop`, so without this close() hung for up to a whole flush_interval.
+        self._kick.set()
         if self._task is not None:
             await self._task
             self._task = None
@@ -180,7 +185,7 @@ class SyncWorker:
         """Flush every key dirty now, in batches of `max_batch`; one flush at a time."""
         async with self._flush_lock:
             started = time.monotonic()
-            report = FlushReport()
+            report = FlushReport(started_at=time.time())
             try:
                 # Commit staged memory writes locally first: the central DB must never hold a
                 # version the local file could lose in a crash (a restart would then replay
@@ -210,7 +215,7 @@ class SyncWorker:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""
         rows: list[DirtyRow] = []
         entries = self.entries
-        for k in (self.dirty if keys is None else keys):
+        for k in (list(self.dirty) if keys is None else keys):
             e = entries.get(k)
             if e is None or not e.dirty:
                 self.dirty.pop(k, None)
@@ -250,7 +255,6 @@ class SyncWorker:
                     e.version = central.version
                 elif e.version <= central.version:
                     e.version = central.version + 1
-                self.lags.append(max(0.0, now - r.updated_at))
                 self._settle_waiters(k, r.version, None)
             else:
                 report.adopted += 1
@@ -269,9 +273,13 @@ class SyncWorker:
             else:
                 self.conflicted.discard(k)
             if not e.dirty:
-                self.dirty.pop(k, None)
-            else:
-                self.dirty[k] = None
+                since = self.dirty.pop(k, None)
+                if o.resolution == "written" and since is not None:
+                    # flush lag: from the first write the central DB lacked to now
+                    self.lags.append(max(0.0, now - since))
+            elif k not in self.dirty:
+                # written again during the flush: those writes are no older than its start
+                self.dirty[k] = report.started_at
             self.cache.stage(k, e)
 
     @staticmethod
@@ -288,6 +296,8 @@ class SyncWorker:
 
     def _report_conflict(self, o: FlushOutcome, central: CentralRow) -> None:
         r = o.row
+        # when the local write won, report the central record it overwrote, not itself
+        central = o.replaced if o.replaced is not None else central
         self.conflicts += 1
         self.conflicted.add((r.owner, r.key))
         info = ConflictInfo(

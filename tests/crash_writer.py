@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -152,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -231,6 +231,8 @@ async def test_a_stale_write_under_last_writer_wins_goes_in_above_both_versions(
     assert got.version > 2
     assert o.central is not None
     assert o.central.version == got.version
+    assert o.replaced is not None  # what the winning write overwrote
+    assert (value_of(o.replaced), o.replaced.version, o.replaced.updated_by) == ("b's", 5, "b")
 
 
 @pytest.mark.parametrize(
@@ -245,6 +247,11 @@ async def test_a_stale_write_under_max_keeps_the_greater_value(
     o = only(await central.write_batch([dirty("wm", local_value, version=1, base=0)], policies))
     assert o.conflict
     assert o.resolution == ("written" if winner == local_value else "adopted")
+    if o.resolution == "written":
+        assert o.replaced is not None
+        assert (value_of(o.replaced), o.replaced.version) == (central_value, 4)
+    else:
+        assert o.replaced is None
     got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
     assert value_of(got) == winner
     assert got.version == (5 if winner == local_value else 4)
@@ -307,11 +314,12 @@ async def test_max_compares_iso_timestamps_as_times(central: CentralStore) -> No
     assert value_of(got) == "2024-01-01T01:30:00+02:00"
 
 
+@pytest.mark.parametrize("policy", ["reject", "max"])
 async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
-    central: CentralStore,
+    central: CentralStore, policy: str,
 ) -> None:
     """A flush committed but never marked clean (a crash) is replayed from the same base."""
-    policies = PolicyMap()
+    policies = PolicyMap(policy)
     await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
     first = dirty("k", "v3", version=3, base=1)
     assert only(await central.write_batch([first], policies)).resolution == "written"

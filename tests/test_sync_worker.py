@@ -257,6 +257,39 @@ async def test_a_key_written_during_its_flush_stays_dirty_and_goes_out_next(
         FlushState.FLUSHED, 2, 2)
 
 
+@pytest.mark.parametrize("policy", ["reject", "last_writer_wins", "max"])
+async def test_a_flush_committed_but_never_marked_clean_is_replayed_without_conflict(
+    open_store: StoreFactory, central_url: str, policy: str,
+) -> None:
+    """The commit landed but the reply was lost (connection dropped, crash before mark_clean):
+    the next flush sends the same rows again; it must neither conflict nor bump the version."""
+    seen: list[ConflictInfo] = []
+    store = await open_store(conflict_policy=policy, on_conflict=seen.append)
+    worker = worker_of(store)
+    await store.set(OWNER, "same", 1)
+    await store.set(OWNER, "moved", 1)
+    await store.flush()
+    await store.set(OWNER, "same", 2)
+    await store.set(OWNER, "moved", 2)
+    await worker.write_batch(worker.collect_dirty())  # committed; its outcomes are lost
+    await store.set(OWNER, "moved", 3)  # and the chain moved on before the retry
+    report = await store.flush()
+    assert sorted((o.row.key, o.resolution, o.conflict) for o in report.outcomes) == [
+        ("moved", "written", False), ("same", "written", False)]
+    assert (seen, store.stats().conflicts) == ([], 0)
+    async with central_reader(central_url) as reader:
+        same = await central_row(reader, "same")
+        moved = await central_row(reader, "moved")
+    assert same is not None
+    assert moved is not None
+    assert (orjson.loads(same.data or b""), same.version) == (2, 2)
+    assert (orjson.loads(moved.data or b""), moved.version) == (3, 3)
+    for key in ("same", "moved"):
+        record = await store.record(OWNER, key)
+        assert record is not None
+        assert record.flush_state == FlushState.FLUSHED
+
+
 # -- two stores racing on one key ----------------------------------------------------------
 
 
@@ -317,12 +350,16 @@ async def test_race_under_last_writer_wins_the_later_flush_wins(
     await a.flush()
     report = await b.flush()
     assert (report.written, report.conflicts) == (1, 1)
-    assert [(i.winner, i.policy) for i in seen] == [("local", "last_writer_wins")]
+    # the callback is told what the winning write overwrote: a's record
+    assert [(i.winner, i.policy, i.local_data, i.central_data, i.central_version)
+            for i in seen] == [("local", "last_writer_wins", b'"from b, again"', b'"from a"', 1)]
     async with central_reader(central_url) as reader:
         row = await central_row(reader, "k")
     assert row is not None
     assert (orjson.loads(row.data or b""), row.updated_by) == ("from b, again", "b")
-    assert row.version > 2  # above both chains: a's v1 and b's v2
+    # above the central record it replaced (a's v1), and no lower than b's own chain (v2)
+    assert row.version > 1
+    assert row.version >= 2
     record = await b.record(OWNER, "k")
     assert record is not None
     assert (record.value, record.version, record.central_version) == (
@@ -336,9 +373,11 @@ async def test_race_under_last_writer_wins_the_later_flush_wins(
 async def test_race_under_max_never_moves_the_watermark_backwards(
     open_store: StoreFactory, central_url: str,
 ) -> None:
-    seen: list[ConflictInfo] = []
-    a = await open_store(triggerer_id="a", conflict_policy="max")
-    b = await open_store(triggerer_id="b", conflict_policy="max", on_conflict=seen.append)
+    seen: list[tuple[str, ConflictInfo]] = []
+    a = await open_store(triggerer_id="a", conflict_policy="max",
+                         on_conflict=lambda info: seen.append(("a", info)))
+    b = await open_store(triggerer_id="b", conflict_policy="max",
+                         on_conflict=lambda info: seen.append(("b", info)))
     history: list[int] = []
     async with central_reader(central_url) as reader:
         async def flush(store: StateStore) -> None:
@@ -348,7 +387,7 @@ async def test_race_under_max_never_moves_the_watermark_backwards(
         await a.set(OWNER, "wm", 10)
         await b.set(OWNER, "wm", 5)
         await flush(a)
-        await flush(b)  # stale and lower: adopted
+        await flush(b)  # stale and lower: the central record wins, b adopts it
         assert await b.get(OWNER, "wm") == 10
         await b.set(OWNER, "wm", 7)  # based on the current record, but lower: refused too
         await flush(b)
@@ -357,16 +396,24 @@ async def test_race_under_max_never_moves_the_watermark_backwards(
         await b.set(OWNER, "wm", 15)  # a zombie that lost the trigger, flushing late
         await flush(a)
         await flush(b)
-        await b.set(OWNER, "wm", 30)  # stale but greater: it goes in
+        await b.set(OWNER, "wm", 30)  # based on the current record and greater: no conflict
         await flush(b)
-        await a.set(OWNER, "wm", 25)
+        await a.set(OWNER, "wm", 25)  # a is stale now (it holds v2) and lower
         await flush(a)
         assert await a.get(OWNER, "wm") == 30
-        assert history == [10, 10, 10, 20, 20, 30, 30]
+        await b.set(OWNER, "wm", 40)
+        await flush(b)
+        await a.set(OWNER, "wm", 50)  # stale (a holds v3, central is at v4) but greater
+        await flush(a)
+        assert history == [10, 10, 10, 20, 20, 30, 30, 40, 50]
         row = await central_row(reader, "wm")
         assert row is not None
-        assert row.updated_by == "b"
-    assert [i.winner for i in seen] == ["central", "central", "central", "local"]
+        assert (row.updated_by, orjson.loads(row.data or b"")) == ("a", 50)
+    assert [(who, i.winner, orjson.loads(i.local_data or b""),
+             orjson.loads(i.central_data or b"")) for who, i in seen] == [
+        ("b", "central", 5, 10), ("b", "central", 7, 10), ("b", "central", 15, 20),
+        ("a", "central", 25, 30), ("a", "local", 50, 40)]
+    assert all(i.policy == "max" for _, i in seen)
 
 
 # -- the randomized failover schedule ------------------------------------------------------
@@ -390,20 +437,25 @@ async def _run_failover(tmp: Path, n: int, schedule: list[tuple[str, int, int]])
 
     A small model says what the central DB must hold: each flush of a dirty value makes it the
     greater of the two. The assertion that matters: the central value never decreases.
+
+    To keep 200 schedules fast the stores share one `CentralStore` (one connection pool: opening
+    one migrates the schema, the slow part); each has its own cache file and triggerer id, and
+    the fencing under test is in the SQL each flush sends.
     """
     url = f"sqlite:///{tmp / 'central.db'}"
 
-    async def open_(i: int) -> StateStore:
-        return await StateStore.open(
-            central_url=url, cache_path=tmp / f"t{i}.db", triggerer_id=f"t{i}",
-            conflict_policy="max", flush_interval=3600, durability="memory",
-        )
-
     opened: list[StateStore] = []
-    try:
-        for i in range(n):
-            opened.append(await open_(i))
-        async with central_reader(url) as reader:
+    async with central_reader(url) as reader:
+
+        async def open_(i: int) -> StateStore:
+            return await StateStore.open(
+                sink=reader, cache_path=tmp / f"t{i}.db", triggerer_id=f"t{i}",
+                conflict_policy="max", flush_interval=3600, durability="memory",
+            )
+
+        try:
+            for i in range(n):
+                opened.append(await open_(i))
             central: int | None = None  # the model of the central value
             local: list[tuple[int, bool] | None] = [None] * n  # (value, dirty) per store
             seen: list[int] = []
@@ -456,9 +508,9 @@ async def _run_failover(tmp: Path, n: int, schedule: list[tuple[str, int, int]])
                 flushed(i)
             assert await central_value(reader, "wm") == central
             assert all(s.stats().dirty_keys == 0 for s in opened)
-    finally:
-        for store in opened:
-            await store.close()
+        finally:
+            for store in opened:
+                await store.close()
 
 
 # -- read-through, restarts --------------------------------------------------------------
@@ -496,8 +548,8 @@ async def test_a_replacement_store_reads_through_to_the_last_flushed_value(
     with StatementLog(c).watching() as log:
         assert await c.load(OWNER) == 2
     assert len(log.of_kind("SELECT")) == 1
-    assert sorted((r.key, r.value, r.version) async for r in c.items(OWNER)) == [
-        ("cursor", {"page": 3}, 1), ("watermark", 42, 2)]
+    items = [(r.key, r.value, r.version) async for r in c.items(OWNER)]
+    assert items == [("cursor", {"page": 3}, 1), ("watermark", 42, 2)]
     with StatementLog(c).watching() as log:
         assert await c.get(OWNER, "watermark") == 42
     assert log.statements == []

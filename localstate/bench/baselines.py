@@ -1,0 +1,152 @@
+"""Baselines measured beside the store in the same run: raw drivers, the flush, and peers.
+
+* ``aiosqlite_executemany``: the local schema written with aiosqlite's executemany, 1,000 rows
+  per transaction, at the store's own pragmas: the most a local cache can write;
+* ``central_bulk``: the central driver's best bulk upsert of the same rows (PostgreSQL: asyncpg
+  with ``unnest``; SQLite: sqlite3's executemany), no fencing: the most a flush can write;
+* ``flush``: `StateStore.flush()` of N dirty keys, to compare with ``central_bulk`` of N rows;
+* peers (Airflow's own state store, ``Variable.set``): measured when apache-airflow is
+  installed and migrated on the same database, else reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from sqlalchemy.engine import make_url
+
+from localstate.local_cache import SCHEMA, UPSERT
+from localstate.store import StateStore
+
+__all__ = [
+    "PEER_MODES",
+    "aiosqlite_executemany",
+    "central_bulk_upsert",
+    "flush_rows_per_s",
+    "peer_skip_reason",
+]
+
+PEER_MODES = ("airflow_metastore", "airflow_variable")
+
+
+def _rows(n: int, tag: str) -> list[tuple[Any, ...]]:
+    now = time.time()
+    return [(f"bench:raw:{tag}:{i}", "watermark", b"%d" % i, 1, now, "bench", 0)
+            for i in range(n)]
+
+
+async def aiosqlite_executemany(folder: Path, rows: int, batch: int = 1000) -> float:
+    """Rows/s of aiosqlite executemany into the local schema, `batch` rows per commit."""
+    path = folder / "raw-aiosqlite.db"
+    path.unlink(missing_ok=True)
+    data = _rows(rows, "aiosqlite")
+    async with aiosqlite.connect(path) as conn:
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute(SCHEMA)
+        await conn.commit()
+        started = time.perf_counter()
+        for start in range(0, rows, batch):
+            await conn.executemany(UPSERT, data[start:start + batch])
+            await conn.commit()
+        elapsed = time.perf_counter() - started
+    return rows / elapsed
+
+
+_PG_UNNEST = (
+    'INSERT INTO localstate_state_variable AS t (owner, "key", value, version, prev_version, '
+    "updated_at, updated_by) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
+    "$4::bigint[], $5::bigint[], $6::timestamptz[], $7::text[]) "
+    'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version, '
+    "prev_version = EXCLUDED.prev_version, updated_at = EXCLUDED.updated_at, "
+    "updated_by = EXCLUDED.updated_by"
+)
+_SQLITE_UPSERT = (
+    'INSERT INTO localstate_state_variable (owner, "key", value, version, prev_version, '
+    "updated_at, updated_by) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
+    "version = excluded.version, prev_version = excluded.prev_version, "
+    "updated_at = excluded.updated_at, updated_by = excluded.updated_by"
+)
+
+
+async def central_bulk_upsert(url: str, rows: int, *, batch: int | None = None,
+                              tag: str = "bulk") -> float:
+    """Rows/s of the central driver's best bulk upsert into the central table (schema must
+    exist), `batch` rows per transaction (default: all in one)."""
+    batch = batch or rows
+    parsed = make_url(url)
+    now = datetime.now(timezone.utc)
+    owners = [f"bench:raw:{tag}:{i}" for i in range(rows)]
+    if parsed.get_backend_name() == "postgresql":
+        import asyncpg  # the postgres extra
+
+        conn = await asyncpg.connect(
+            user=parsed.username, password=parsed.password, host=parsed.host,
+            port=parsed.port, database=parsed.database,
+        )
+        try:
+            started = time.perf_counter()
+            for start in range(0, rows, batch):
+                part = owners[start:start + batch]
+                n = len(part)
+                async with conn.transaction():
+                    await conn.execute(
+                        _PG_UNNEST, part, ["watermark"] * n, [str(i) for i in range(n)],
+                        [2] * n, [1] * n, [now] * n, ["bench"] * n,
+                    )
+            elapsed = time.perf_counter() - started
+        finally:
+            await conn.close()
+        return rows / elapsed
+    path = parsed.database or ""
+    stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(path, timeout=30) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        started = time.perf_counter()
+        for start in range(0, rows, batch):
+            part = owners[start:start + batch]
+            conn.executemany(
+                _SQLITE_UPSERT, [(o, "watermark", str(i), 2, 1, stamp, "bench")
+                                 for i, o in enumerate(part)],
+            )
+            conn.commit()
+        elapsed = time.perf_counter() - started
+    conn.close()
+    return rows / elapsed
+
+
+async def flush_rows_per_s(url: str, folder: Path, keys: int, *, tag: str = "flush"
+                           ) -> tuple[float, float]:
+    """(rows/s, seconds) of one `StateStore.flush()` of `keys` dirty keys to the central DB."""
+    cache = folder / f"flush-{tag}-{keys}.db"
+    async with StateStore(cache_path=cache, central_url=url, triggerer_id=f"flush-{tag}",
+                          flush_interval=3600.0, max_batch=max(keys, 10_000)) as store:
+        owners = [f"bench:flush:{tag}:{i}" for i in range(keys)]
+        for start in range(0, keys, 5000):  # first writes read through: many per query
+            await asyncio.gather(*(store.set(o, "watermark", 0, durability="memory")
+                                   for o in owners[start:start + 5000]))
+        await store.flush()
+        for i, owner in enumerate(owners):
+            await store.set(owner, "watermark", i + 1, durability="memory")
+        started = time.perf_counter()
+        report = await store.flush()
+        elapsed = time.perf_counter() - started
+    return report.written / elapsed, elapsed
+
+
+def peer_skip_reason(url: str) -> str | None:
+    """Why the Airflow peers cannot be measured here (None: they can)."""
+    if importlib.util.find_spec("airflow") is None:
+        return "apache-airflow is not installed (pip install 'localstate[airflow]')"
+    return (
+        "the Airflow peers need `airflow db migrate` on the same database: run "
+        "benches/bench_airflow_peers.py against it"
+    )

@@ -1,0 +1,198 @@
+"""Run the whole benchmark and present it: table, plain-language summary, JSON, PNG chart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from localstate.bench.baselines import (
+    PEER_MODES,
+    aiosqlite_executemany,
+    central_bulk_upsert,
+    flush_rows_per_s,
+    peer_skip_reason,
+)
+from localstate.bench.progress import Progress
+from localstate.bench.runner import BenchConfig, BenchRow, rss_mb, run_scenario
+from sync.central_store import CentralStore
+
+__all__ = ["print_table", "run_bench", "summary", "write_json", "write_plot"]
+
+
+async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Every mode for every K (and the shared-key scenario), then the raw baselines."""
+    cfg.folder.mkdir(parents=True, exist_ok=True)
+    store_modes = [m for m in cfg.modes if m not in PEER_MODES]
+    plan = [("distinct", m, k) for k in cfg.triggers for m in store_modes]
+    if cfg.shared:
+        plan += [("shared", m, max(cfg.triggers)) for m in store_modes if m != "bare"]
+    progress = Progress(len(plan) + 2, label="localstate bench", enabled=cfg.progress)
+    central = await CentralStore.open(cfg.url)  # create the schema once, up front
+    dialect = central.dialect
+    await central.close()
+    rows: list[BenchRow] = []
+    for scenario, mode, k in plan:
+        rows.append(await run_scenario(cfg, scenario, mode, k, progress))
+    _ratios(rows)
+    n = max(1000, max(cfg.triggers))
+    raw_local = await aiosqlite_executemany(cfg.folder, n * 5)
+    rows.append(BenchRow("baseline", "aiosqlite_executemany", n, sets=n * 5,
+                         sets_per_s=raw_local, rss_mb=rss_mb(),
+                         note="1,000 rows per local commit, synchronous=FULL"))
+    progress.step(f"aiosqlite executemany: {raw_local:,.0f} rows/s")
+    flush_keys = min(10_000, n * 10)
+    bulk = await central_bulk_upsert(cfg.url, flush_keys)
+    flushed, flush_s = await flush_rows_per_s(cfg.url, cfg.folder, flush_keys)
+    rows.append(BenchRow("baseline", "central_bulk", flush_keys, sets=flush_keys,
+                         sets_per_s=bulk, central_txns=1, central_rows=flush_keys,
+                         rows_per_txn=float(flush_keys), rss_mb=rss_mb(),
+                         note="asyncpg unnest" if dialect == "postgresql" else
+                         "sqlite3 executemany"))
+    rows.append(BenchRow("baseline", "flush", flush_keys, sets=flush_keys, seconds=flush_s,
+                         sets_per_s=flushed, central_rows=flush_keys, rss_mb=rss_mb(),
+                         x_direct=None, note=f"{flushed / bulk:.0%} of central_bulk"))
+    progress.step(f"flush of {flush_keys:,} keys: {flushed:,.0f} rows/s "
+                  f"({flushed / bulk:.0%} of the raw bulk upsert)")
+    skipped = {m: peer_skip_reason(cfg.url) for m in PEER_MODES if m in cfg.modes}
+    return {
+        "machine": _machine(),
+        "settings": {
+            "central_url": _hide(cfg.url), "dialect": dialect, "duration_s": cfg.duration,
+            "triggers": cfg.triggers, "modes": cfg.modes, "poll_delay_s": cfg.poll_delay,
+            "shared_keys": cfg.shared_keys, "flush_interval_s": cfg.flush_interval,
+        },
+        "rows": [r.as_dict() for r in rows],
+        "skipped": {m: r for m, r in skipped.items() if r},
+    }
+
+
+def _ratios(rows: list[BenchRow]) -> None:
+    by = {(r.scenario, r.mode, r.triggers): r for r in rows}
+    for r in rows:
+        direct = by.get((r.scenario, "direct", r.triggers))
+        bare = by.get(("distinct", "bare", r.triggers))
+        if direct is not None and direct.sets_per_s:
+            r.x_direct = r.sets_per_s / direct.sets_per_s
+        if bare is not None and bare.sets_per_s:
+            r.x_bare = r.sets_per_s / bare.sets_per_s
+
+
+def _hide(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _machine() -> dict[str, Any]:
+    import aiosqlite
+    import orjson
+    import sqlalchemy
+
+    from localstate import __version__
+
+    return {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "cpus": os.cpu_count(), "sqlite": sqlite3.sqlite_version,
+        "localstate": __version__, "sqlalchemy": sqlalchemy.__version__,
+        "aiosqlite": aiosqlite.__version__, "orjson": orjson.__version__,
+    }
+
+
+def _fmt(value: float | None, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(result: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    head = (f"{'scenario':<9} {'mode':<22} {'K':>6} {'sets/s':>11} {'x direct':>9} "
+            f"{'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} {'txns':>6} {'rows/txn':>8} "
+            f"{'lag p99':>8} {'RSS MB':>7}")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r in result["rows"]:
+        print(
+            f"{r['scenario']:<9} {r['mode']:<22} {r['triggers']:>6} {_fmt(r['sets_per_s']):>11} "
+            f"{_fmt(r['x_direct'], '.1f'):>9} {_fmt(r['x_bare'], '.3f'):>7} "
+            f"{_fmt(r['set_p50_ms'], '.3f'):>7} {_fmt(r['set_p99_ms'], '.2f'):>7} "
+            f"{r['central_txns']:>6} {_fmt(r['rows_per_txn'], ',.0f'):>8} "
+            f"{_fmt(r['lag_p99_ms'], ',.0f'):>8} {r['rss_mb']:>7.0f}",
+            file=out,
+        )
+    for mode, reason in result.get("skipped", {}).items():
+        print(f"skipped {mode}: {reason}", file=out)
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A plain-language sentence per K: what local-first buys over direct writes."""
+    rows = [r for r in result["rows"] if r["scenario"] == "distinct"]
+    lines = []
+    for k in sorted({r["triggers"] for r in rows}):
+        by = {r["mode"]: r for r in rows if r["triggers"] == k}
+        direct, local = by.get("direct"), by.get("local")
+        if not direct or not local or not direct["sets_per_s"]:
+            continue
+        txn_ratio = (direct["central_txns"] / local["central_txns"]
+                     if local["central_txns"] else float("inf"))
+        line = (f"with {k:,} trigger{'s' if k != 1 else ''}, local-first (local durability) "
+                f"took {local['sets_per_s'] / direct['sets_per_s']:,.0f}x the updates of direct "
+                f"writes with {txn_ratio:,.0f}x fewer database transactions")
+        memory = by.get("memory")
+        if memory:
+            line += (f"; memory durability {memory['sets_per_s'] / direct['sets_per_s']:,.0f}x")
+        lines.append(line + ".")
+    flush = next((r for r in result["rows"] if r["mode"] == "flush"), None)
+    bulk = next((r for r in result["rows"] if r["mode"] == "central_bulk"), None)
+    if flush and bulk and bulk["sets_per_s"]:
+        lines.append(
+            f"A flush of {flush['triggers']:,} dirty keys wrote {flush['sets_per_s']:,.0f} rows/s, "
+            f"{flush['sets_per_s'] / bulk['sets_per_s']:.0%} of the raw bulk upsert "
+            f"({bulk['note']})."
+        )
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(result, indent=2, default=str))
+
+
+def write_plot(result: dict[str, Any], path: Path) -> None:
+    """Throughput and central transactions against K (matplotlib: the `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SystemExit(
+            "--plot needs matplotlib: pip install 'localstate[plot]'"
+        ) from exc
+    rows = [r for r in result["rows"] if r["scenario"] == "distinct"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in sorted({r["mode"] for r in rows}):
+        pts = sorted((r["triggers"], r) for r in rows if r["mode"] == mode)
+        ks = [k for k, _ in pts]
+        ax1.plot(ks, [r["sets_per_s"] for _, r in pts], marker="o", label=mode)
+        if mode != "bare":
+            ax2.plot(ks, [max(r["central_txns_per_s"], 1e-3) for _, r in pts], marker="o",
+                     label=mode)
+    for ax, title in ((ax1, "acknowledged sets/s"), (ax2, "central transactions/s")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("triggers (K)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"localstate bench ({result['settings']['dialect']} central DB)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    return asyncio.run(run_bench(cfg))
+
