@@ -18,8 +18,9 @@ the settings (environment, ``airflow.cfg``) on first use, in the running event l
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from localstate.errors import LocalStateError
 from localstate.model import Durability, Record
@@ -27,25 +28,30 @@ from localstate.store import StateStore
 
 __all__ = ["StateVariable"]
 
-_C = TypeVar("_C", bound=Callable[..., Any])
-_I = TypeVar("_I", bound=Callable[..., Any])
+_PC = ParamSpec("_PC")
+_RC = TypeVar("_RC")
+_PI = ParamSpec("_PI")
+_RI = TypeVar("_RI")
+_S = TypeVar("_S")
 
 
-class _ClassOrInstance(Generic[_C, _I]):
+class _ClassOrInstance(Generic[_PC, _RC, _S, _PI, _RI]):
     """A method that does one thing called on the class and another on an instance."""
 
-    def __init__(self, on_class: _C, on_instance: _I) -> None:
+    def __init__(
+        self, on_class: Callable[_PC, _RC], on_instance: Callable[Concatenate[_S, _PI], _RI]
+    ) -> None:
         self._on_class = on_class
         self._on_instance = on_instance
 
     @overload
-    def __get__(self, obj: None, objtype: type[Any]) -> _C: ...
+    def __get__(self, obj: None, objtype: type[Any]) -> Callable[_PC, _RC]: ...
     @overload
-    def __get__(self, obj: object, objtype: type[Any] | None = None) -> _I: ...
-    def __get__(self, obj: object | None, objtype: type[Any] | None = None) -> Any:
+    def __get__(self, obj: _S, objtype: type[Any] | None = None) -> Callable[_PI, _RI]: ...
+    def __get__(self, obj: Any, objtype: type[Any] | None = None) -> Any:
         if obj is None:
             return self._on_class
-        return self._on_instance.__get__(obj, objtype)
+        return functools.partial(self._on_instance, obj)
 
 
 class _DefaultStore:
