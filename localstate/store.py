@@ -440,9 +440,23 @@ class StateStore:
         """Wait until the write `version` of `k` holds at `durability`."""
         if durability == "memory":
             return version  # staged by _apply
-        await self._require_cache().commit(k, e)
-        if durability == "central":
-            await self._require_worker().wait_flushed(k, version, self.settings.central_timeout)
+        if durability != "central":
+            await self._require_cache().commit(k, e)
+            return version
+        # Register the central waiter before awaiting the local commit: a flush running
+        # meanwhile can carry this version (LocalCache.sync_now does not wait for a commit
+        # already in flight), and a waiter registered after that flush was never settled, so
+        # the set timed out with CentralUnavailable although the central DB held the write.
+        worker = self._require_worker()
+        fut = worker.expect_flush(k, version)
+        try:
+            await self._require_cache().commit(k, e)
+        except BaseException:
+            worker.drop_waiter(k, fut)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # settled meanwhile: the commit's error is the one to raise
+            raise
+        await worker.wait_flushed(k, version, self.settings.central_timeout, fut)
         return version
 
     async def _write(

@@ -195,34 +195,39 @@ class CentralStore:
         self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap
     ) -> list[FlushOutcome]:
         outcomes: list[FlushOutcome] = []
+        policy_of = {r.owner: policies.for_owner(r.owner) for r in rows}
         # 1. Under max, read (and lock) the central values first: a write that would lower
         #    one is refused even when it is based on the current central version.
-        to_write: list[tuple[DirtyRow, int, bool]] = []  # (row, base to fence on, conflict)
+        to_write: list[tuple[DirtyRow, int, bool]]  # (row, base to fence on, conflict)
         replaced: dict[StateKey, CentralRow] = {}  # what a conflicting write replaces
-        max_rows = [r for r in rows if policies.for_owner(r.owner).is_max]
-        current = await self._select(conn, [(r.owner, r.key) for r in max_rows], lock=True) \
-            if max_rows else {}
-        for r in rows:
-            policy = policies.for_owner(r.owner)
-            c = current.get((r.owner, r.key)) if policy.is_max else None
-            if c is None:
-                to_write.append((r, r.base_version, False))
-                continue
-            stale = c.version != r.base_version
-            # A replay of this writer's own chain (a flush that committed but was never marked
-            # clean) is no conflict: the upsert's fence accepts it, and max must too. Without
-            # this, max reported a spurious conflict and failed the `central` waiter of a write
-            # the DB holds. Fenced on its own base, the replay keeps its version (no bump).
-            replay = stale and c.updated_by == r.updated_by and (
-                r.base_version < c.version <= r.version)
-            if replay:
-                stale = False
-            if policy.exceeds(r.data, c.data, strictly=stale):
-                to_write.append((r, r.base_version if replay else c.version, stale))
-                if stale:
-                    replaced[(r.owner, r.key)] = c
-            else:
-                outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
+        max_rows = [r for r in rows if policy_of[r.owner].is_max]
+        if not max_rows:
+            to_write = [(r, r.base_version, False) for r in rows]
+        else:
+            current = await self._select(conn, [(r.owner, r.key) for r in max_rows], lock=True)
+            to_write = []
+            for r in rows:
+                policy = policy_of[r.owner]
+                c = current.get((r.owner, r.key)) if policy.is_max else None
+                if c is None:
+                    to_write.append((r, r.base_version, False))
+                    continue
+                stale = c.version != r.base_version
+                # A replay of this writer's own chain (a flush that committed but was never
+                # marked clean) is no conflict: the upsert's fence accepts it, and max must
+                # too. Without this, max reported a spurious conflict and failed the `central`
+                # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
+                # version (no bump).
+                replay = stale and c.updated_by == r.updated_by and (
+                    r.base_version < c.version <= r.version)
+                if replay:
+                    stale = False
+                if policy.exceeds(r.data, c.data, strictly=stale):
+                    to_write.append((r, r.base_version if replay else c.version, stale))
+                    if stale:
+                        replaced[(r.owner, r.key)] = c
+                else:
+                    outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
         written = await self._upsert(conn, to_write)
         refused: list[DirtyRow] = []
@@ -233,7 +238,7 @@ class CentralStore:
                 continue
             central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
             outcomes.append(FlushOutcome(r, "written", central, conflict,
-                                         policies.for_owner(r.owner).spec,
+                                         policy_of[r.owner].spec,
                                          replaced.get((r.owner, r.key))))
         if not refused:
             return outcomes
@@ -241,7 +246,7 @@ class CentralStore:
         current = await self._select(conn, [(r.owner, r.key) for r in refused], lock=True)
         retry: list[tuple[DirtyRow, int, bool]] = []
         for r in refused:
-            policy = policies.for_owner(r.owner)
+            policy = policy_of[r.owner]
             c = current.get((r.owner, r.key))
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
@@ -253,7 +258,7 @@ class CentralStore:
         written = await self._upsert(conn, retry)
         for r, _base, _conflict in retry:
             version = written.get((r.owner, r.key))
-            spec = policies.for_owner(r.owner).spec
+            spec = policy_of[r.owner].spec
             if version is None:
                 outcomes.append(FlushOutcome(r, "retry", None, True, spec))
             else:

@@ -1,15 +1,17 @@
-"""The rows that move between the local cache and a sink."""
+"""The rows that move between the local cache and a sink.
+
+Named tuples, not dataclasses: a flush builds tens of thousands of them, and a tuple is made in
+C (a frozen dataclass pays a Python-level `__setattr__` per field).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = ["CentralRow", "DirtyRow", "FlushOutcome", "Resolution"]
 
 
-@dataclass(frozen=True, slots=True)
-class DirtyRow:
+class DirtyRow(NamedTuple):
     """A local write the central DB does not hold yet, as taken for one flush."""
 
     owner: str
@@ -24,8 +26,7 @@ class DirtyRow:
     updated_by: str
 
 
-@dataclass(frozen=True, slots=True)
-class CentralRow:
+class CentralRow(NamedTuple):
     """A record as the central DB holds it."""
 
     owner: str
@@ -44,8 +45,7 @@ class CentralRow:
 Resolution = Literal["written", "adopted", "retry"]
 
 
-@dataclass(frozen=True, slots=True)
-class FlushOutcome:
+class FlushOutcome(NamedTuple):
     row: DirtyRow
     resolution: Resolution
     #: the central record after the flush (None for "retry")

@@ -239,6 +239,7 @@ class SyncWorker:
             r = o.row
             k = (r.owner, r.key)
             e = self.entries.get(k)
+            since = self.dirty.get(k)
             report.rows += 1
             report.outcomes.append(o)
             if e is None:
@@ -272,12 +273,12 @@ class SyncWorker:
                 self._report_conflict(o, central)
             else:
                 self.conflicted.discard(k)
+            if o.resolution == "written" and since is not None:
+                # flush lag: from the oldest write the central DB lacked until it holds it
+                self.lags.append(max(0.0, now - since))
             if not e.dirty:
-                since = self.dirty.pop(k, None)
-                if o.resolution == "written" and since is not None:
-                    # flush lag: from the first write the central DB lacked to now
-                    self.lags.append(max(0.0, now - since))
-            elif k not in self.dirty:
+                self.dirty.pop(k, None)
+            else:
                 # written again during the flush: those writes are no older than its start
                 self.dirty[k] = report.started_at
             self.cache.stage(k, e)
@@ -319,10 +320,28 @@ class SyncWorker:
 
     # -- central-durability waiters ------------------------------------------------------
 
-    async def wait_flushed(self, key: StateKey, version: int, timeout: float) -> None:
-        """Wait until the central DB holds `version` of `key` (or a later one)."""
+    def expect_flush(self, key: StateKey, version: int) -> asyncio.Future[None]:
+        """Register a waiter for `version` of `key`; pass it to `wait_flushed`.
+
+        Register it before any await a flush could overtake: a flush that carries the version
+        before its waiter exists settles nothing, and the waiter then times out.
+        """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(key, []).append((version, fut))
+        return fut
+
+    def drop_waiter(self, key: StateKey, fut: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters[:] = [(v, f) for v, f in waiters if f is not fut]
+            if not waiters:
+                del self._waiters[key]
+
+    async def wait_flushed(self, key: StateKey, version: int, timeout: float,
+                           fut: asyncio.Future[None] | None = None) -> None:
+        """Wait until the central DB holds `version` of `key` (or a later one)."""
+        if fut is None:
+            fut = self.expect_flush(key, version)
         self.kick()
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -333,11 +352,7 @@ class SyncWorker:
                 "kept in the local cache and flushed when the DB answers"
             ) from None
         finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters[:] = [(v, f) for v, f in waiters if f is not fut]
-                if not waiters:
-                    del self._waiters[key]
+            self.drop_waiter(key, fut)
 
     def _settle_waiters(self, key: StateKey, version: int, error: BaseException | None,
                         *, every: bool = False) -> None:

@@ -37,6 +37,7 @@ from localstate import (
     StateStore,
     WriteRejected,
 )
+from localstate.local_cache import LocalCache
 from sync.central_store import CentralStore
 from sync.rows import CentralRow
 from sync.worker import ConflictInfo, SyncWorker
@@ -417,6 +418,24 @@ async def test_race_under_max_never_moves_the_watermark_backwards(
     assert all(i.policy == "max" for _, i in seen)
 
 
+async def test_a_policy_mapping_picks_each_owners_policy_by_glob(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    policy = {"asset_watcher:*": "max:offset", "*": "reject"}
+    a = await open_store(triggerer_id="a", conflict_policy=policy)
+    b = await open_store(triggerer_id="b", conflict_policy=policy)
+    for store, offset in ((a, 9), (b, 4)):
+        await store.set(OWNER, "cursor", {"offset": offset, "by": store.triggerer_id})
+        await store.set("dag:etl/load", "cursor", {"offset": offset, "by": store.triggerer_id})
+    await b.flush()
+    report = await a.flush()  # a's offset is greater: it wins under max:offset only
+    assert sorted((o.row.owner, o.resolution, o.policy) for o in report.outcomes) == [
+        (OWNER, "written", "max:offset"), ("dag:etl/load", "adopted", "reject")]
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader, "cursor") == {"offset": 9, "by": "a"}
+        assert await central_value(reader, "cursor", "dag:etl/load") == {"offset": 4, "by": "b"}
+
+
 # -- the randomized failover schedule ------------------------------------------------------
 
 _KINDS = ("set", "set", "zombie", "flush", "load", "handover", "restart")
@@ -567,10 +586,10 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
 ) -> None:
     url = new_database(pg_server, "restart")
     cache = tmp_path / "t.db"
-    options: dict[str, Any] = dict(
-        central_url=url, cache_path=cache, triggerer_id="t", flush_interval=3600,
-        close_timeout=5,
-    )
+    options: dict[str, Any] = {
+        "central_url": url, "cache_path": cache, "triggerer_id": "t", "flush_interval": 3600,
+        "close_timeout": 5,
+    }
     store = await StateStore.open(**options)
     try:
         await store.set(OWNER, "before", 1)
@@ -598,7 +617,7 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
         store = await StateStore.open(**options)  # the same cache: no explicit flush below
         try:
             async def flushed_at_start() -> bool:
-                return await central_value(reader, "wm") == 5
+                return bool(await central_value(reader, "wm") == 5)
 
             await eventually(flushed_at_start, "the reopened store to flush its backlog")
             wm = await central_row(reader, "wm")
@@ -727,6 +746,32 @@ async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_wr
             assert await central_value(reader, "k") == "after"
     finally:
         await store.close()
+
+
+async def test_central_durability_holds_when_a_flush_overtakes_the_local_commit(
+    open_store: StoreFactory, central_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow disk: the worker flushes the new version while its local commit is in flight.
+
+    The `central` waiter must still be settled by that flush (it used to be registered only
+    after the local commit, so nothing ever settled it and the set timed out although the
+    central DB held the write).
+    """
+    commit = LocalCache._commit_batch
+
+    async def slow_commit(self: LocalCache, staged: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await commit(self, staged)
+
+    monkeypatch.setattr(LocalCache, "_commit_batch", slow_commit)
+    store = await open_store(flush_interval=0.005, central_timeout=10)
+    async with central_reader(central_url) as reader:
+        for i in range(1, 6):
+            assert await store.set(OWNER, "k", i, durability="central") == i
+            row = await central_row(reader, "k")
+            assert row is not None
+            assert (orjson.loads(row.data or b""), row.version) == (i, i)
+    assert store.stats().conflicts == 0
 
 
 # -- direct mode -------------------------------------------------------------------------

@@ -182,7 +182,8 @@ async def _run_store(cfg: BenchConfig, row: BenchRow, keys: list[tuple[str, str]
         event.listen(sink.engine.sync_engine, "commit", on_commit)
         rows_before = sink.rows_written
         worker = store._worker
-        lags_before = len(worker.lags) if worker is not None else 0
+        if worker is not None:
+            worker.lags.clear()  # only the flushes of the measured window
 
         async def store_set(owner: str, key: str, value: int) -> None:
             await store.set(owner, key, value)
@@ -195,7 +196,7 @@ async def _run_store(cfg: BenchConfig, row: BenchRow, keys: list[tuple[str, str]
         row.central_txns_per_s = row.central_txns / row.seconds if row.seconds else 0.0
         row.rows_per_txn = row.central_rows / row.central_txns if row.central_txns else None
         if worker is not None:
-            lags = list(worker.lags)[lags_before:]
+            lags = list(worker.lags)
             row.lag_p50_ms, row.lag_p99_ms = _pct(lags, 0.5), _pct(lags, 0.99)
         else:
             row.lag_p50_ms = row.lag_p99_ms = 0.0  # direct: in the DB before the set returns
