@@ -16,22 +16,59 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import json
 import os
 import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from localstate.errors import ConfigError
 from localstate.model import DURABILITIES, Durability
 
-__all__ = ["SETTING_NAMES", "Settings", "airflow_home", "default_triggerer_id"]
+__all__ = [
+    "API_ROLES",
+    "SETTING_NAMES",
+    "ApiToken",
+    "Settings",
+    "airflow_home",
+    "default_triggerer_id",
+]
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
 _SECTION: Final = "localstate"
 _POLICY_NAMES: Final = frozenset({"reject", "last_writer_wins", "max"})
+
+ApiRole = Literal["read", "read-write"]
+API_ROLES: Final[tuple[ApiRole, ...]] = ("read", "read-write")
+#: shortest bearer token accepted: a guessable token is no protection
+MIN_TOKEN_LENGTH: Final = 16
+# printable ASCII without spaces: what an HTTP Authorization header can carry verbatim
+_TOKEN_CHARS: Final = re.compile(r"[!-~]+")
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """One bearer token of the REST API: its role and the owner prefixes it may touch.
+
+    The secret is left out of `repr()`, so a logged `Settings` never shows it.
+    """
+
+    secret: str = field(repr=False)
+    role: ApiRole
+    #: owner prefixes this token may read (and write, for read-write); "" means every owner
+    owners: tuple[str, ...]
+    #: a label for messages ("token 2" unless the JSON form names it)
+    name: str = ""
+
+    @property
+    def can_write(self) -> bool:
+        return self.role == "read-write"
+
+    def allows(self, owner: str) -> bool:
+        return any(owner.startswith(prefix) for prefix in self.owners)
 
 
 def airflow_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -132,11 +169,126 @@ def _conflict_policy(raw: Any) -> str | dict[str, str]:
     return mapping
 
 
+def _optional_host(raw: Any) -> str | None:
+    text = _optional_str(raw)
+    if text is not None and (any(c.isspace() for c in text) or "/" in text):
+        raise ValueError("expected a host name or an IP address")
+    return text
+
+
+def _host(raw: Any) -> str:
+    text = _optional_host(raw)
+    if text is None:
+        raise ValueError("expected a host name or an IP address")
+    return text
+
+
+def _port(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("expected a port number from 1 to 65535")
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ValueError("expected a port number from 1 to 65535") from None
+    if not 0 < value < 65536:
+        raise ValueError("expected a port number from 1 to 65535")
+    return value
+
+
+def _metric_prefix(raw: Any) -> str:
+    text = str(raw).strip().strip(".")
+    if not text or not re.fullmatch(r"[A-Za-z0-9_.-]+", text):
+        raise ValueError("expected letters, digits, '_', '-' and '.' (e.g. localstate)")
+    return text
+
+
+_TOKEN_FORMAT: Final = (
+    "expected TOKEN:ROLE:PREFIX|PREFIX entries separated by commas (ROLE read or read-write, "
+    "PREFIX an owner prefix or * for every owner), or a JSON list of "
+    '{"token": ..., "role": ..., "owners": [...], "name": ...} objects'
+)
+
+
+def _api_token(secret: Any, role: Any, owners: Any, name: str, label: str) -> ApiToken:
+    # messages name the token by position or label, never by its secret
+    if not isinstance(secret, str) or not _TOKEN_CHARS.fullmatch(secret):
+        raise ValueError(f"{label}: the token must be printable ASCII without spaces")
+    if len(secret) < MIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"{label}: the token is {len(secret)} characters long; use at least "
+            f"{MIN_TOKEN_LENGTH} (python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if role not in API_ROLES:
+        raise ValueError(f"{label}: role {role!r} is not one of {', '.join(API_ROLES)}")
+    if not isinstance(owners, list | tuple) or not owners or not all(
+        isinstance(o, str) and o for o in owners
+    ):
+        raise ValueError(f"{label}: owners must be a non-empty list of owner prefixes (* for all)")
+    prefixes = tuple(sorted({"" if o == "*" else o for o in owners}))
+    if "" in prefixes:
+        prefixes = ("",)
+    return ApiToken(secret=secret, role=role, owners=prefixes, name=name)
+
+
+def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
+    """API bearer tokens, as text (TOKEN:ROLE:PREFIX|PREFIX, ...) or a JSON list."""
+    if raw is None:
+        return ()
+    if isinstance(raw, tuple | list) and all(isinstance(t, ApiToken) for t in raw):
+        tokens = tuple(raw)
+    else:
+        items: list[Any]
+        if isinstance(raw, list | tuple):
+            items = list(raw)
+        else:
+            text = str(raw).strip()
+            if not text:
+                return ()
+            if text[0] in "[{":
+                try:
+                    loaded = json.loads(text)
+                except ValueError:
+                    raise ValueError(f"not valid JSON; {_TOKEN_FORMAT}") from None
+                items = loaded if isinstance(loaded, list) else [loaded]
+            else:
+                items = [part.strip() for part in re.split(r"[,\n]", text) if part.strip()]
+        parsed: list[ApiToken] = []
+        for n, item in enumerate(items, 1):
+            label = f"token {n}"
+            if isinstance(item, Mapping):
+                unknown = set(item) - {"token", "role", "owners", "name"}
+                if unknown:
+                    raise ValueError(f"{label}: unknown field(s) {sorted(unknown)}")
+                given = item.get("name")
+                name = given if isinstance(given, str) and given else f"token {n}"
+                label = f"token {given!r}" if name == given else label
+                parsed.append(_api_token(item.get("token"), item.get("role"),
+                                         item.get("owners"), name, label))
+            elif isinstance(item, str):
+                secret, sep1, rest = item.partition(":")
+                role, sep2, owners = rest.partition(":")
+                if not (sep1 and sep2 and owners):
+                    raise ValueError(f"{label} has no TOKEN:ROLE:PREFIXES form; {_TOKEN_FORMAT}")
+                parsed.append(_api_token(secret.strip(), role.strip(),
+                                         [o.strip() for o in owners.split("|")], label, label))
+            else:
+                raise ValueError(f"{label}: {_TOKEN_FORMAT}")
+        tokens = tuple(parsed)
+    secrets_seen: set[str] = set()
+    for t in tokens:
+        if t.secret in secrets_seen:
+            raise ValueError(f"{t.name}: the same token is listed twice")
+        secrets_seen.add(t.secret)
+    return tokens
+
+
 @dataclass(frozen=True)
 class _Spec:
     parse: Callable[[Any], Any]
     default: Any
     help: str
+    #: never shown: error messages say <hidden> instead of the value
+    secret: bool = False
 
 
 _SPECS: Final[dict[str, _Spec]] = {
@@ -166,6 +318,20 @@ _SPECS: Final[dict[str, _Spec]] = {
     "absent_ttl": _Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
     "upgrade_schema": _Spec(_bool, True, "create or upgrade the central schema on open"),
+    "api_tokens": _Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
+                        "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
+                        "list of {token, role, owners, name}; none: the API is open, and "
+                        "`localstate serve` binds loopback only", secret=True),
+    "api_host": _Spec(_host, "127.0.0.1", "address `localstate serve` binds"),
+    "api_port": _Spec(_port, 8686, "port `localstate serve` listens on"),
+    "statsd_host": _Spec(_optional_host, None, "StatsD host to send metrics to (UDP); "
+                         "none: StatsD off"),
+    "statsd_port": _Spec(_port, 8125, "StatsD port"),
+    "statsd_prefix": _Spec(_metric_prefix, "localstate", "prefix of every metric name"),
+    "otel": _Spec(_bool, False, "report the same metrics as OpenTelemetry instruments (needs "
+                  "opentelemetry-api)"),
+    "metrics_interval": _Spec(_positive_float, 10.0, "seconds between two metric reports "
+                              "(sampled from stats(), never per set)"),
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
@@ -191,6 +357,14 @@ class Settings:
     close_timeout: float = 10.0
     absent_ttl: float = 5.0
     upgrade_schema: bool = True
+    api_tokens: tuple[ApiToken, ...] = ()
+    api_host: str = "127.0.0.1"
+    api_port: int = 8686
+    statsd_host: str | None = None
+    statsd_port: int = 8125
+    statsd_prefix: str = "localstate"
+    otel: bool = False
+    metrics_interval: float = 10.0
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     home: Path = field(default_factory=airflow_home, compare=False)
@@ -231,7 +405,7 @@ class Settings:
                 values[name] = spec.parse(raw)
             except ValueError as exc:
                 raise ConfigError(
-                    f"setting {name!r} from {source} is {raw!r}: {exc}"
+                    f"setting {name!r} from {source} is {_shown(spec, raw)}: {exc}"
                 ) from None
             sources[name] = source
         return cls(**values, sources=sources, home=home)
@@ -263,7 +437,9 @@ class Settings:
             try:
                 parsed[name] = spec.parse(raw)
             except ValueError as exc:
-                raise ConfigError(f"setting {name!r} from argument is {raw!r}: {exc}") from None
+                raise ConfigError(
+                    f"setting {name!r} from argument is {_shown(spec, raw)}: {exc}"
+                ) from None
         sources = dict(self.sources)
         sources.update(dict.fromkeys(parsed, "argument"))
         return dataclasses.replace(self, **parsed, sources=sources)
@@ -274,6 +450,10 @@ class Settings:
             (name, repr(getattr(self, name)), self.sources.get(name, "default"))
             for name in _SPECS
         ]
+
+
+def _shown(spec: _Spec, raw: Any) -> str:
+    return "<hidden>" if spec.secret else repr(raw)
 
 
 def _read_cfg(path: Path) -> dict[str, str]:

@@ -24,14 +24,14 @@ class Entry:
 
     def __init__(
         self,
-        data: bytes | None,
+        data: str | None,
         obj: Any,
         version: int,
         updated_at: float,
         updated_by: str,
         synced_version: int,
     ) -> None:
-        #: the encoded JSON value; None marks a deletion (a tombstone)
+        #: the JSON text of the value; None marks a deletion (a tombstone)
         self.data = data
         #: the decoded value when it is immutable (str, int, float, bool, None), else NOT_DECODED
         self.obj = obj

@@ -5,7 +5,7 @@ Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = 
     CREATE TABLE state (
         owner          TEXT    NOT NULL,
         key            TEXT    NOT NULL,
-        value          BLOB,              -- orjson-encoded JSON; NULL: deleted, not yet flushed
+        value          TEXT,              -- JSON text; NULL: deleted, not yet flushed
         version        INTEGER NOT NULL,  -- one more with every write
         updated_at     REAL    NOT NULL,  -- POSIX seconds
         updated_by     TEXT    NOT NULL,  -- the writer's id (the triggerer id)
@@ -60,7 +60,7 @@ SCHEMA: Final = """
 CREATE TABLE state (
     owner          TEXT    NOT NULL,
     key            TEXT    NOT NULL,
-    value          BLOB,
+    value          TEXT,
     version        INTEGER NOT NULL,
     updated_at     REAL    NOT NULL,
     updated_by     TEXT    NOT NULL,
@@ -421,7 +421,7 @@ class LocalCache:
         return self._conn
 
 
-def _immutable(data: bytes | None) -> Any:
+def _immutable(data: str | None) -> Any:
     """The decoded value when handing it out as is is safe, else NOT_DECODED."""
     if data is None:
         return None

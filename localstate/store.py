@@ -29,6 +29,7 @@ from localstate.errors import (
     VersionConflict,
 )
 from localstate.local_cache import LocalCache
+from localstate.metrics import MetricsReporter, start_reporter
 from localstate.model import (
     Durability,
     FlushState,
@@ -118,6 +119,7 @@ class StateStore:
         self._sets = 0
         self._hits = 0  # gets served from memory
         self._misses = 0  # gets that had to look further
+        self._metrics: MetricsReporter | None = None  # off unless statsd_host / otel is set
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -173,6 +175,7 @@ class StateStore:
             await self._release()
             raise
         self._opened = True
+        self._metrics = start_reporter(self)
 
     async def close(self) -> None:
         """Flush what can be flushed within ``close_timeout``, then close. Safe twice."""
@@ -182,6 +185,8 @@ class StateStore:
         self._closed = True
         if self._worker is not None:
             await self._worker.stop(self.settings.close_timeout)
+        if self._metrics is not None:
+            await self._metrics.stop()  # the last report: what the final flush did
         await self._release()
 
     async def _release(self) -> None:
@@ -412,7 +417,7 @@ class StateStore:
         return e
 
     def _apply(
-        self, k: StateKey, e: Entry, data: bytes | None, obj: Any, durability: Durability
+        self, k: StateKey, e: Entry, data: str | None, obj: Any, durability: Durability
     ) -> int:
         """Make a write in memory; return its version. Synchronous: nothing sees it half done.
 
@@ -460,7 +465,7 @@ class StateStore:
         return version
 
     async def _write(
-        self, k: StateKey, e: Entry, data: bytes | None, obj: Any,
+        self, k: StateKey, e: Entry, data: str | None, obj: Any,
         durability: Durability | None,
     ) -> int:
         mode = self._durability if durability is None else check_durability(durability)
@@ -468,7 +473,7 @@ class StateStore:
         return await self._persist(k, e, version, mode)
 
     async def _set_direct(
-        self, k: StateKey, data: bytes | None, durability: Durability | None
+        self, k: StateKey, data: str | None, durability: Durability | None
     ) -> int:
         check_name("owner", k[0])
         check_name("key", k[1])

@@ -13,13 +13,15 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import event, select, text
+from sqlalchemy import event, select, text, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from localstate.entry import StateKey
-from localstate.errors import CentralError, CentralUnavailable, LocalStateError
+from localstate.errors import CentralError, CentralUnavailable, LocalStateError, VersionConflict
 from sync.conflicts import PolicyMap
 from sync.dialects import UpsertRow, batch_sql_for
 from sync.rows import CentralRow, DirtyRow, FlushOutcome
@@ -51,7 +53,7 @@ def _epoch(value: datetime | str) -> float:
 def _central_row(row: Sequence[Any]) -> CentralRow:
     owner, key, value, version, updated_at, updated_by = row
     return CentralRow(
-        owner, key, None if value is None else value.encode(), int(version), _epoch(updated_at),
+        owner, key, value, int(version), _epoch(updated_at),
         updated_by,
     )
 
@@ -149,10 +151,9 @@ class CentralStore:
     # -- writing -------------------------------------------------------------------------
 
     async def write_direct(
-        self, owner: str, key: str, data: bytes | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
     ) -> CentralRow:
         """One unconditional write in its own transaction: the cache-off (direct) path."""
-        values = (data.decode() if data is not None else None)
         stmt = text(
             f'INSERT INTO {state_variable.name} AS t (owner, "key", value, version, '
             "prev_version, updated_at, updated_by) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
@@ -172,12 +173,74 @@ class CentralStore:
         at: Any = datetime.fromtimestamp(updated_at, tz=timezone.utc)
         if self.dialect == "sqlite":
             at = at.strftime("%Y-%m-%d %H:%M:%S.%f")
-        params = {"owner": owner, "key": key, "value": values, "at": at, "by": updated_by}
+        params = {"owner": owner, "key": key, "value": data, "at": at, "by": updated_by}
         async with self._errors("write"), self.engine.begin() as conn:
             version = (await conn.execute(stmt, params)).scalar_one()
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)
+
+    async def write_if_version(
+        self, owner: str, key: str, data: str | bytes | None, expected_version: int, *,
+        updated_by: str, updated_at: float | None = None,
+    ) -> CentralRow:
+        """One conditional write in its own transaction: a compare-and-set on the central DB.
+
+        The write goes in only if the central record is at `expected_version` (0: the key has
+        no value, never written or deleted); otherwise `VersionConflict` says which version it
+        is at, and nothing is written. `data` None deletes (leaves a tombstone). The check and
+        the write are one statement, so no other writer can slip in between; a triggerer
+        whose cache still holds the old version finds out at its next flush (the fence), as
+        with any other writer.
+        """
+        if isinstance(expected_version, bool) or not isinstance(expected_version, int) or (
+            expected_version < 0
+        ):
+            raise ValueError(f"expected_version must be an int >= 0, not {expected_version!r}")
+        t = state_variable.c
+        when = datetime.fromtimestamp(
+            updated_at if updated_at is not None else datetime.now(timezone.utc).timestamp(),
+            tz=timezone.utc,
+        )
+        value = data.decode() if isinstance(data, bytes) else data  # JSON text, None: delete
+        stmt: Any
+        if expected_version == 0:
+            insert = (pg_dialect.insert if self.dialect == "postgresql"
+                      else sqlite_dialect.insert)(state_variable)
+            stmt = insert.values(
+                owner=owner, key=key, value=value, version=1, prev_version=0, updated_at=when,
+                updated_by=updated_by,
+            )
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[t.owner, t.key],
+                set_={"value": stmt.excluded.value, "version": t.version + 1,
+                      "prev_version": t.version, "updated_at": stmt.excluded.updated_at,
+                      "updated_by": stmt.excluded.updated_by},
+                where=t.value.is_(None),
+            ).returning(t.version)
+        else:
+            stmt = (
+                update(state_variable)
+                .where(t.owner == owner, t.key == key, t.version == expected_version,
+                       t.value.is_not(None))
+                .values(value=value, version=t.version + 1, prev_version=t.version,
+                        updated_at=when, updated_by=updated_by)
+                .returning(t.version)
+            )
+        async with self._errors("write"), self.engine.begin() as conn:
+            version = (await conn.execute(stmt)).scalar_one_or_none()
+            if version is None:
+                current = (await self._select(conn, [(owner, key)], lock=False)).get(
+                    (owner, key))
+                actual = 0 if current is None or current.data is None else current.version
+                raise VersionConflict(
+                    f"{owner}/{key} is at version {actual} in the central DB, not "
+                    f"{expected_version}; nothing was written",
+                    expected=expected_version, actual=actual,
+                )
+        self.transactions += 1
+        self.rows_written += 1
+        return CentralRow(owner, key, value, int(version), when.timestamp(), updated_by)
 
     async def write_batch(
         self, rows: Sequence[DirtyRow], policies: PolicyMap
@@ -275,7 +338,7 @@ class CentralStore:
             # a write replacing central version `base` gets a version above both chains
             version = r.version if r.version > base else base + 1
             packed.append((
-                r.owner, r.key, None if r.data is None else r.data.decode(), version, base,
+                r.owner, r.key, r.data, version, base,
                 r.updated_at, r.updated_by,
             ))
         if not packed:

@@ -64,7 +64,7 @@ class ConflictPolicy:
             return True
         return self.exceeds(local.data, central.data, strictly=True)
 
-    def exceeds(self, local: bytes | None, central: bytes | None, *, strictly: bool) -> bool:
+    def exceeds(self, local: str | None, central: str | None, *, strictly: bool) -> bool:
         """Under max: is the local value greater than (or, not strictly, equal to) central's?
 
         A deletion on either side lets the local write through: deleting a watermark is an

@@ -16,8 +16,8 @@ class DirtyRow(NamedTuple):
 
     owner: str
     key: str
-    #: encoded JSON; None for a deletion
-    data: bytes | None
+    #: JSON text; None for a deletion
+    data: str | None
     #: the local version being flushed
     version: int
     #: the central version this write was based on: the write may only replace that one
@@ -31,8 +31,8 @@ class CentralRow(NamedTuple):
 
     owner: str
     key: str
-    #: encoded JSON; None when the central record is a deletion
-    data: bytes | None
+    #: JSON text; None when the central record is a deletion
+    data: str | None
     version: int
     updated_at: float
     updated_by: str

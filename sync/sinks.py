@@ -36,7 +36,7 @@ class Sink(Protocol):
         """Every central record of `owner`, deletions included."""
 
     async def write_direct(
-        self, owner: str, key: str, data: bytes | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
     ) -> CentralRow:
         """One write in its own transaction (the cache-off path)."""
 

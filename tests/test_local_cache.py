@@ -142,7 +142,7 @@ async def test_empty_file_is_initialised(tmp_path: Path) -> None:
     finally:
         await cache.close()
     assert pragma(path, "application_id") == APPLICATION_ID
-    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+    assert read_rows(path) == {("o", "k"): ("1", 1, 0)}
 
 
 async def test_close_is_safe_twice_and_refuses_later_commits(tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ async def test_close_is_safe_twice_and_refuses_later_commits(tmp_path: Path) -> 
     assert cache.closed
     await cache.close()
     assert cache.closed
-    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+    assert read_rows(path) == {("o", "k"): ("1", 1, 0)}
     # the writer is gone: a commit must fail at once, not wait forever for a commit
     with pytest.raises(CacheError, match="closed"):
         await asyncio.wait_for(cache.commit(("o", "k"), make_entry(2, 2)), 10)
@@ -228,13 +228,13 @@ async def test_mutation_before_commit_is_what_reaches_disk(tmp_path: Path) -> No
         # the store mutates the shared entry in place for the next write, then commits it
         e.data, e.obj, e.version = encode("v2"), "v2", 2
         await cache.commit(("o", "k"), e)
-        assert read_rows(path) == {("o", "k"): (b'"v2"', 2, 0)}
+        assert read_rows(path) == {("o", "k"): ('"v2"', 2, 0)}
         assert cache.commits == 1  # one commit carried both writes
         # a second, distinct entry object staged later replaces the first in the batch
         cache.stage(("o", "j"), make_entry("old", 1))
         cache.stage(("o", "j"), make_entry("new", 2))
         await cache.sync_now()
-        assert read_rows(path)[("o", "j")] == (b'"new"', 2, 0)
+        assert read_rows(path)[("o", "j")] == ('"new"', 2, 0)
     finally:
         await cache.close()
 
@@ -266,12 +266,12 @@ async def test_later_write_never_overwritten_by_older(tmp_path: Path) -> None:
                 await asyncio.sleep(0)  # let the writer take batches at random points
         await asyncio.gather(*tasks)
         await cache.sync_now()
-        assert read_rows(path)[k] == (b"300", 300, 0)
+        assert read_rows(path)[k] == ("300", 300, 0)
         assert checked == len(tasks) == 200
         assert cache.commits < 300  # batched: interleaving still groups writes
     finally:
         await cache.close()
-    assert read_rows(path)[k] == (b"300", 300, 0)
+    assert read_rows(path)[k] == ("300", 300, 0)
 
 
 async def test_failed_commit_is_retried_and_newer_staging_wins(tmp_path: Path) -> None:
@@ -305,9 +305,9 @@ async def test_failed_commit_is_retried_and_newer_staging_wins(tmp_path: Path) -
         await asyncio.to_thread(run_sql, "DROP TRIGGER fail_poison")
         await asyncio.wait_for(cache.sync_now(), 30)
         rows = read_rows(path)
-        assert rows[("poison", "k")] == (b'"v2"', 2, 0)  # the retry did not bring back v1
-        assert rows[("o", "bystander")] == (b'"b"', 1, 0)
-        assert rows[("o", "before")] == (b"1", 1, 0)
+        assert rows[("poison", "k")] == ('"v2"', 2, 0)  # the retry did not bring back v1
+        assert rows[("o", "bystander")] == ('"b"', 1, 0)
+        assert rows[("o", "before")] == ("1", 1, 0)
         assert cache.last_error is None
         assert cache.staged_count == 0
     finally:
@@ -373,7 +373,7 @@ async def test_staged_write_reaches_disk_without_anyone_waiting(tmp_path: Path) 
             if rows:
                 break
             await asyncio.sleep(0.01)
-        assert rows == {("o", "k"): (b"1", 1, 0)}
+        assert rows == {("o", "k"): ("1", 1, 0)}
         assert cache.commits == 1
         assert cache.staged_count == 0
     finally:
@@ -405,7 +405,7 @@ async def test_close_commits_what_is_staged(tmp_path: Path) -> None:
     cache = await open_cache(path, memory_window=60.0)
     cache.stage(("o", "k"), make_entry("last", 9))
     await asyncio.wait_for(cache.close(), 10)
-    assert read_rows(path) == {("o", "k"): (b'"last"', 9, 0)}
+    assert read_rows(path) == {("o", "k"): ('"last"', 9, 0)}
 
 
 # -- files that are not (usable) caches ---------------------------------------------------------
@@ -542,7 +542,7 @@ async def test_second_cache_in_same_process_is_locked_out(tmp_path: Path) -> Non
         assert repr(OWNER_ID) in message
         # the refused open did not disturb the holder
         await first.commit(("o", "k"), make_entry(1, 1))
-        assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+        assert read_rows(path) == {("o", "k"): ("1", 1, 0)}
     finally:
         await first.close()
     second = await LocalCache.open(path, owner_id="next")
@@ -594,4 +594,4 @@ async def test_live_process_holds_lock_until_killed(tmp_path: Path) -> None:
         await cache.commit(("o", "k"), make_entry(1, 1))
     finally:
         await cache.close()
-    assert read_rows(path) == {("o", "k"): (b"1", 1, 0)}
+    assert read_rows(path) == {("o", "k"): ("1", 1, 0)}

@@ -75,7 +75,7 @@ async def test_per_call_durability_overrides_the_store(open_store: StoreFactory,
     if durability == "memory":
         await store._require_cache().sync_now()
     # local and central: on disk when set() returned; memory: after the commit above
-    assert local_rows(store._require_cache().path)[("o", "k")][:2] == (b"1", 1)
+    assert local_rows(store._require_cache().path)[("o", "k")][:2] == ("1", 1)
 
 
 async def test_get_many_items_and_handles(open_store: StoreFactory) -> None:

@@ -38,7 +38,7 @@ PEER_MODES = ("airflow_metastore", "airflow_variable")
 
 def _rows(n: int, tag: str) -> list[tuple[Any, ...]]:
     now = time.time()
-    return [(f"bench:raw:{tag}:{i}", "watermark", b"%d" % i, 1, now, "bench", 0)
+    return [(f"bench:raw:{tag}:{i}", "watermark", str(i), 1, now, "bench", 0)
             for i in range(n)]
 
 

@@ -1,0 +1,138 @@
+"""Every error as a JSON body naming the problem: ``{"error": code, "message": ..., "detail"}``.
+
+localstate's typed errors map to statuses:
+
+=====================================================  =====  ====================
+InvalidName, ValueEncodingError, InvalidInput          422    invalid_name, invalid_value,
+                                                              invalid_input
+ValueTooLarge                                          413    value_too_large
+VersionConflict                                        409    version_conflict
+WriteRejected (the central DB kept another writer's)   409    write_rejected
+CentralUnavailable                                     503    central_unavailable
+CentralError                                           502    central_error
+StoreClosed, CacheError                                503    store_unavailable
+=====================================================  =====  ====================
+
+Bad requests FastAPI itself refuses (a query or body that does not validate, JSON that does not
+parse) are 422 ``validation_error`` with pydantic's list in ``detail``. Anything unforeseen is
+a 500 ``internal_error`` whose body says nothing of the internals (the log has the traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from localstate.errors import (
+    CacheError,
+    CentralError,
+    CentralUnavailable,
+    InvalidInput,
+    InvalidName,
+    LocalStateError,
+    StoreClosed,
+    ValueEncodingError,
+    ValueTooLarge,
+    VersionConflict,
+    WriteRejected,
+)
+
+__all__ = ["ApiError", "error_response", "install_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+          405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid_input"}
+
+
+class ApiError(Exception):
+    """Raised by a route: answered as `status` with the JSON error body."""
+
+    def __init__(self, status: int, error: str, message: str, *, detail: Any = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+        self.detail = detail
+        self.headers = dict(headers or {})
+
+
+def error_response(status: int, error: str, message: str, detail: Any = None,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+    body = {"error": error, "message": message, "detail": jsonable_encoder(detail)}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def from_store_error(exc: LocalStateError) -> ApiError:
+    """The API error for one of localstate's typed errors."""
+    msg = str(exc)
+    if isinstance(exc, VersionConflict):
+        return ApiError(409, "version_conflict", msg,
+                        detail={"expected_version": exc.expected, "actual_version": exc.actual})
+    if isinstance(exc, WriteRejected):
+        return ApiError(409, "write_rejected", msg)
+    if isinstance(exc, ValueTooLarge):
+        return ApiError(413, "value_too_large", msg, detail={"size": exc.size,
+                                                             "limit": exc.limit})
+    if isinstance(exc, InvalidName):
+        return ApiError(422, "invalid_name", msg)
+    if isinstance(exc, ValueEncodingError):
+        return ApiError(422, "invalid_value", msg)
+    if isinstance(exc, InvalidInput):
+        return ApiError(422, "invalid_input", msg)
+    if isinstance(exc, CentralUnavailable):
+        return ApiError(503, "central_unavailable", msg, headers={"Retry-After": "5"})
+    if isinstance(exc, CentralError):
+        return ApiError(502, "central_error", msg)
+    if isinstance(exc, StoreClosed | CacheError):
+        return ApiError(503, "store_unavailable", msg, headers={"Retry-After": "5"})
+    log.error("unexpected localstate error in the API: %s", msg, exc_info=exc)
+    return ApiError(500, "internal_error", msg)
+
+
+def _where(loc: Any) -> str:
+    parts = [str(p) for p in loc] if isinstance(loc, list | tuple) else [str(loc)]
+    return ".".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.error, exc.message, exc.detail, exc.headers)
+
+    async def store_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, LocalStateError)
+        e = from_store_error(exc)
+        return error_response(e.status, e.error, e.message, e.detail, e.headers)
+
+    async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = list(exc.errors())
+        message = "; ".join(f"{_where(e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+                            for e in errors[:5]) or "the request does not validate"
+        detail = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
+        return error_response(422, "validation_error", message, detail)
+
+    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return error_response(exc.status_code, _CODES.get(exc.status_code, "http_error"),
+                              str(exc.detail), headers=exc.headers)
+
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error in the API", exc_info=exc)
+        return error_response(500, "internal_error",
+                              "the server failed on this request; its log says why")
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(LocalStateError, store_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

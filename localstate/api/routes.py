@@ -1,0 +1,246 @@
+"""The ``/api/v1`` routes: state variables, status, health.
+
+Reads come from the central DB, overlaid with the serving store's dirty and conflicted keys
+(see `localstate.api.view`). Writes go through the serving `StateStore` with ``central``
+durability: when a PUT or DELETE answers, the central DB holds it. Before writing, the store
+refreshes the owner's keys from the central DB (`StateStore.load`), so ``expected_version`` is
+checked against the central version an operator just saw, not a stale cached one; a writer that
+slips in between is caught by the flush's fence and answered 409 ``write_rejected`` (under the
+default ``reject`` policy).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.security import HTTPBearer
+
+from localstate import __version__
+from localstate.api.auth import Authorizer, Principal
+from localstate.api.errors import ApiError
+from localstate.api.paths import decode_cursor, encode_cursor, state_name
+from localstate.api.schemas import (
+    ErrorBody,
+    Health,
+    PutBody,
+    StateItem,
+    StateList,
+    Status,
+    Throughput,
+)
+from localstate.api.view import Item, central_of, item_from_row, local_override, local_overrides
+from localstate.codec import encode
+from localstate.entry import StateKey
+from localstate.errors import VersionConflict
+from localstate.model import FlushState, Record, check_name, epoch_to_datetime
+from localstate.store import StateStore
+from sync.central_store import CentralStore
+
+__all__ = ["RateMeter", "build_router"]
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE = 1000
+
+_bearer = HTTPBearer(
+    auto_error=False, scheme_name="bearer",
+    description="a token from the api_tokens setting (none configured: no token needed)",
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        401: "no token, or not a valid one", 403: "outside the token's owners or role",
+        422: "bad input (names, value, query)", 503: "the central DB is unavailable",
+    }.items()
+}
+
+
+class RateMeter:
+    """Recent rates of two counters, from samples at most one a second over `window` s."""
+
+    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.window = window
+        self._clock = clock
+        self._samples: deque[tuple[float, int, int]] = deque()
+
+    def sample(self, sets: int, rows: int) -> Throughput | None:
+        now = self._clock()
+        if not self._samples or now - self._samples[-1][0] >= 1.0:
+            self._samples.append((now, sets, rows))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window:
+            self._samples.popleft()
+        t0, sets0, rows0 = self._samples[0]
+        span = now - t0
+        if span <= 0:
+            return None
+        return Throughput(window_s=round(span, 3), sets_per_s=max(0, sets - sets0) / span,
+                          central_rows_per_s=max(0, rows - rows0) / span)
+
+
+def _state_item(item: Item | Record) -> StateItem:
+    state = item.flush_state
+    return StateItem(
+        owner=item.owner, key=item.key, value=item.value, version=item.version,
+        updated_at=item.updated_at, updated_by=item.updated_by,
+        flush_state=FlushState(state).value,  # type: ignore[arg-type]  # one of the three
+    )
+
+
+def build_router(store: StateStore, auth: Authorizer,
+                 central: CentralStore | None = None) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+    meter = RateMeter()
+
+    def require_central() -> CentralStore:
+        c = central or central_of(store)
+        if c is None:
+            raise ApiError(503, "store_unavailable",
+                           "the serving store is not open (or its sink is not a CentralStore)")
+        return c
+
+    async def principal(request: Request, _credentials: Annotated[Any, Depends(_bearer)]
+                        ) -> Principal:
+        return auth.authenticate(request.headers.get("authorization"))
+
+    Caller = Annotated[Principal, Depends(principal)]
+    OwnerDoc = Annotated[str, Path(description="the owner, percent-encoded (a '/' is %2F)")]
+    KeyDoc = Annotated[str, Path(description="the key, percent-encoded")]
+
+    @router.get("/state", response_model=StateList, responses=_ERRORS,
+                summary="List state variables (cursor pagination)")
+    async def list_state(
+        caller: Caller,
+        owner_prefix: Annotated[str, Query(max_length=250,
+                                           description="only owners starting with this")] = "",
+        cursor: Annotated[str | None, Query(max_length=2000,
+                                            description="next_cursor of the page before")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
+    ) -> StateList:
+        if owner_prefix:
+            check_name("owner_prefix", owner_prefix)
+        prefixes = caller.list_prefixes(owner_prefix)
+        after = decode_cursor(cursor)
+        c = require_central()
+        overrides = local_overrides(store, prefixes, after)
+        tombstones = sum(1 for i in overrides.values() if i.deleted)
+        merged: dict[StateKey, Item] = {}
+        for prefix in prefixes:
+            rows = await c.list_rows(owner_prefix=prefix, after=after,
+                                     limit=limit + 1 + tombstones)
+            merged.update((r[:2], item_from_row(r)) for r in rows)
+        merged.update(overrides)
+        keys = sorted(k for k, i in merged.items() if not i.deleted)
+        page = keys[:limit]
+        more = len(keys) > limit
+        return StateList(items=[_state_item(merged[k]) for k in page],
+                         next_cursor=encode_cursor(page[-1]) if more else None)
+
+    item_path = "/state/{owner:path}/{key}"
+
+    @router.get(item_path, response_model=StateItem, responses=_ERRORS,
+                summary="Read one state variable")
+    async def get_state(request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc
+                        ) -> StateItem:
+        owner, key = state_name(request)
+        caller.require_read(owner)
+        item = local_override(store, (owner, key))
+        if item is None:
+            row = (await require_central().read_many([(owner, key)])).get((owner, key))
+            item = None if row is None else item_from_row(row)
+        if item is None or item.deleted:
+            raise ApiError(404, "not_found", f"{owner}/{key} has no value")
+        return _state_item(item)
+
+    @router.put(item_path, response_model=StateItem, responses={**_ERRORS, 409: {
+        "model": ErrorBody, "description": "expected_version is not the current version"}},
+        summary="Write one state variable (in the central DB when this answers)")
+    async def put_state(request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
+                        body: PutBody) -> StateItem:
+        owner, key = state_name(request)
+        caller.require_write(owner)
+        data = encode(body.value, store.settings.max_value_bytes)  # 4xx before any query
+        if not store.settings.enabled:  # a direct (cache-off) store
+            if body.expected_version is None:
+                await store.set(owner, key, body.value, durability="central")
+            else:
+                await require_central().write_if_version(
+                    owner, key, data, body.expected_version, updated_by=store.triggerer_id)
+        else:
+            await store.load(owner)
+            if body.expected_version is None:
+                await store.set(owner, key, body.value, durability="central")
+            else:
+                await store.compare_and_set(owner, key, body.value,
+                                            expected_version=body.expected_version,
+                                            durability="central")
+        record = await store.record(owner, key)
+        if record is None:  # deleted again meanwhile
+            raise ApiError(409, "conflict", f"{owner}/{key} was deleted meanwhile")
+        log.info("API: %s set %s/%s to version %d", caller.name, owner, key, record.version)
+        return _state_item(record)
+
+    @router.delete(item_path, status_code=204, response_class=Response, responses={
+        **_ERRORS, 404: {"model": ErrorBody, "description": "no value to delete"},
+        409: {"model": ErrorBody, "description": "expected_version is not the current one"}},
+        summary="Delete one state variable (in the central DB when this answers)")
+    async def delete_state(
+        request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
+        expected_version: Annotated[int | None, Query(
+            ge=1, description="delete only if the record is at this version")] = None,
+    ) -> Response:
+        owner, key = state_name(request)
+        caller.require_write(owner)
+        if not store.settings.enabled and expected_version is not None:
+            await require_central().write_if_version(owner, key, None, expected_version,
+                                                     updated_by=store.triggerer_id)
+            deleted = True
+        else:
+            if store.settings.enabled:
+                await store.load(owner)
+            if expected_version is not None:
+                record = await store.record(owner, key)
+                actual = 0 if record is None else record.version
+                if actual != expected_version:
+                    raise VersionConflict(
+                        f"{owner}/{key} is at version {actual}, not {expected_version}",
+                        expected=expected_version, actual=actual)
+            deleted = await store.delete(owner, key, durability="central")
+        if not deleted:
+            raise ApiError(404, "not_found", f"{owner}/{key} has no value to delete")
+        log.info("API: %s deleted %s/%s", caller.name, owner, key)
+        return Response(status_code=204)
+
+    @router.get("/status", response_model=Status, responses=_ERRORS,
+                summary="Cache and sync-worker health of the serving store")
+    async def status(_caller: Caller) -> Status:
+        s = store.stats()
+        sink = central or central_of(store)
+        return Status(
+            triggerer_id=store.triggerer_id, cache_enabled=s.cache_enabled,
+            central_url=sink.url if sink is not None else "(not open)",
+            dirty_keys=s.dirty_keys, flush_lag_s=s.oldest_unflushed_s,
+            flush_lag_p50_s=s.flush_lag_p50_s, flush_lag_p99_s=s.flush_lag_p99_s,
+            last_flush_at=None if s.last_flush_at is None else epoch_to_datetime(
+                s.last_flush_at),
+            flushes=s.flushes, conflicts=s.conflicts, central_errors=s.central_errors,
+            last_error=s.last_error, sets=s.sets, gets=s.gets,
+            central_transactions=s.central_transactions, central_rows=s.central_rows,
+            keys_in_memory=s.keys_in_memory, throughput=meter.sample(s.sets, s.central_rows),
+        )
+
+    @router.get("/health", response_model=Health, summary="Liveness (no token needed)",
+                responses={503: {"model": Health, "description": "the store is closed"}})
+    async def health(response: Response) -> Health:
+        if store.closed:
+            response.status_code = 503
+        return Health(status="closed" if store.closed else "ok", version=__version__,
+                      auth_required=auth.required)
+
+    return router

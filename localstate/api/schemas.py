@@ -1,0 +1,99 @@
+"""The API's request and response bodies (pydantic models, also the OpenAPI schemas)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+__all__ = [
+    "ErrorBody",
+    "FlushStateName",
+    "Health",
+    "PutBody",
+    "StateItem",
+    "StateList",
+    "Status",
+    "Throughput",
+]
+
+FlushStateName = Literal["dirty", "flushed", "conflict"]
+
+
+class StateItem(BaseModel):
+    """One state variable."""
+
+    owner: str
+    key: str
+    value: Any = Field(description="the JSON value")
+    version: int = Field(description="one more with every write; send it back as "
+                                     "expected_version to write only over this version")
+    updated_at: datetime
+    updated_by: str = Field(description="the id of the process that wrote it")
+    flush_state: FlushStateName = Field(
+        description="dirty: the serving store holds a write the central DB lacks; flushed: "
+                    "the central DB holds this version; conflict: the last flush met another "
+                    "writer's record")
+
+
+class StateList(BaseModel):
+    items: list[StateItem]
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= for the next page; null on the last page")
+
+
+class PutBody(BaseModel):
+    """PUT /api/v1/state/{owner}/{key}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: Any = Field(description="any JSON value (null included)")
+    expected_version: StrictInt | None = Field(
+        default=None, ge=0,
+        description="write only if the record is at this version (0: it must not exist); "
+                    "409 otherwise")
+
+
+class Throughput(BaseModel):
+    window_s: float = Field(description="seconds the rates are measured over")
+    sets_per_s: float
+    central_rows_per_s: float
+
+
+class Status(BaseModel):
+    """The serving store's cache and sync-worker health."""
+
+    triggerer_id: str
+    cache_enabled: bool
+    central_url: str = Field(description="the central DB, password hidden")
+    dirty_keys: int
+    flush_lag_s: float = Field(description="age of the oldest write the central DB lacks")
+    flush_lag_p50_s: float | None
+    flush_lag_p99_s: float | None
+    last_flush_at: datetime | None
+    flushes: int
+    conflicts: int
+    central_errors: int
+    last_error: str | None
+    sets: int
+    gets: int
+    central_transactions: int
+    central_rows: int
+    keys_in_memory: int
+    throughput: Throughput | None = Field(
+        description="recent rates of the serving store (null until two samples exist)")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "closed"]
+    version: str
+    auth_required: bool = Field(description="whether the API needs a bearer token")
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 5xx answer."""
+
+    error: str = Field(description="a stable code: not_found, version_conflict, ...")
+    message: str = Field(description="what went wrong, for a person")
+    detail: Any = None

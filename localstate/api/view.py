@@ -1,0 +1,106 @@
+"""What the API reads of the serving `StateStore` beyond its public calls, in one place.
+
+The list and single reads are served from the central DB (the truth every triggerer flushes to),
+overlaid with the serving store's own unfinished business: a key the store holds *dirty* (a
+write the central DB lacks) or whose last flush met a *conflict* is shown as the store holds it,
+with that flush state. Everything else is shown as the central DB holds it, ``flushed``. Other
+triggerers' dirty writes live in their own caches and show once flushed.
+
+The store has no public call for "your dirty and conflicted keys" nor for its central sink, so
+this module reads its in-memory map (no query, O(page + dirty keys)). Keep every such read
+here: when `StateStore` grows public calls for them, only this module changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from localstate.codec import decode
+from localstate.entry import Entry, StateKey
+from localstate.model import FlushState, epoch_to_datetime
+from localstate.store import StateStore
+from sync.central_store import CentralStore
+from sync.rows import CentralRow
+
+__all__ = ["Item", "central_of", "item_from_row", "local_overrides"]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One state variable as the API shows it; `deleted` marks a local tombstone."""
+
+    owner: str
+    key: str
+    value: object
+    version: int
+    updated_at: datetime
+    updated_by: str
+    flush_state: str
+    deleted: bool = False
+
+    @property
+    def name(self) -> StateKey:
+        return (self.owner, self.key)
+
+
+def item_from_row(row: CentralRow) -> Item:
+    return Item(row.owner, row.key, None if row.data is None else decode(row.data), row.version,
+                epoch_to_datetime(row.updated_at), row.updated_by, FlushState.FLUSHED.value,
+                deleted=row.data is None)
+
+
+def _item_from_entry(k: StateKey, e: Entry, state: FlushState) -> Item:
+    return Item(k[0], k[1], None if e.data is None else decode(e.data), e.version,
+                epoch_to_datetime(e.updated_at), e.updated_by, state.value,
+                deleted=e.data is None)
+
+
+def _pending(store: StateStore) -> Iterator[tuple[StateKey, Entry, FlushState]]:
+    """The store's keys that are dirty or in conflict, with their entries."""
+    entries: dict[StateKey, Entry] = getattr(store, "_entries", {})
+    dirty: dict[StateKey, float] = getattr(store, "_dirty", {})
+    worker = getattr(store, "_worker", None)
+    conflicted: set[StateKey] = getattr(worker, "conflicted", set())
+    for k in list(dirty) + [k for k in list(conflicted) if k not in dirty]:
+        e = entries.get(k)
+        if e is None:
+            continue
+        if e.dirty:
+            yield k, e, FlushState.DIRTY
+        elif k in conflicted:
+            yield k, e, FlushState.CONFLICT
+
+
+def local_overrides(store: StateStore, prefixes: tuple[str, ...],
+                    after: StateKey | None) -> dict[StateKey, Item]:
+    """Dirty or conflicted keys of the store under `prefixes`, after the cursor `after`."""
+    out: dict[StateKey, Item] = {}
+    for k, e, state in _pending(store):
+        if after is not None and k <= after:
+            continue
+        if not any(k[0].startswith(p) for p in prefixes):
+            continue
+        out[k] = _item_from_entry(k, e, state)
+    return out
+
+
+def local_override(store: StateStore, k: StateKey) -> Item | None:
+    """The store's own version of `k` when it is dirty or in conflict, else None."""
+    entries: dict[StateKey, Entry] = getattr(store, "_entries", {})
+    e = entries.get(k)
+    if e is None:
+        return None
+    if e.dirty:
+        return _item_from_entry(k, e, FlushState.DIRTY)
+    worker = getattr(store, "_worker", None)
+    if k in getattr(worker, "conflicted", set()):
+        return _item_from_entry(k, e, FlushState.CONFLICT)
+    return None
+
+
+def central_of(store: StateStore) -> CentralStore | None:
+    """The store's central sink when it is a `CentralStore` (None before it opens)."""
+    sink = getattr(store, "_sink", None)
+    return sink if isinstance(sink, CentralStore) else None
