@@ -322,20 +322,17 @@ class LocalCache:
         """Stage `entry` and wait until the transaction that carries it has committed."""
         self._require_writer()
         self._staged[key] = entry
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = _Batch()
-        self._pending.set()
-        self._urgent.set()
-        await batch.done.wait()
-        if batch.error is not None:
-            raise batch.error
+        await self._next_commit()
 
     async def sync_now(self) -> None:
         """Wait for a commit of everything staged so far (no-op when nothing is)."""
         if not self._staged:
             return
         self._require_writer()
+        await self._next_commit()
+
+    async def _next_commit(self) -> None:
+        """Wake the writer at once and wait for the commit of what is staged now."""
         batch = self._batch
         if batch is None:
             batch = self._batch = _Batch()

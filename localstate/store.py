@@ -16,7 +16,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
@@ -548,24 +548,29 @@ class StateStore:
         )
 
     def _require_sink(self) -> Sink:
-        if self._sink is None:
-            raise LocalStateError("the store is not open: use `await StateStore.open(...)`")
-        return self._sink
+        return _opened(self._sink)
 
     def _require_reader(self) -> ReadThrough:
-        if self._reader is None:
-            raise LocalStateError("the store is not open: use `await StateStore.open(...)`")
-        return self._reader
+        return _opened(self._reader)
 
     def _require_worker(self) -> SyncWorker:
-        if self._worker is None:
-            raise LocalStateError("the store is not open: use `await StateStore.open(...)`")
-        return self._worker
+        return _opened(self._worker)
 
     def _require_cache(self) -> LocalCache:
-        if self._cache is None:
-            raise LocalStateError("the store is not open: use `await StateStore.open(...)`")
-        return self._cache
+        return _opened(self._cache)
+
+
+_T = TypeVar("_T")
+
+
+def _opened(part: _T | None) -> _T:
+    """A part of the store that exists once it is open (and, for the cache, enabled)."""
+    if part is None:
+        raise LocalStateError(
+            "the store is not open (use `await StateStore.open(...)`), or this call needs the "
+            "local cache (enabled=True)"
+        )
+    return part
 
 
 def _entry_from(row: CentralRow) -> Entry:
