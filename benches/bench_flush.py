@@ -60,8 +60,8 @@ async def txns_vs_rate(url: str, folder: Path, rates: list[int], keys: int, seco
                 await asyncio.gather(*(store.set(o, "watermark", 0)
                                        for o in owners[start:start + 5000]))
             await store.flush()
-            sink = store._sink
-            assert isinstance(sink, CentralStore)
+            sink = store.central_store
+            assert sink is not None
             commits = [0]
 
             def on_commit(_conn: Any, commits: list[int] = commits) -> None:

@@ -318,6 +318,8 @@ _SPECS: Final[dict[str, _Spec]] = {
     "absent_ttl": _Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
     "upgrade_schema": _Spec(_bool, True, "create or upgrade the central schema on open"),
+    "central_thread": _Spec(_bool, True, "talk to the central DB from a thread of its own, so "
+                            "busy triggers never delay a flush"),
     "api_tokens": _Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
                         "list of {token, role, owners, name}; none: the API is open, and "
@@ -357,6 +359,7 @@ class Settings:
     close_timeout: float = 10.0
     absent_ttl: float = 5.0
     upgrade_schema: bool = True
+    central_thread: bool = True
     api_tokens: tuple[ApiToken, ...] = ()
     api_host: str = "127.0.0.1"
     api_port: int = 8686

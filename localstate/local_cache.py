@@ -101,7 +101,8 @@ class LocalCache:
         self._lock = CacheFileLock(path, owner_id=owner_id)
         self._conn: aiosqlite.Connection | None = None
         self._staged: dict[StateKey, Entry] = {}
-        self._batch: _Batch | None = None
+        self._batch: _Batch | None = None  # the next commit, once somebody waits for it
+        self._inflight: _Batch | None = None  # the commit running now
         self._pending = asyncio.Event()  # something is staged
         self._urgent = asyncio.Event()  # somebody waits for the commit
         self._stopping = False
@@ -325,11 +326,16 @@ class LocalCache:
         await self._next_commit()
 
     async def sync_now(self) -> None:
-        """Wait for a commit of everything staged so far (no-op when nothing is)."""
-        if not self._staged:
+        """Wait until everything staged or being committed now is committed."""
+        if self._staged:
+            self._require_writer()
+            await self._next_commit()  # runs after the commit in flight, if any
             return
-        self._require_writer()
-        await self._next_commit()
+        inflight = self._inflight
+        if inflight is not None:
+            await inflight.done.wait()
+            if inflight.error is not None:
+                raise inflight.error
 
     async def _next_commit(self) -> None:
         """Wake the writer at once and wait for the commit of what is staged now."""
@@ -356,14 +362,15 @@ class LocalCache:
             self._pending.clear()
             self._urgent.clear()
             staged, self._staged = self._staged, {}
-            batch, self._batch = self._batch, None
-            if staged:
-                error = await self._commit_batch(staged)
-            else:
-                error = None
-            if batch is not None:
-                batch.error = error
-                batch.done.set()
+            # every commit gets a batch, waited on or not, so that sync_now() can wait for the
+            # one in flight too
+            batch = self._batch or _Batch()
+            self._batch = None
+            self._inflight = batch
+            error = await self._commit_batch(staged) if staged else None
+            self._inflight = None
+            batch.error = error
+            batch.done.set()
             if error is not None:
                 # keep what failed, under anything staged since, and try again shortly
                 for key, entry in staged.items():

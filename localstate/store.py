@@ -43,6 +43,7 @@ from sync.central_store import CentralStore
 from sync.conflicts import PolicyMap
 from sync.read_through import ReadThrough
 from sync.rows import CentralRow
+from sync.sink_thread import ThreadedSink
 from sync.sinks import Sink
 from sync.worker import ConflictInfo, FlushReport, SyncWorker
 
@@ -147,9 +148,7 @@ class StateStore:
         s = self.settings
         try:
             if self._sink is None:
-                self._sink = await CentralStore.open(
-                    s.resolved_central_url, upgrade_schema=s.upgrade_schema
-                )
+                self._sink = await _open_central(s)
             self._reader = ReadThrough(self._sink)
             if not self._direct:
                 self._cache = await LocalCache.open(
@@ -200,6 +199,12 @@ class StateStore:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def central_store(self) -> CentralStore | None:
+        """The SQL central store behind this store (None when another sink is used)."""
+        sink = self._sink.inner if isinstance(self._sink, ThreadedSink) else self._sink
+        return sink if isinstance(sink, CentralStore) else None
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if self._opened and not self._closed:
@@ -571,6 +576,13 @@ def _opened(part: _T | None) -> _T:
             "local cache (enabled=True)"
         )
     return part
+
+
+async def _open_central(s: Settings) -> Sink:
+    url, upgrade = s.resolved_central_url, s.upgrade_schema
+    if s.central_thread:
+        return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
+    return await CentralStore.open(url, upgrade_schema=upgrade)
 
 
 def _entry_from(row: CentralRow) -> Entry:

@@ -234,8 +234,8 @@ class CentralStore:
                     (owner, key))
                 actual = 0 if current is None or current.data is None else current.version
                 raise VersionConflict(
-                    f"{owner}/{key} is at version {actual} in the central DB, not "
-                    f"{expected_version}; nothing was written",
+                    f"owner {owner!r} key {key!r} is at version {actual} in the central DB, "
+                    f"not {expected_version}; nothing was written",
                     expected=expected_version, actual=actual,
                 )
         self.transactions += 1
@@ -355,9 +355,10 @@ def make_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(full, connect_args={"timeout": 30})
         _configure_sqlite(engine)
         return engine
-    # pre_ping: a server restarted under us costs one failed ping, not a failed flush
+    # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
+    # pool_timeout: with the cache off, thousands of triggers may queue for a connection.
     return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                               pool_timeout=10)
+                               pool_timeout=60)
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

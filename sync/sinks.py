@@ -20,9 +20,14 @@ __all__ = ["Sink"]
 class Sink(Protocol):
     #: a name for messages and stats (the URL, passwords hidden)
     url: str
-    #: committed write transactions and the rows they wrote
-    transactions: int
-    rows_written: int
+
+    @property
+    def transactions(self) -> int:
+        """Committed write transactions so far."""
+
+    @property
+    def rows_written(self) -> int:
+        """Rows those transactions wrote."""
 
     async def write_batch(
         self, rows: Sequence[DirtyRow], policies: PolicyMap

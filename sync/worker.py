@@ -50,8 +50,8 @@ class ConflictInfo:
     winner: str
     local_version: int
     central_version: int
-    local_data: bytes | None
-    central_data: bytes | None
+    local_data: str | None
+    central_data: str | None
 
 
 @dataclass
@@ -95,6 +95,10 @@ class SyncWorker:
         self.on_conflict = on_conflict
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
+        # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
+        # loop slept out its backoff (up to flush_interval) even after an explicit flush() had
+        # found the DB back, ignoring kicks, so `central` writes timed out meanwhile.
+        self._retry_wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._waiters: dict[StateKey, list[tuple[int, asyncio.Future[None]]]] = {}
@@ -129,6 +133,7 @@ class SyncWorker:
         # Wake the loop too: between flushes it waits on `_kick` (up to flush_interval), not
         # on `_stop`, so without this close() hung for up to a whole flush_interval.
         self._kick.set()
+        self._retry_wake.set()
         if self._task is not None:
             await self._task
             self._task = None
@@ -160,7 +165,10 @@ class SyncWorker:
                 # after a failure wait out the backoff: kicks (a full batch, a central write)
                 # must not turn an outage into a busy loop of retries
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), retry_in)
+                    await asyncio.wait_for(self._retry_wake.wait(), retry_in)
+                if self._retry_wake.is_set():  # a flush succeeded meanwhile: the DB is back
+                    retry_in = None
+                    self._backoff.reset()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._kick.wait(), self.flush_interval)
@@ -171,10 +179,11 @@ class SyncWorker:
                 continue
             try:
                 await self.flush()
-            except LocalStateError as exc:
+            except Exception as exc:  # the loop must outlive any one failed flush
                 retry_in = self._backoff.next_delay()
+                self._retry_wake.clear()
                 log.warning("flush to %s failed, retrying in %.2f s: %s", self.sink.url,
-                            retry_in, exc)
+                            retry_in, exc, exc_info=not isinstance(exc, LocalStateError))
             else:
                 self._backoff.reset()
                 retry_in = None
@@ -199,7 +208,7 @@ class SyncWorker:
                     outcomes = await self.write_batch(rows)
                     self.mark_clean(outcomes, report)
                     report.transactions += 1
-            except LocalStateError as exc:
+            except Exception as exc:
                 self.central_errors += 1
                 self.last_error = exc
                 raise
@@ -209,6 +218,7 @@ class SyncWorker:
             self.last_flush_at = time.time()
             self.last_flush = report
             self.last_error = None
+            self._retry_wake.set()
             return report
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:

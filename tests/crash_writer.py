@@ -97,7 +97,7 @@ async def _open_and_write(path: Path, n: int) -> None:
 
     aiosqlite.connect = traced  # type: ignore[assignment]
     cache = await LocalCache.open(path, owner_id="crash-first-open")
-    await cache.commit(("owner", "key"), Entry(b"1", 1, 1, time.time(), "crash-first-open", 0))
+    await cache.commit(("owner", "key"), Entry("1", 1, 1, time.time(), "crash-first-open", 0))
     await cache.close()
 
 

@@ -35,7 +35,7 @@ def dirty(
     owner: str = OWNER,
 ) -> DirtyRow:
     """A dirty row as the worker would take it for a flush (`_DELETED` for a deletion)."""
-    data = None if value is _DELETED else orjson.dumps(value)
+    data = None if value is _DELETED else orjson.dumps(value).decode()  # JSON text
     return DirtyRow(owner, key, data, version, base, time.time(), by)
 
 

@@ -269,12 +269,12 @@ async def test_first_open_killed_at_any_statement_leaves_a_cache_that_opens(
                 assert set(loaded) == {("owner", "key")}, n
             else:
                 assert set(loaded) <= {("owner", "key")}, n
-            await cache.commit(("owner", "next"), Entry(b"2", 2, 1, time.time(), "x", 0))
+            await cache.commit(("owner", "next"), Entry("2", 2, 1, time.time(), "x", 0))
         finally:
             await cache.close()
         with contextlib.closing(sqlite3.connect(path)) as conn:
             assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID, n
             assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION, n
             assert conn.execute("SELECT value FROM state WHERE key = 'next'").fetchone() == (
-                b"2",
+                "2",
             ), n

@@ -40,7 +40,7 @@ from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION, LocalCache
 OWNER_ID = "triggerer-test"
 
 # (value, version, synced_version) as the file holds them
-DiskRow = tuple[bytes | None, int, int]
+DiskRow = tuple[str | None, int, int]
 
 
 def make_entry(value: Any, version: int, synced: int = 0, *, deleted: bool = False) -> Entry:

@@ -88,9 +88,14 @@ def rows_carried(parameters: Any) -> int:
     return max(sizes)
 
 
+def json_of(data: str | bytes | None) -> Any:
+    """A value as JSON text or bytes, decoded (None stays None)."""
+    return None if data is None else orjson.loads(data)
+
+
 def sink_of(store: StateStore) -> CentralStore:
-    sink = store._sink
-    assert isinstance(sink, CentralStore)
+    sink = store.central_store
+    assert sink is not None
     return sink
 
 
@@ -143,8 +148,18 @@ async def flush_once_back(store: StateStore) -> None:
             return
 
 
-def new_database(pg: PostgresServer, purpose: str) -> str:
-    return pg.create_database(f"{purpose}_{uuid.uuid4().hex[:12]}")
+def new_database(pg: PostgresServer, purpose: str, *, crash_safe: bool = False) -> str:
+    """A fresh database on the shared server.
+
+    The server runs with ``synchronous_commit=off`` for speed, so a crash of it (an
+    ``immediate`` stop) may lose commits it already acknowledged; `crash_safe` turns commits
+    of this database synchronous again, so that "acknowledged" means "survives the crash".
+    """
+    name = f"{purpose}_{uuid.uuid4().hex[:12]}"
+    url = pg.create_database(name)
+    if crash_safe:
+        pg.psql(f"ALTER DATABASE {name} SET synchronous_commit = on", dbname="postgres")
+    return url
 
 
 def local_rows(cache_path: Path) -> dict[str, tuple[Any, int, int]]:
@@ -313,10 +328,9 @@ async def test_race_under_reject_the_central_record_wins(
     assert (record.version, record.updated_by, record.flush_state) == (
         1, "a", FlushState.CONFLICT)
     assert b.stats().conflicts == 1
-    assert seen == [ConflictInfo(
-        owner=OWNER, key="k", policy="reject", winner="central", local_version=1,
-        central_version=1, local_data=b'"from b"', central_data=b'"from a"',
-    )]
+    assert [(i.owner, i.key, i.policy, i.winner, i.local_version, i.central_version,
+             json_of(i.local_data), json_of(i.central_data)) for i in seen] == [
+        (OWNER, "k", "reject", "central", 1, 1, "from b", "from a")]
     async with central_reader(central_url) as reader:
         row = await central_row(reader, "k")
         assert row is not None
@@ -353,8 +367,9 @@ async def test_race_under_last_writer_wins_the_later_flush_wins(
     report = await b.flush()
     assert (report.written, report.conflicts) == (1, 1)
     # the callback is told what the winning write overwrote: a's record
-    assert [(i.winner, i.policy, i.local_data, i.central_data, i.central_version)
-            for i in seen] == [("local", "last_writer_wins", b'"from b, again"', b'"from a"', 1)]
+    assert [(i.winner, i.policy, json_of(i.local_data), json_of(i.central_data),
+             i.central_version) for i in seen] == [
+        ("local", "last_writer_wins", "from b, again", "from a", 1)]
     async with central_reader(central_url) as reader:
         row = await central_row(reader, "k")
     assert row is not None
@@ -411,8 +426,8 @@ async def test_race_under_max_never_moves_the_watermark_backwards(
         row = await central_row(reader, "wm")
         assert row is not None
         assert (row.updated_by, orjson.loads(row.data or b"")) == ("a", 50)
-    assert [(who, i.winner, orjson.loads(i.local_data or b""),
-             orjson.loads(i.central_data or b"")) for who, i in seen] == [
+    assert [(who, i.winner, json_of(i.local_data), json_of(i.central_data))
+            for who, i in seen] == [
         ("b", "central", 5, 10), ("b", "central", 7, 10), ("b", "central", 15, 20),
         ("a", "central", 25, 30), ("a", "local", 50, 40)]
     assert all(i.policy == "max" for _, i in seen)
@@ -643,7 +658,7 @@ async def _async(value: bool) -> bool:
 async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
     pg_server: PostgresServer, tmp_path: Path, stop_mode: str,
 ) -> None:
-    url = new_database(pg_server, "outage")
+    url = new_database(pg_server, "outage", crash_safe=True)
     store = await StateStore.open(
         central_url=url, cache_path=tmp_path / "t.db", triggerer_id="t",
         flush_interval=0.05, durability="local",
@@ -733,6 +748,9 @@ async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_wr
                 assert record is not None
                 assert (record.version, record.flush_state) == (2, FlushState.DIRTY)
                 assert store.stats().last_error is not None
+                # stay down until the worker's retry backoff is longer than central_timeout
+                await eventually(lambda: _async(store.stats().central_errors >= 5),
+                                 "the worker to back off")
             finally:
                 pg_server.start()
             # the local file has it (it was committed locally before the central wait)
@@ -741,7 +759,8 @@ async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_wr
             row = await central_row(reader, "k")
             assert row is not None
             assert (orjson.loads(row.data or b""), row.version) == ("during", 2)
-            # and central durability works again
+            # and central durability works again at once: the successful flush ended the
+            # worker's backoff (it used to sleep it out, ignoring the central write's kick)
             assert await store.set(OWNER, "k", "after", durability="central") == 3
             assert await central_value(reader, "k") == "after"
     finally:

@@ -20,6 +20,7 @@ from localstate.bench.baselines import (
 )
 from localstate.bench.progress import Progress
 from localstate.bench.runner import BenchConfig, BenchRow, rss_mb, run_scenario
+from localstate.errors import LocalStateError
 from sync.central_store import CentralStore
 
 __all__ = ["print_table", "run_bench", "summary", "write_json", "write_plot"]
@@ -38,7 +39,11 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     await central.close()
     rows: list[BenchRow] = []
     for scenario, mode, k in plan:
-        rows.append(await run_scenario(cfg, scenario, mode, k, progress))
+        try:
+            rows.append(await run_scenario(cfg, scenario, mode, k, progress))
+        except LocalStateError as exc:  # one failed mode must not lose the others' figures
+            rows.append(BenchRow(scenario, mode, k, rss_mb=rss_mb(), note=f"failed: {exc}"))
+            progress.step(f"{scenario} {mode} K={k}: FAILED ({exc})")
     _ratios(rows)
     n = max(1000, max(cfg.triggers))
     raw_local = await aiosqlite_executemany(cfg.folder, n * 5)

@@ -28,7 +28,6 @@ from sqlalchemy import event
 
 from localstate.bench.progress import Progress
 from localstate.store import StateStore
-from sync.central_store import CentralStore
 
 __all__ = ["STORE_MODES", "BenchConfig", "BenchRow", "rss_mb", "run_scenario"]
 
@@ -172,8 +171,8 @@ async def _run_store(cfg: BenchConfig, row: BenchRow, keys: list[tuple[str, str]
             await asyncio.gather(*(store.set(o, k, -1, durability="memory")
                                    for o, k in set(keys)))
             await store.flush()
-        sink = store._sink
-        assert isinstance(sink, CentralStore)
+        sink = store.central_store
+        assert sink is not None
         commits = [0]
 
         def on_commit(_conn: Any) -> None:
