@@ -285,6 +285,10 @@ class CentralStore:
                     r.base_version < c.version <= r.version)
                 if replay:
                     stale = False
+                elif c.updated_by == r.updated_by and c.version >= r.version:
+                    # this writer's own later write (see step 3): keep it, no conflict
+                    outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+                    continue
                 if policy.exceeds(r.data, c.data, strictly=stale):
                     to_write.append((r, r.base_version if replay else c.version, stale))
                     if stale:
@@ -313,6 +317,11 @@ class CentralStore:
             c = current.get((r.owner, r.key))
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
+            elif c.updated_by == r.updated_by and c.version >= r.version:
+                # This writer's own later write: a flush took a version whose local commit a
+                # crash then lost (flushes do not wait for the local commit). It is newer than
+                # this row, so keep it: no conflict, nobody else wrote.
+                outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
             elif policy.local_wins(r, c):
                 retry.append((r, c.version, True))
                 replaced[(r.owner, r.key)] = c

@@ -196,10 +196,10 @@ class SyncWorker:
             started = time.monotonic()
             report = FlushReport(started_at=time.time())
             try:
-                # Commit staged memory writes locally first: the central DB must never hold a
-                # version the local file could lose in a crash (a restart would then replay
-                # an older one over it).
-                await self.cache.sync_now()
+                # No wait for the local commit first: under load that costs a whole round of
+                # the writer. A version flushed here and then lost locally in a crash comes
+                # back from the central DB as this writer's own later write, which the flush
+                # adopts without a conflict (see CentralStore._write_batch).
                 keys = list(self.dirty)
                 for start in range(0, len(keys), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
@@ -269,7 +269,15 @@ class SyncWorker:
                 self._settle_waiters(k, r.version, None)
             else:
                 report.adopted += 1
-                if moved and self.policies.for_owner(r.owner).is_max:
+                if not o.conflict:
+                    # the central DB holds this writer's own later write (a flushed version the
+                    # local file lost in a crash): take it, unless the entry has moved past it
+                    if e.version > central.version:
+                        e.synced_version = central.version
+                    else:
+                        self._adopt(e, central)
+                    self._settle_waiters(k, central.version, None)
+                elif moved and self.policies.for_owner(r.owner).is_max:
                     # newer local writes came in meanwhile: the next flush weighs them
                     e.synced_version = central.version
                     if e.version <= central.version:

@@ -336,9 +336,13 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
                                        policies))
     assert (o.resolution, o.conflict) == ("adopted", True)
     # nor is the same writer's stale base with a *lower* version than central's (not a replay
-    # of the chain that produced central's record)
+    # of the chain that produced central's record): central holds this writer's own later
+    # write (flushed, then lost from the local file in a crash), which is kept under every
+    # policy, last_writer_wins included, and is no conflict
     o = only(await central.write_batch([dirty("k", "old", version=2, base=1)], policies))
-    assert o.resolution == "adopted"
+    assert (o.resolution, o.conflict) == ("adopted", False)
+    assert o.central is not None
+    assert (o.central.version, o.central.updated_by) == (4, "triggerer-a")
     assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == "v4"
 
 
