@@ -353,7 +353,18 @@ class CentralStore:
         if not packed:
             return {}
         result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
-        return {(owner, key): int(version) for owner, key, version in result}
+        intended = {(p[0], p[1]): p[3] for p in packed}
+        if result.rowcount == len(packed):
+            return intended  # the fence let every row through: the common case
+        # Some rows were refused. Which ones: in this transaction the rows it wrote are locked
+        # and hold exactly what it wrote (the fence admits nothing else with that version and
+        # writer), so a row was written iff the central record is the intended one.
+        current = await self._select(conn, list(intended), lock=False)
+        by = {(p[0], p[1]): p[6] for p in packed}
+        return {
+            k: v for k, v in intended.items()
+            if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
+        }
 
 
 def make_engine(url: str) -> AsyncEngine:

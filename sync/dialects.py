@@ -10,8 +10,10 @@ so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
 The upsert's ``WHERE`` is the fence: a row replaces the central one only when the central
 version is the one the write was based on (``prev_version``), or when the central row is this
 writer's own earlier write of the same chain (a flush whose commit landed but whose local
-mark-clean was lost in a crash: replaying it is harmless). Rows the ``WHERE`` refuses are not
-returned; they are the conflicts.
+mark-clean was lost in a crash: replaying it is harmless). Rows the ``WHERE`` refuses are
+not counted in the statement's row count; when it falls short, the caller looks up which rows
+they were (the conflicts). No RETURNING: on the common path (no conflict) decoding one returned
+row per written row cost more than the write.
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ class _PostgresSql(BatchSql):
         "CAST(:vals AS TEXT[]), CAST(:versions AS BIGINT[]), CAST(:prevs AS BIGINT[]), "
         "CAST(:ats AS TIMESTAMPTZ[]), CAST(:bys AS TEXT[])) "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
-        'RETURNING t.owner, t."key", t.version'
     )
     _select = (
         f'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by '
@@ -100,7 +101,6 @@ class _SqliteSql(BatchSql):
         f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols} FROM json_each(:rows) AS j "
         f'WHERE true ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
         f"WHERE {_FENCE.format(t=STATE_TABLE)} "
-        'RETURNING owner, "key", version'
     )
     # CROSS JOIN: SQLite keeps the left side as the outer loop, so each key is one PK lookup
     select_keys = text(
