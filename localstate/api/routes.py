@@ -1,16 +1,17 @@
 """The ``/api/v1`` routes: state variables, status, health.
 
-Reads come from the central DB, overlaid with the serving store's dirty and conflicted keys
-(see `localstate.api.view`). Writes go through the serving `StateStore` with ``central``
-durability: when a PUT or DELETE answers, the central DB holds it. Before writing, the store
-refreshes the owner's keys from the central DB (`StateStore.load`), so ``expected_version`` is
-checked against the central version an operator just saw, not a stale cached one; a writer that
-slips in between is caught by the flush's fence and answered 409 ``write_rejected`` (under the
-default ``reject`` policy).
+Reads come from the central DB (through the app's own `CentralStore`, on the server's event
+loop: the store may talk to the DB from a thread of its own), overlaid with the serving store's
+dirty and conflicted keys (see `localstate.api.view`). Writes go through the serving
+`StateStore` with ``central`` durability: when a PUT or DELETE answers, the central DB holds
+it. Before writing, the store refreshes the owner's keys from the central DB
+(`StateStore.load`), so ``expected_version`` is checked against the central version an
+operator just saw, not a stale cached one; a writer that slips in between is caught by the
+flush's fence and answered 409 ``write_rejected`` (under the default ``reject`` policy).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the route signatures at run
+# time, and the Annotated aliases below are local to build_router.
 import logging
 import time
 from collections import deque
@@ -33,7 +34,7 @@ from localstate.api.schemas import (
     Status,
     Throughput,
 )
-from localstate.api.view import Item, central_of, item_from_row, local_override, local_overrides
+from localstate.api.view import Item, item_from_row, local_override, local_overrides
 from localstate.codec import encode
 from localstate.entry import StateKey
 from localstate.errors import VersionConflict
@@ -84,25 +85,31 @@ class RateMeter:
                           central_rows_per_s=max(0, rows - rows0) / span)
 
 
+def _named(owner: str, key: str) -> str:
+    return f"owner {owner!r} key {key!r}"
+
+
 def _state_item(item: Item | Record) -> StateItem:
     state = item.flush_state
     return StateItem(
         owner=item.owner, key=item.key, value=item.value, version=item.version,
         updated_at=item.updated_at, updated_by=item.updated_by,
-        flush_state=FlushState(state).value,  # type: ignore[arg-type]  # one of the three
+        flush_state=FlushState(state).value,
     )
 
 
 def build_router(store: StateStore, auth: Authorizer,
-                 central: CentralStore | None = None) -> APIRouter:
+                 central: Callable[[], CentralStore | None]) -> APIRouter:
+    """The routes over `store`; `central()` gives the app's own reader of the central DB."""
     router = APIRouter(prefix="/api/v1")
     meter = RateMeter()
 
     def require_central() -> CentralStore:
-        c = central or central_of(store)
+        c = central()
         if c is None:
             raise ApiError(503, "store_unavailable",
-                           "the serving store is not open (or its sink is not a CentralStore)")
+                           "the app has not started: run it under an ASGI server (its lifespan "
+                           "opens the central DB), or pass central= to create_app")
         return c
 
     async def principal(request: Request, _credentials: Annotated[Any, Depends(_bearer)]
@@ -155,7 +162,7 @@ def build_router(store: StateStore, auth: Authorizer,
             row = (await require_central().read_many([(owner, key)])).get((owner, key))
             item = None if row is None else item_from_row(row)
         if item is None or item.deleted:
-            raise ApiError(404, "not_found", f"{owner}/{key} has no value")
+            raise ApiError(404, "not_found", f"{_named(owner, key)} has no value")
         return _state_item(item)
 
     @router.put(item_path, response_model=StateItem, responses={**_ERRORS, 409: {
@@ -182,7 +189,7 @@ def build_router(store: StateStore, auth: Authorizer,
                                             durability="central")
         record = await store.record(owner, key)
         if record is None:  # deleted again meanwhile
-            raise ApiError(409, "conflict", f"{owner}/{key} was deleted meanwhile")
+            raise ApiError(409, "conflict", f"{_named(owner, key)} was deleted meanwhile")
         log.info("API: %s set %s/%s to version %d", caller.name, owner, key, record.version)
         return _state_item(record)
 
@@ -209,11 +216,11 @@ def build_router(store: StateStore, auth: Authorizer,
                 actual = 0 if record is None else record.version
                 if actual != expected_version:
                     raise VersionConflict(
-                        f"{owner}/{key} is at version {actual}, not {expected_version}",
+                        f"{_named(owner, key)} is at version {actual}, not {expected_version}",
                         expected=expected_version, actual=actual)
             deleted = await store.delete(owner, key, durability="central")
         if not deleted:
-            raise ApiError(404, "not_found", f"{owner}/{key} has no value to delete")
+            raise ApiError(404, "not_found", f"{_named(owner, key)} has no value to delete")
         log.info("API: %s deleted %s/%s", caller.name, owner, key)
         return Response(status_code=204)
 
@@ -221,7 +228,7 @@ def build_router(store: StateStore, auth: Authorizer,
                 summary="Cache and sync-worker health of the serving store")
     async def status(_caller: Caller) -> Status:
         s = store.stats()
-        sink = central or central_of(store)
+        sink = central()
         return Status(
             triggerer_id=store.triggerer_id, cache_enabled=s.cache_enabled,
             central_url=sink.url if sink is not None else "(not open)",

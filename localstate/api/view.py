@@ -6,8 +6,8 @@ write the central DB lacks) or whose last flush met a *conflict* is shown as the
 with that flush state. Everything else is shown as the central DB holds it, ``flushed``. Other
 triggerers' dirty writes live in their own caches and show once flushed.
 
-The store has no public call for "your dirty and conflicted keys" nor for its central sink, so
-this module reads its in-memory map (no query, O(page + dirty keys)). Keep every such read
+The store has no public call for "your dirty and conflicted keys", so this module reads its
+in-memory map (no query, O(page + dirty keys)). Keep every such read
 here: when `StateStore` grows public calls for them, only this module changes.
 """
 
@@ -21,10 +21,9 @@ from localstate.codec import decode
 from localstate.entry import Entry, StateKey
 from localstate.model import FlushState, epoch_to_datetime
 from localstate.store import StateStore
-from sync.central_store import CentralStore
 from sync.rows import CentralRow
 
-__all__ = ["Item", "central_of", "item_from_row", "local_overrides"]
+__all__ = ["Item", "item_from_row", "local_override", "local_overrides"]
 
 
 @dataclass(frozen=True)
@@ -98,9 +97,3 @@ def local_override(store: StateStore, k: StateKey) -> Item | None:
     if k in getattr(worker, "conflicted", set()):
         return _item_from_entry(k, e, FlushState.CONFLICT)
     return None
-
-
-def central_of(store: StateStore) -> CentralStore | None:
-    """The store's central sink when it is a `CentralStore` (None before it opens)."""
-    sink = getattr(store, "_sink", None)
-    return sink if isinstance(sink, CentralStore) else None

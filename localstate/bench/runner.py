@@ -100,14 +100,16 @@ async def _hammer(set_fn: SetFn, keys: list[tuple[str, str]], duration: float,
     """Each (owner, key) is one trigger's watermark: set it in a loop for `duration` s.
 
     Returns (acknowledged sets, elapsed seconds, latency samples in seconds). A set that does not
-    suspend never lets the loop run, so each trigger yields every 64 sets (every set when
-    polling), the same in every mode.
+    suspend never lets the loop run, so each trigger yields every 16 sets (every set when
+    polling), the same in every mode: a trigger awaits its source between updates, and with
+    10,000 triggers yielding only every 64 sets one turn of the loop took a second, starving
+    the sync worker's flush of turns.
     """
     latencies: array[float] = array("d")
     deadline = time.perf_counter() + duration
     counts = [0] * len(keys)
     clock = time.perf_counter
-    yield_every = 1 if poll_delay else 64
+    yield_every = 1 if poll_delay else 16
 
     async def trigger(i: int, owner: str, key: str) -> None:
         n = 0
