@@ -1,0 +1,9 @@
+"""The REST API and web UI of a `StateStore` (needs the ``api`` extra: fastapi, uvicorn).
+
+    from localstate.api import create_app
+    app = create_app(store)
+"""
+
+from localstate.api.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,121 @@
+"""`create_app`: the FastAPI application over one `StateStore`.
+
+    store = await StateStore.open(...)
+    app = create_app(store)                 # tokens from store.settings.api_tokens
+
+Routes: ``/api/v1/state`` (list), ``/api/v1/state/{owner}/{key}`` (GET, PUT, DELETE),
+``/api/v1/status``, ``/api/v1/health``; the OpenAPI document at ``/api/v1/openapi.json`` (and
+its browser view at ``/api/docs``); the web UI at ``/``. See `localstate.api.routes` for what
+each read shows and how writes are made.
+
+The application's lifespan (run by any ASGI server) opens its own `CentralStore` on the store's
+``central_url`` for the list and single reads and the conditional writes of a cache-off store:
+the store itself may talk to the central DB from a thread of its own, so its client is not
+borrowed. Pass `central` to use another one (then the caller closes it). With
+``manage_store=True`` the lifespan also opens the store and closes it at shutdown; otherwise the
+caller owns the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localstate import __version__
+from localstate.api.auth import Authorizer
+from localstate.api.errors import error_response, install_error_handlers
+from localstate.api.routes import build_router
+from localstate.api.ui import build_ui_router
+from localstate.config import ApiToken, Settings
+from localstate.store import StateStore
+from sync.central_store import CentralStore
+
+__all__ = ["create_app"]
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413, before they are read whole."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = f"the request body is over {self.limit} bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await error_response(413, "too_large", message)(scope, receive, send)
+                    return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.limit:  # a chunked body with no Content-Length
+                    raise HTTPException(413, message)
+            return msg
+
+        await self.app(scope, limited, send)
+
+
+def create_app(
+    store: StateStore,
+    *,
+    settings: Settings | None = None,
+    tokens: Sequence[ApiToken] | None = None,
+    central: CentralStore | None = None,
+    manage_store: bool = False,
+) -> FastAPI:
+    """The API and UI over `store`.
+
+    `tokens` default to ``settings.api_tokens`` (`settings` defaults to the store's); with
+    none the API is open. `central` defaults to one the lifespan opens on the store's
+    ``central_url`` (give one when the store's sink is not the SQL central DB).
+    """
+    s = settings or store.settings
+    auth = Authorizer(s.api_tokens if tokens is None else tokens)
+    reader: list[CentralStore | None] = [central]
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if manage_store:
+                await stack.enter_async_context(store)
+            if central is None:
+                opened = await CentralStore.open(store.settings.resolved_central_url,
+                                                 upgrade_schema=store.settings.upgrade_schema)
+                stack.push_async_callback(opened.close)
+                reader[0] = opened
+                stack.callback(reader.__setitem__, 0, None)
+            yield
+
+    app = FastAPI(
+        title="localstate",
+        version=__version__,
+        description="State variables of Airflow triggers: read, list, fix a watermark, and "
+                    "watch the local caches flush to the central DB.",
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(build_router(store, auth, lambda: reader[0]))
+    app.include_router(build_ui_router())
+    # value limit, room for JSON whitespace and escapes, and the body's own fields
+    app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024)
+    return app

@@ -1,0 +1,279 @@
+// localstate web UI: lists state variables, shows the serving store's status, edits a value
+// with a confirmation and the version it was read at. Plain JS against /api/v1; every value
+// goes into the page as text (textContent), never as HTML.
+"use strict";
+
+(function () {
+  const TOKEN_KEY = "localstate.token";
+  const STATUS_EVERY_MS = 2000;
+  const PAGE = 100;
+  const $ = (id) => document.getElementById(id);
+
+  let authRequired = false;
+  let nextCursor = null;
+  let ownerPrefix = "";
+  let editing = null; // the item being edited
+
+  // Each name is one path segment: encode '/', and dots too (a segment "." or ".." would be
+  // resolved away by the browser before it reached the server).
+  function encodeName(name) {
+    return encodeURIComponent(name).replace(/\./g, "%2E");
+  }
+
+  function token() {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  }
+
+  class ApiFailure extends Error {
+    constructor(status, body) {
+      super((body && body.message) || `HTTP ${status}`);
+      this.status = status;
+      this.body = body || {};
+    }
+  }
+
+  async function api(path, options = {}) {
+    const headers = Object.assign({ Accept: "application/json" }, options.headers || {});
+    const t = token();
+    if (t) headers.Authorization = `Bearer ${t}`;
+    if (options.body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, Object.assign({}, options, { headers }));
+    if (response.status === 204) return null;
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_e) {
+      body = null;
+    }
+    if (!response.ok) throw new ApiFailure(response.status, body);
+    return body;
+  }
+
+  function say(text, kind) {
+    const m = $("message");
+    m.textContent = text;
+    m.className = kind || "";
+  }
+
+  function seconds(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 1) return `${Math.round(s * 1000)} ms`;
+    if (s < 120) return `${s.toFixed(1)} s`;
+    return `${Math.round(s / 60)} min`;
+  }
+
+  function preview(value) {
+    const text = JSON.stringify(value);
+    return text.length > 80 ? `${text.slice(0, 77)}...` : text;
+  }
+
+  function when(iso) {
+    if (!iso) return "–";
+    const d = new Date(iso);
+    return isNaN(d) ? iso : d.toLocaleString();
+  }
+
+  // -- status header ---------------------------------------------------------------------
+
+  async function loadStatus() {
+    try {
+      const s = await api("/api/v1/status");
+      $("st-id").textContent = `${s.triggerer_id}${s.cache_enabled ? "" : " (direct)"}`;
+      $("st-dirty").textContent = String(s.dirty_keys);
+      $("st-lag").textContent = seconds(s.flush_lag_s);
+      $("st-p99").textContent = seconds(s.flush_lag_p99_s);
+      $("st-last-flush").textContent = s.last_flush_at
+        ? `${seconds((Date.now() - new Date(s.last_flush_at)) / 1000)} ago` : "none yet";
+      $("st-throughput").textContent = s.throughput
+        ? `${s.throughput.sets_per_s.toFixed(1)} sets/s · ` +
+          `${s.throughput.central_rows_per_s.toFixed(1)} rows/s`
+        : "measuring…";
+      $("st-conflicts").textContent = String(s.conflicts);
+      $("st-errors").textContent = String(s.central_errors);
+      const err = $("st-last-error");
+      err.hidden = !s.last_error;
+      err.textContent = s.last_error ? `last error: ${s.last_error}` : "";
+      $("st-updated").textContent = `status at ${new Date().toLocaleTimeString()}`;
+      $("st-updated").dataset.polls = String(Number($("st-updated").dataset.polls || 0) + 1);
+    } catch (e) {
+      $("st-updated").textContent = e.status === 401 || e.status === 403
+        ? "status: enter a valid token" : `status unavailable: ${e.message}`;
+    }
+  }
+
+  // -- the table -------------------------------------------------------------------------
+
+  function cell(row, cls, text) {
+    const td = document.createElement("td");
+    td.className = cls;
+    td.textContent = text;
+    row.appendChild(td);
+    return td;
+  }
+
+  function fillRow(tr, item) {
+    tr.replaceChildren();
+    tr.dataset.owner = item.owner;
+    tr.dataset.key = item.key;
+    cell(tr, "owner", item.owner);
+    cell(tr, "key", item.key);
+    const v = cell(tr, "value", "");
+    const code = document.createElement("code");
+    code.textContent = preview(item.value);
+    v.appendChild(code);
+    cell(tr, "version", String(item.version));
+    cell(tr, "updated-at", when(item.updated_at));
+    cell(tr, "updated-by", item.updated_by);
+    const fs = cell(tr, "flush-state", "");
+    const badge = document.createElement("span");
+    badge.className = `badge ${item.flush_state}`;
+    badge.textContent = item.flush_state;
+    fs.appendChild(badge);
+    const actions = cell(tr, "actions", "");
+    const edit = document.createElement("button");
+    edit.type = "button";
+    edit.className = "edit";
+    edit.textContent = "Edit";
+    edit.addEventListener("click", () => openEditor(item));
+    actions.appendChild(edit);
+    tr.item = item;
+  }
+
+  async function loadRows(reset) {
+    if (reset) {
+      nextCursor = null;
+      $("rows").replaceChildren();
+    }
+    const params = new URLSearchParams({ limit: String(PAGE) });
+    if (ownerPrefix) params.set("owner_prefix", ownerPrefix);
+    if (nextCursor) params.set("cursor", nextCursor);
+    try {
+      const page = await api(`/api/v1/state?${params}`);
+      for (const item of page.items) {
+        const tr = document.createElement("tr");
+        fillRow(tr, item);
+        $("rows").appendChild(tr);
+      }
+      nextCursor = page.next_cursor;
+      $("more").hidden = !nextCursor;
+      $("empty").hidden = $("rows").children.length > 0;
+      $("state-table").dataset.loaded = ownerPrefix;
+      if (reset) say(ownerPrefix ? `owners starting with "${ownerPrefix}"` : "all owners");
+    } catch (e) {
+      $("more").hidden = true;
+      say(e.status === 401 ? "this server needs a token: enter it above" : e.message, "error");
+    }
+  }
+
+  function rowOf(owner, key) {
+    for (const tr of $("rows").children) {
+      if (tr.dataset.owner === owner && tr.dataset.key === key) return tr;
+    }
+    return null;
+  }
+
+  // -- editing ---------------------------------------------------------------------------
+
+  function openEditor(item) {
+    editing = item;
+    $("edit-name").textContent = `${item.owner} / ${item.key}`;
+    $("edit-version").textContent = String(item.version);
+    $("edit-value").value = JSON.stringify(item.value, null, 2);
+    $("edit-error").textContent = "";
+    $("editor").showModal();
+    $("edit-value").focus();
+  }
+
+  async function save(event) {
+    event.preventDefault();
+    const item = editing;
+    if (!item) return;
+    let value;
+    try {
+      value = JSON.parse($("edit-value").value);
+    } catch (e) {
+      $("edit-error").textContent = `not valid JSON: ${e.message}`;
+      return;
+    }
+    const question = `Set ${item.owner} / ${item.key} to ${preview(value)}?\n` +
+      `It is written only if it is still at version ${item.version}.`;
+    if (!window.confirm(question)) {
+      $("edit-error").textContent = "not saved";
+      return;
+    }
+    const path = `/api/v1/state/${encodeName(item.owner)}/${encodeName(item.key)}`;
+    try {
+      const saved = await api(path, {
+        method: "PUT",
+        body: JSON.stringify({ value: value, expected_version: item.version }),
+      });
+      const tr = rowOf(item.owner, item.key);
+      if (tr) fillRow(tr, saved);
+      $("editor").close();
+      editing = null;
+      say(`saved ${saved.owner} / ${saved.key}: version ${item.version} → ${saved.version}`,
+          "ok");
+      loadStatus();
+    } catch (e) {
+      if (e.status === 409) {
+        const actual = e.body.detail && e.body.detail.actual_version;
+        $("edit-error").textContent = `not saved: it changed meanwhile` +
+          (actual !== undefined ? ` (now at version ${actual})` : "") +
+          ". The row shows the current value; edit again.";
+        try {
+          const fresh = await api(path);
+          const tr = rowOf(item.owner, item.key);
+          if (tr) fillRow(tr, fresh);
+          editing = fresh;
+          $("edit-version").textContent = String(fresh.version);
+        } catch (_e) { /* deleted meanwhile: the message above stands */ }
+      } else {
+        $("edit-error").textContent = `not saved: ${e.message}`;
+      }
+    }
+  }
+
+  // -- wiring ----------------------------------------------------------------------------
+
+  async function start() {
+    $("filter-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      ownerPrefix = $("owner-filter").value.trim();
+      loadRows(true);
+    });
+    $("filter-clear").addEventListener("click", () => {
+      $("owner-filter").value = "";
+      ownerPrefix = "";
+      loadRows(true);
+    });
+    $("more").addEventListener("click", () => loadRows(false));
+    $("edit-form").addEventListener("submit", save);
+    $("edit-cancel").addEventListener("click", () => {
+      $("editor").close();
+      editing = null;
+    });
+    $("token-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+      $("token").value = "";
+      loadStatus();
+      loadRows(true);
+    });
+    $("token-clear").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      loadRows(true);
+    });
+    try {
+      const health = await api("/api/v1/health");
+      authRequired = health.auth_required;
+    } catch (_e) {
+      authRequired = true;
+    }
+    $("token-form").hidden = !authRequired;
+    loadStatus();
+    setInterval(loadStatus, STATUS_EVERY_MS);
+    loadRows(true);
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();

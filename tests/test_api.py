@@ -1,0 +1,582 @@
+"""The REST API through the real app (httpx's ASGI transport), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import pytest_asyncio
+from conftest import StoreFactory
+from fastapi import FastAPI
+
+from localstate import Settings, StateStore
+from localstate.api import create_app
+from localstate.api.routes import RateMeter
+from sync.central_store import CentralStore, make_engine
+
+RW_ALL = "rw-all-0123456789abcdef"
+RW_DAG = "rw-dag-0123456789abcdef"
+RO_ALL = "ro-all-0123456789abcdef"
+RO_ASSET = "ro-asset-0123456789abcdef"
+TOKENS = (f"{RW_ALL}:read-write:*, {RW_DAG}:read-write:dag:, {RO_ALL}:read:*, "
+          f"{RO_ASSET}:read:asset_watcher:")
+
+
+def auth(token: str = RW_ALL) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def path(owner: str, key: str) -> str:
+    return f"/api/v1/state/{quote(owner, safe='')}/{quote(key, safe='')}"
+
+
+@dataclass
+class Api:
+    client: httpx.AsyncClient
+    store: StateStore
+    central: CentralStore
+    open_store: StoreFactory
+
+
+@asynccontextmanager
+async def client_for(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app`, with the app's lifespan run around it as an ASGI server runs it."""
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localstate.test"
+    ) as client:
+        yield client
+
+
+@pytest_asyncio.fixture
+async def api(open_store: StoreFactory, central_url: str) -> AsyncIterator[Api]:
+    store = await open_store(triggerer_id="api-server")
+    tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
+    central = await CentralStore.open(central_url)
+    try:
+        async with client_for(create_app(store, tokens=tokens)) as client:
+            yield Api(client, store, central, open_store)
+    finally:
+        await central.close()
+
+
+async def central_value(api: Api, owner: str, key: str) -> tuple[Any, int] | None:
+    """(value, version) as the central DB holds it, read apart from the app."""
+    import orjson
+
+    row = (await api.central.read_many([(owner, key)])).get((owner, key))
+    if row is None or row.data is None:
+        return None
+    return orjson.loads(row.data), row.version
+
+
+# -- one state variable ----------------------------------------------------------------
+
+
+NAMES = [
+    ("dag:etl/load", "cursor"),  # ':' and '/' in the owner
+    ("asset_watcher:orders", "part/2 of 5"),  # '/' and spaces in the key
+    ("trigger:a.b.C:9f%3A", "100% €"),  # '%' itself, non-ASCII
+    ("..", "."),  # dot segments, which only encoding keeps from being resolved away
+]
+
+
+@pytest.mark.parametrize(("owner", "key"), NAMES)
+async def test_put_get_delete_round_trip_with_names_that_need_encoding(
+    api: Api, owner: str, key: str
+) -> None:
+    url = path(owner, key).replace(".", "%2E")
+    r = await api.client.put(url, json={"value": {"offset": 10}}, headers=auth())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["owner"], body["key"], body["value"], body["version"]) == (
+        owner, key, {"offset": 10}, 1)
+    assert body["updated_by"] == "api-server"
+    assert body["flush_state"] == "flushed"
+    # durability central: the central DB holds it when the PUT answers
+    assert await central_value(api, owner, key) == ({"offset": 10}, 1)
+
+    r = await api.client.get(url, headers=auth())
+    assert r.status_code == 200
+    assert r.json()["value"] == {"offset": 10}
+
+    r = await api.client.delete(url, headers=auth())
+    assert r.status_code == 204
+    assert await central_value(api, owner, key) is None
+    r = await api.client.get(url, headers=auth())
+    assert r.status_code == 404
+    assert r.json()["error"] == "not_found"
+    r = await api.client.delete(url, headers=auth())
+    assert r.status_code == 404
+
+
+async def test_a_colon_may_travel_unencoded(api: Api) -> None:
+    r = await api.client.put("/api/v1/state/asset_watcher:x/watermark", json={"value": 3},
+                             headers=auth())
+    assert r.status_code == 200
+    assert await central_value(api, "asset_watcher:x", "watermark") == (3, 1)
+
+
+async def test_expected_version_writes_only_over_that_version(api: Api) -> None:
+    url = path("dag:d/t", "watermark")
+    r = await api.client.put(url, json={"value": 1, "expected_version": 0}, headers=auth())
+    assert r.status_code == 200
+    assert r.json()["version"] == 1
+    r = await api.client.put(url, json={"value": 2, "expected_version": 0}, headers=auth())
+    assert r.status_code == 409
+    body = r.json()
+    assert body["error"] == "version_conflict"
+    assert body["detail"] == {"expected_version": 0, "actual_version": 1}
+    r = await api.client.put(url, json={"value": 2, "expected_version": 7}, headers=auth())
+    assert r.status_code == 409
+    assert await central_value(api, "dag:d/t", "watermark") == (1, 1)  # nothing changed
+    r = await api.client.put(url, json={"value": 2, "expected_version": 1}, headers=auth())
+    assert r.status_code == 200
+    assert r.json()["version"] == 2
+    assert await central_value(api, "dag:d/t", "watermark") == (2, 2)
+
+
+async def test_delete_with_expected_version(api: Api) -> None:
+    url = path("dag:d/t", "k")
+    await api.client.put(url, json={"value": "a"}, headers=auth())
+    r = await api.client.delete(url, params={"expected_version": 5}, headers=auth())
+    assert r.status_code == 409
+    assert r.json()["detail"]["actual_version"] == 1
+    assert await central_value(api, "dag:d/t", "k") == ("a", 1)
+    r = await api.client.delete(url, params={"expected_version": 1}, headers=auth())
+    assert r.status_code == 204
+    assert await central_value(api, "dag:d/t", "k") is None
+
+
+async def test_writes_see_what_triggerers_flushed_since(api: Api) -> None:
+    """The API's expected_version is checked against the central version, not a stale copy."""
+    url = path("asset_watcher:orders", "watermark")
+    await api.client.put(url, json={"value": 1}, headers=auth())  # the API store holds v1
+    triggerer = await api.open_store(triggerer_id="triggerer-a")
+    assert await triggerer.get("asset_watcher:orders", "watermark") == 1
+    await triggerer.set("asset_watcher:orders", "watermark", 2)
+    await triggerer.flush()  # central v2, which the API store has not seen
+    r = await api.client.get(url, headers=auth())
+    assert r.json()["version"] == 2
+    r = await api.client.put(url, json={"value": 40, "expected_version": 2}, headers=auth())
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == 3
+    # the triggerer, still at v2, writes on: its flush meets the operator's fix, and under
+    # the default reject policy it adopts it
+    await triggerer.set("asset_watcher:orders", "watermark", 3)
+    await triggerer.flush()
+    assert await triggerer.get("asset_watcher:orders", "watermark") == 40
+    assert await central_value(api, "asset_watcher:orders", "watermark") == (40, 3)
+
+
+async def test_a_direct_mode_store_serves_conditional_writes_too(
+    open_store: StoreFactory, central_url: str
+) -> None:
+    store = await open_store(triggerer_id="api-direct", enabled=False)
+    async with client_for(create_app(store, tokens=())) as client:
+        url = path("dag:x", "k")
+        r = await client.put(url, json={"value": 1, "expected_version": 0})
+        assert r.status_code == 200
+        r = await client.put(url, json={"value": 2, "expected_version": 0})
+        assert r.status_code == 409
+        r = await client.put(url, json={"value": 2, "expected_version": 1})
+        assert (r.status_code, r.json()["version"], r.json()["value"]) == (200, 2, 2)
+        r = await client.delete(url, params={"expected_version": 1})
+        assert r.status_code == 409
+        r = await client.delete(url, params={"expected_version": 2})
+        assert r.status_code == 204
+        assert (await client.get(url)).status_code == 404
+
+
+# -- listing -----------------------------------------------------------------------------
+
+
+async def seed(api: Api, names: list[tuple[str, str]]) -> None:
+    writer = await api.open_store(triggerer_id="seeder")
+    for n, (owner, key) in enumerate(names):
+        await writer.set(owner, key, n)
+    await writer.flush()
+
+
+SEEDED = sorted([
+    ("asset_watcher:a", "watermark"), ("asset_watcher:b", "watermark"),
+    ("asset_watcher:b", "cursor"), ("asset_watcherX", "k"), ("dag:etl/load", "cursor"),
+    ("dag:etl/load", "offset"), ("dag:x_y", "k"), ("dag:x%y", "k"), ("trigger:t", "k"),
+])
+
+
+async def list_all(api: Api, token: str = RW_ALL, **params: Any) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        query = dict(params)
+        if cursor is not None:
+            query["cursor"] = cursor
+        r = await api.client.get("/api/v1/state", params=query, headers=auth(token))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        seen.extend((i["owner"], i["key"]) for i in body["items"])
+        cursor = body["next_cursor"]
+        pages += 1
+        assert pages < 50
+        if cursor is None:
+            return seen
+
+
+@pytest.mark.parametrize("limit", [1, 2, 4, 100])
+async def test_list_pages_through_everything_in_order(api: Api, limit: int) -> None:
+    await seed(api, SEEDED)
+    assert await list_all(api, limit=limit) == SEEDED
+
+
+async def test_list_pages_are_the_size_asked(api: Api) -> None:
+    await seed(api, SEEDED)
+    r = await api.client.get("/api/v1/state", params={"limit": 4}, headers=auth())
+    body = r.json()
+    assert len(body["items"]) == 4
+    assert body["next_cursor"]
+    r = await api.client.get("/api/v1/state", params={"limit": len(SEEDED)}, headers=auth())
+    assert len(r.json()["items"]) == len(SEEDED)
+    assert r.json()["next_cursor"] is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [("asset_watcher:", [k for k in SEEDED if k[0].startswith("asset_watcher:")]),
+     ("dag:x_", [("dag:x_y", "k")]),  # '_' and '%' are literal, not LIKE wildcards
+     ("dag:x%", [("dag:x%y", "k")]),
+     ("nothing", [])],
+)
+async def test_list_filters_by_owner_prefix(api: Api, prefix: str,
+                                            expected: list[tuple[str, str]]) -> None:
+    await seed(api, SEEDED)
+    assert await list_all(api, owner_prefix=prefix, limit=2) == expected
+
+
+async def test_list_shows_the_serving_stores_unflushed_writes(api: Api) -> None:
+    await seed(api, SEEDED)
+    store = api.store
+    await store.set("dag:etl/load", "cursor", "local", durability="local")  # over central
+    await store.set("dag:new", "k", "only here", durability="local")  # not in central yet
+    await store.delete("trigger:t", "k", durability="local")  # a local tombstone
+    items = {}
+    cursor = None
+    while True:
+        r = await api.client.get("/api/v1/state", headers=auth(),
+                                 params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        body = r.json()
+        items.update({(i["owner"], i["key"]): i for i in body["items"]})
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert items[("dag:etl/load", "cursor")]["value"] == "local"
+    assert items[("dag:etl/load", "cursor")]["flush_state"] == "dirty"
+    assert items[("dag:etl/load", "cursor")]["version"] == 2
+    assert items[("dag:new", "k")]["flush_state"] == "dirty"
+    assert ("trigger:t", "k") not in items
+    assert items[("dag:etl/load", "offset")]["flush_state"] == "flushed"
+    assert len(items) == len(SEEDED) + 1 - 1
+    r = await api.client.get(path("dag:new", "k"), headers=auth())
+    assert (r.status_code, r.json()["flush_state"]) == (200, "dirty")
+    assert (await api.client.get(path("trigger:t", "k"), headers=auth())).status_code == 404
+    await store.flush()
+    r = await api.client.get(path("dag:new", "k"), headers=auth())
+    assert r.json()["flush_state"] == "flushed"
+    assert await central_value(api, "dag:new", "k") == ("only here", 1)
+
+
+async def test_a_conflicted_key_says_so(api: Api) -> None:
+    store = api.store
+    await store.set("dag:c", "k", 1, durability="central")
+    other = await api.open_store(triggerer_id="other")
+    assert await other.get("dag:c", "k") == 1
+    await other.set("dag:c", "k", 2)
+    await other.flush()
+    await store.set("dag:c", "k", 3, durability="local")  # based on v1: a conflict
+    await store.flush()
+    r = await api.client.get(path("dag:c", "k"), headers=auth())
+    assert r.json()["flush_state"] == "conflict"
+    assert r.json()["value"] == 2  # reject: the central record won
+    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:c"}, headers=auth())
+    assert [i["flush_state"] for i in r.json()["items"]] == ["conflict"]
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [({"limit": 0}, "validation_error"), ({"limit": 1001}, "validation_error"),
+     ({"limit": "many"}, "validation_error"), ({"cursor": "not-a-cursor"}, "invalid_cursor"),
+     ({"cursor": "WyJvbmx5LW9uZSJd"}, "invalid_cursor"),  # base64 of ["only-one"]
+     ({"owner_prefix": "x\x01"}, "invalid_name"), ({"owner_prefix": "o" * 251},
+                                                  "validation_error")],
+)
+async def test_bad_list_queries_are_4xx_naming_the_problem(api: Api, params: dict[str, Any],
+                                                           error: str) -> None:
+    r = await api.client.get("/api/v1/state", params=params, headers=auth())
+    assert 400 <= r.status_code < 500
+    body = r.json()
+    assert body["error"] == error
+    assert body["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "status", "error"),
+    [("/api/v1/state/a%01b/k", 422, "invalid_name"),
+     (f"/api/v1/state/{'o' * 251}/k", 422, "invalid_name"),
+     ("/api/v1/state/a/b/c", 404, "not_found"),  # a '/' in a name must be %2F
+     ("/api/v1/state/a%2Fb", 404, "not_found"),
+     ("/api/v1/state//k", 422, "invalid_name"),
+     ("/api/v1/state/%FF/k", 400, "bad_request")],
+)
+async def test_bad_names_in_the_path(api: Api, raw_path: str, status: int, error: str) -> None:
+    for method in ("GET", "PUT", "DELETE"):
+        r = await api.client.request(method, raw_path, headers=auth(),
+                                     json={"value": 1} if method == "PUT" else None)
+        assert (r.status_code, r.json()["error"]) == (status, error), (method, r.text)
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [(b"{nope", "validation_error"), (b"[1, 2]", "validation_error"),
+     (b"{}", "validation_error"),  # no value
+     (b'{"value": 1, "expectedVersion": 3}', "validation_error"),  # a typo is refused
+     (b'{"value": 1, "expected_version": "3"}', "validation_error"),
+     (b'{"value": 1, "expected_version": true}', "validation_error"),
+     (b'{"value": 1, "expected_version": -1}', "validation_error"),
+     (b'{"value": NaN}', "invalid_value"), (b'{"value": [1, Infinity]}', "invalid_value"),
+     (b'{"value": 123456789012345678901234567890}', "invalid_value")],
+)
+async def test_bad_bodies_are_422_and_change_nothing(api: Api, content: bytes,
+                                                     error: str) -> None:
+    r = await api.client.put(path("dag:x", "k"), content=content, headers={
+        **auth(), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == error
+    assert r.json()["message"]
+    assert await central_value(api, "dag:x", "k") is None
+
+
+async def test_a_value_over_the_limit_is_413(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="small", max_value_bytes=100)
+    async with client_for(create_app(store, tokens=())) as client:
+        r = await client.put(path("dag:x", "k"), json={"value": "x" * 200})
+        assert r.status_code == 413
+        assert r.json()["error"] == "value_too_large"
+        assert r.json()["detail"]["limit"] == 100
+        # a body far over any value the store takes is refused before it is read
+        r = await client.put(path("dag:x", "k"), content=b"x" * 200_000,
+                             headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json()["error"]) == (413, "too_large")
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it comes
+            for _ in range(20):
+                yield b" " * 10_000
+
+        r = await client.put(path("dag:x", "k"), content=chunks(),
+                             headers={"Content-Type": "application/json"})
+        assert r.status_code == 413
+        assert (await client.get(path("dag:x", "k"))).status_code == 404
+
+
+async def test_an_unreachable_central_db_is_503(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="api-server")
+    gone = CentralStore(make_engine("postgresql://nobody@127.0.0.1:1/none"))
+    try:
+        async with client_for(create_app(store, tokens=(), central=gone)) as client:
+            r = await client.get("/api/v1/state")
+            assert r.status_code == 503
+            assert r.json()["error"] == "central_unavailable"
+            assert r.headers["Retry-After"]
+            r = await client.get(path("dag:x", "k"))
+            assert (r.status_code, r.json()["error"]) == (503, "central_unavailable")
+    finally:
+        await gone.close()
+
+
+# -- authentication and authorization ---------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {RW_ALL}"},
+    {"Authorization": "Bearer"}, {"Authorization": f"Bearer {RW_ALL}x"},
+    {"Authorization": f"Bearer {RW_ALL[:-1]}"},
+])
+@pytest.mark.parametrize(("method", "route"), [
+    ("GET", "/api/v1/state"), ("GET", "/api/v1/status"), ("GET", path("dag:x", "k")),
+    ("PUT", path("dag:x", "k")), ("DELETE", path("dag:x", "k")),
+])
+async def test_no_token_or_a_wrong_one_is_401(api: Api, headers: dict[str, str], method: str,
+                                              route: str) -> None:
+    await api.store.set("dag:x", "k", "before", durability="central")
+    r = await api.client.request(method, route, headers=headers,
+                                 json={"value": "after"} if method == "PUT" else None)
+    assert r.status_code == 401
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    assert r.json()["error"] == "unauthorized"
+    assert RW_ALL not in r.text
+    assert await central_value(api, "dag:x", "k") == ("before", 1)
+
+
+@pytest.mark.parametrize(("token", "method", "owner"), [
+    (RO_ALL, "PUT", "dag:x"), (RO_ALL, "DELETE", "dag:x"),  # read-only writing
+    (RO_ASSET, "PUT", "asset_watcher:a"),
+    (RW_DAG, "PUT", "asset_watcher:a"), (RW_DAG, "DELETE", "asset_watcher:a"),  # outside
+    (RW_DAG, "GET", "asset_watcher:a"), (RO_ASSET, "GET", "dag:x"),
+    (RW_DAG, "PUT", "da"),  # a prefix of the token's prefix is still outside it
+])
+async def test_outside_the_tokens_role_or_owners_is_403_and_changes_nothing(
+    api: Api, token: str, method: str, owner: str
+) -> None:
+    await api.store.set(owner, "k", "before", durability="central")
+    r = await api.client.request(method, path(owner, "k"), headers=auth(token),
+                                 json={"value": "after"} if method == "PUT" else None)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"] == "forbidden"
+    assert token not in r.text
+    assert await central_value(api, owner, "k") == ("before", 1)
+
+
+@pytest.mark.parametrize(("token", "method", "owner"), [
+    (RW_ALL, "PUT", "asset_watcher:a"), (RW_DAG, "PUT", "dag:etl/load"),
+    (RW_DAG, "DELETE", "dag:x"), (RO_ALL, "GET", "dag:x"), (RO_ASSET, "GET", "asset_watcher:a"),
+])
+async def test_within_the_tokens_role_and_owners_is_allowed(api: Api, token: str, method: str,
+                                                            owner: str) -> None:
+    await api.store.set(owner, "k", "before", durability="central")
+    r = await api.client.request(method, path(owner, "k"), headers=auth(token),
+                                 json={"value": "after"} if method == "PUT" else None)
+    assert r.status_code in (200, 204), r.text
+    expected = {"PUT": ("after", 2), "DELETE": None, "GET": ("before", 1)}[method]
+    assert await central_value(api, owner, "k") == expected
+
+
+async def test_a_prefix_limited_token_lists_only_its_owners(api: Api) -> None:
+    await seed(api, SEEDED)
+    mine = [k for k in SEEDED if k[0].startswith("asset_watcher:")]
+    assert await list_all(api, RO_ASSET, limit=2) == mine
+    assert await list_all(api, RO_ASSET, owner_prefix="asset_watcher:b") == [
+        k for k in SEEDED if k[0] == "asset_watcher:b"]
+    assert await list_all(api, RO_ASSET, owner_prefix="asset") == mine
+    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:"},
+                             headers=auth(RO_ASSET))
+    assert r.status_code == 403
+    assert r.json()["error"] == "forbidden"
+
+
+async def test_health_and_openapi_need_no_token(api: Api) -> None:
+    r = await api.client.get("/api/v1/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
+    assert r.json()["auth_required"] is True
+    r = await api.client.get("/api/v1/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    assert set(doc["paths"]) == {"/api/v1/state", "/api/v1/state/{owner}/{key}",
+                                 "/api/v1/status", "/api/v1/health"}
+    assert set(doc["paths"]["/api/v1/state/{owner}/{key}"]) == {"get", "put", "delete"}
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert "expected_version" in doc["components"]["schemas"]["PutBody"]["properties"]
+
+
+async def test_without_tokens_configured_the_api_is_open(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="open")
+    async with client_for(create_app(store)) as client:  # the store's settings: no tokens
+        r = await client.put(path("dag:x", "k"), json={"value": 1})
+        assert r.status_code == 200
+        assert (await client.get("/api/v1/health")).json()["auth_required"] is False
+
+
+# -- status, health, UI ------------------------------------------------------------------
+
+
+async def test_status_reports_the_serving_store(api: Api) -> None:
+    await api.store.set("dag:s", "a", 1, durability="local")
+    await api.store.set("dag:s", "b", 2, durability="local")
+    r = await api.client.get("/api/v1/status", headers=auth(RO_ASSET))
+    assert r.status_code == 200
+    s = r.json()
+    assert s["triggerer_id"] == "api-server"
+    assert s["cache_enabled"] is True
+    assert s["dirty_keys"] == 2
+    assert s["flush_lag_s"] > 0
+    assert s["last_flush_at"] is None
+    assert s["sets"] == 2
+    assert "password" not in s["central_url"]
+    await api.store.flush()
+    s = (await api.client.get("/api/v1/status", headers=auth())).json()
+    assert (s["dirty_keys"], s["flush_lag_s"], s["flushes"]) == (0, 0.0, 1)
+    assert s["last_flush_at"] is not None
+    assert s["central_rows"] == 2
+    assert s["flush_lag_p99_s"] is not None
+    assert s["throughput"] is not None
+    assert s["throughput"]["sets_per_s"] >= 0
+
+
+def test_rate_meter_measures_over_its_window() -> None:
+    now = [100.0]
+    meter = RateMeter(window=10.0, clock=lambda: now[0])
+    assert meter.sample(0, 0) is None
+    now[0] = 102.0
+    t = meter.sample(20, 100)
+    assert t is not None
+    assert (t.window_s, t.sets_per_s, t.central_rows_per_s) == (2.0, 10.0, 50.0)
+    for _ in range(30):  # samples older than the window are dropped
+        now[0] += 1.0
+        meter.sample(20, 100)
+    t = meter.sample(20, 100)
+    assert t is not None
+    assert t.sets_per_s == 0.0
+    assert t.window_s <= 11.0
+
+
+async def test_an_app_whose_lifespan_never_ran_says_so(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="no-lifespan")
+    app = create_app(store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://localstate.test") as client:
+        r = await client.get("/api/v1/state")
+        assert (r.status_code, r.json()["error"]) == (503, "store_unavailable")
+        assert "lifespan" in r.json()["message"]
+
+
+async def test_manage_store_opens_and_closes_the_store(tmp_path: Any, central_url: str
+                                                       ) -> None:
+    store = StateStore(cache_path=tmp_path / "managed.db", central_url=central_url,
+                       triggerer_id="managed")
+    app = create_app(store, manage_store=True)
+    async with client_for(app) as client:
+        r = await client.put(path("dag:m", "k"), json={"value": 1})
+        assert r.status_code == 200
+        assert not store.closed
+    assert store.closed
+
+
+async def test_health_says_closed_when_the_store_is(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="closing")
+    async with client_for(create_app(store)) as client:
+        assert (await client.get("/api/v1/health")).status_code == 200
+        await store.close()
+        r = await client.get("/api/v1/health")
+        assert (r.status_code, r.json()["status"]) == (503, "closed")
+        r = await client.put(path("dag:x", "k"), json={"value": 1})
+        assert (r.status_code, r.json()["error"]) == (503, "store_unavailable")
+
+
+async def test_the_ui_page_and_its_assets(api: Api) -> None:
+    r = await api.client.get("/")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert '<script src="/ui/app.js">' in r.text
+    js = await api.client.get("/ui/app.js")
+    assert js.status_code == 200
+    assert "expected_version" in js.text
+    assert "innerHTML" not in js.text  # values go in as text only
+    assert (await api.client.get("/ui/style.css")).status_code == 200

@@ -1,0 +1,280 @@
+"""The `localstate` state commands as an operator runs them: the installed command, in a
+subprocess, against the central DB of each backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import StoreFactory
+
+from localstate import StateStore
+
+TOKEN = "cli-serve-token-0123456789"
+
+
+def localstate_command() -> str:
+    exe = shutil.which("localstate", path=str(Path(sys.executable).parent))
+    assert exe is not None, "the localstate entry point is not installed in this venv"
+    return exe
+
+
+def run(*args: str, url: str | None = None, stdin: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [localstate_command(), *args]
+    if url is not None:
+        argv += ["--central-url", url]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, input=stdin,
+                          env={**os.environ, **(env or {})})
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def cache_folder() -> Path:
+    return Path(os.environ["AIRFLOW_HOME"]) / "localstate"
+
+
+def leave_unflushed(url: str, triggerer_id: str, count: int) -> Path:
+    """A triggerer that wrote `count` keys to its cache and died before flushing them."""
+    path = cache_folder() / f"{triggerer_id}.db"
+    script = f"""
+import asyncio, os
+from localstate import StateStore
+async def main():
+    store = await StateStore.open(central_url={url!r}, cache_path={str(path)!r},
+                                  triggerer_id={triggerer_id!r}, flush_interval=3600)
+    for n in range({count}):
+        await store.set("asset_watcher:w", f"k{{n:04d}}", n, durability="local")
+    os._exit(0)  # no close: the writes stay in the cache only
+asyncio.run(main())
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    return path
+
+
+def test_set_get_ls_delete(central_url: str) -> None:
+    proc = ok(run("set", "dag:etl/load", "cursor", '{"offset": 10}', url=central_url))
+    assert "version 1" in proc.stdout
+    proc = ok(run("get", "dag:etl/load", "cursor", "--json", url=central_url))
+    record = json.loads(proc.stdout)
+    assert (record["owner"], record["key"], record["value"], record["version"]) == (
+        "dag:etl/load", "cursor", {"offset": 10}, 1)
+    assert record["updated_by"].startswith("cli:")
+    human = ok(run("get", "dag:etl/load", "cursor", url=central_url)).stdout
+    assert "owner       dag:etl/load" in human
+    assert '"offset": 10' in human
+
+    ok(run("set", "asset_watcher:orders", "watermark", "41", url=central_url))
+    ok(run("set", "asset_watcher:users", "watermark", '"2024-05-01"', url=central_url))
+    listing = json.loads(ok(run("ls", "--json", url=central_url)).stdout)
+    assert [(r["owner"], r["key"], r["value"]) for r in listing] == [
+        ("asset_watcher:orders", "watermark", 41), ("asset_watcher:users", "watermark",
+                                                    "2024-05-01"),
+        ("dag:etl/load", "cursor", {"offset": 10})]
+    filtered = json.loads(ok(run("ls", "--owner", "asset_watcher:", "--json",
+                                 url=central_url)).stdout)
+    assert [r["owner"] for r in filtered] == ["asset_watcher:orders", "asset_watcher:users"]
+    table = ok(run("ls", "--owner", "asset_watcher:", url=central_url)).stdout.splitlines()
+    assert table[0].split() == ["OWNER", "KEY", "VERSION", "UPDATED_AT", "UPDATED_BY", "VALUE"]
+    assert table[1].split()[:3] == ["asset_watcher:orders", "watermark", "1"]
+    assert table[-1] == "(2 state variables with owners starting with 'asset_watcher:')"
+
+    proc = ok(run("delete", "asset_watcher:orders", "watermark", url=central_url))
+    assert "deleted" in proc.stdout
+    proc = run("get", "asset_watcher:orders", "watermark", url=central_url)
+    assert proc.returncode == 3
+    assert "not found" in proc.stderr
+    proc = run("delete", "asset_watcher:orders", "watermark", url=central_url)
+    assert proc.returncode == 3
+    assert len(json.loads(ok(run("ls", "--json", url=central_url)).stdout)) == 2
+
+
+def test_not_found_is_exit_3(central_url: str) -> None:
+    proc = run("get", "dag:none", "k", url=central_url)
+    assert proc.returncode == 3
+    assert proc.stdout == ""
+    assert "'dag:none'" in proc.stderr
+
+
+def test_expected_version_conflict_is_exit_4_and_changes_nothing(central_url: str) -> None:
+    ok(run("set", "dag:x", "k", "1", "--expected-version", "0", url=central_url))
+    proc = run("set", "dag:x", "k", "2", "--expected-version", "0", url=central_url)
+    assert proc.returncode == 4
+    assert "conflict" in proc.stderr
+    assert "version 1" in proc.stderr
+    proc = run("set", "dag:x", "k", "2", "--expected-version", "5", url=central_url)
+    assert proc.returncode == 4
+    proc = run("delete", "dag:x", "k", "--expected-version", "3", url=central_url)
+    assert proc.returncode == 4
+    assert json.loads(ok(run("get", "dag:x", "k", "--json", url=central_url)).stdout)[
+        "value"] == 1
+    proc = ok(run("set", "dag:x", "k", "2", "--expected-version", "1", "--json",
+                  url=central_url))
+    assert json.loads(proc.stdout)["version"] == 2
+    ok(run("delete", "dag:x", "k", "--expected-version", "2", url=central_url))
+    assert run("get", "dag:x", "k", url=central_url).returncode == 3
+
+
+def test_value_from_stdin(central_url: str) -> None:
+    ok(run("set", "dag:x", "k", "-", url=central_url, stdin='{"from": ["stdin"]}'))
+    got = json.loads(ok(run("get", "dag:x", "k", "--json", url=central_url)).stdout)
+    assert got["value"] == {"from": ["stdin"]}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["set", "dag:x", "k", "not json"], "not valid JSON"),
+    (["set", "dag:x", "k", "NaN"], "not valid JSON"),
+    (["set", "dag:x", "k\x01", "1"], "control characters"),
+    (["get", "", "k"], "must not be empty"),
+    (["set", "dag:x", "k", "1", "--expected-version", "-2"], "0 or more"),
+    (["ls", "--limit", "0"], "above 0"),
+])
+def test_bad_input_is_exit_2(central_url: str, args: list[str], message: str) -> None:
+    proc = run(*args, url=central_url)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert json.loads(ok(run("ls", "--json", url=central_url)).stdout) == []
+
+
+def test_an_unreachable_central_db_is_exit_1() -> None:
+    proc = run("get", "dag:x", "k", url="postgresql://nobody@127.0.0.1:1/none")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ")
+
+
+async def test_ls_pages_through_many_rows(central_url: str, open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="many")
+    for n in range(1203):
+        await store.set(f"dag:d{n % 7}", f"k{n:05d}", n, durability="memory")
+    await store.flush()
+    rows = json.loads(ok(run("ls", "--json", url=central_url)).stdout)
+    assert len(rows) == 1203
+    assert [(r["owner"], r["key"]) for r in rows] == sorted((r["owner"], r["key"]) for r in rows)
+    limited = json.loads(ok(run("ls", "--json", "--limit", "600", url=central_url)).stdout)
+    assert [r["key"] for r in limited] == [r["key"] for r in rows[:600]]
+    proc = ok(run("ls", "--owner", "dag:d3", url=central_url))
+    assert proc.stdout.splitlines()[-1].startswith(f"({sum(1 for n in range(1203) if n % 7 == 3)}"
+                                                   " state variables")
+
+
+def test_status_and_flush_of_a_dead_triggerers_backlog(central_url: str) -> None:
+    path = leave_unflushed(central_url, "dead-triggerer", 1500)
+    status = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+    assert status["central"]["rows"] == 0
+    (cache,) = status["caches"]
+    assert (Path(cache["path"]), cache["rows"], cache["dirty"]) == (path, 1500, 1500)
+    assert cache["running"] is False  # the writer's pid is gone
+    human = ok(run("status", url=central_url)).stdout
+    assert "dead-triggerer.db" in human
+    assert "not running" in human
+
+    proc = ok(run("flush", url=central_url, env={"AIRFLOW__LOCALSTATE__MAX_BATCH": "500"}))
+    assert "dead-triggerer.db: flushed 1500 rows, 0 conflicts, 0 still unflushed" in proc.stdout
+    bar = [line for line in proc.stderr.splitlines() if line.startswith("flush dead-triggerer")]
+    assert len(bar) == 3  # one line per batch of 500 (stderr is no terminal here)
+    assert bar[-1].split()[3] == "3/3"
+    rows = json.loads(ok(run("ls", "--json", url=central_url)).stdout)
+    assert len(rows) == 1500
+    assert {r["updated_by"] for r in rows} == {"dead-triggerer"}
+    after = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+    assert after["caches"][0]["dirty"] == 0
+    assert after["central"]["rows"] == 1500
+    assert after["central"]["writers"][0]["updated_by"] == "dead-triggerer"
+    again = json.loads(ok(run("flush", "--json", url=central_url)).stdout)
+    assert again == [{"path": str(path), "flushed": 0, "conflicts": 0, "still_dirty": 0}]
+
+
+async def test_flush_skips_a_cache_a_live_process_holds(central_url: str) -> None:
+    path = leave_unflushed(central_url, "live-triggerer", 3)
+    store = await StateStore.open(central_url=central_url, cache_path=path,
+                                  triggerer_id="live-triggerer", flush_interval=3600)
+    try:
+        proc = ok(run("flush", "--cache", str(path), url=central_url))
+        assert "skipped" in proc.stdout
+        assert "live process" in proc.stdout
+        status = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+        assert status["caches"][0]["running"] is True
+        assert status["central"]["rows"] == 0
+    finally:
+        await store.close()  # the holder flushes it itself
+    assert len(json.loads(ok(run("ls", "--json", url=central_url)).stdout)) == 3
+
+
+def test_serve_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
+    proc = run("serve", "--host", "0.0.0.0", "--port", "8686",
+               url=f"sqlite:///{tmp_path}/c.db")
+    assert proc.returncode == 1
+    assert "refusing to serve on 0.0.0.0" in proc.stderr
+    assert "api_tokens" in proc.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http(url: str, token: str | None = None, method: str = "GET",
+         body: Any = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_serve_answers_on_loopback_with_tokens_and_stops_cleanly(central_url: str) -> None:
+    port = free_port()
+    env = {**os.environ, "AIRFLOW__LOCALSTATE__API_TOKENS": f"{TOKEN}:read-write:dag:"}
+    proc = subprocess.Popen(
+        [localstate_command(), "serve", "--port", str(port), "--central-url", central_url,
+         "--log-level", "warning", "--store-id", "serve-test"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                status, health = http(f"{base}/api/v1/health")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+        assert (status, health["auth_required"]) == (200, True)
+        assert http(f"{base}/api/v1/state")[0] == 401
+        status, saved = http(f"{base}/api/v1/state/dag:s%2Ft/k", TOKEN, "PUT", {"value": 5})
+        assert (status, saved["version"], saved["flush_state"]) == (200, 1, "flushed")
+        assert http(f"{base}/api/v1/state/asset_watcher:a/k", TOKEN, "PUT",
+                    {"value": 5})[0] == 403
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert TOKEN not in out + err  # never logged
+    assert f"http://127.0.0.1:{port}/" in err
+    # the serving store was closed after the server stopped: its cache lock is released
+    assert (cache_folder() / "serve-test.db.lock").read_bytes() == b""
+    got = json.loads(ok(run("get", "dag:s/t", "k", "--json", url=central_url)).stdout)
+    assert (got["value"], got["updated_by"]) == (5, "serve-test")

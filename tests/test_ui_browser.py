@@ -1,0 +1,161 @@
+"""The web UI end to end: a live uvicorn on loopback, Debian's Chromium driven by Playwright.
+
+Never `playwright install`: the test launches the system browser at /usr/bin/chromium (the CI
+script installs Debian's package when it is absent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest_asyncio
+import uvicorn
+from conftest import StoreFactory
+from playwright.async_api import Dialog, Page, async_playwright, expect
+
+from localstate import Settings
+from localstate.api import create_app
+from sync.central_store import CentralStore
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+TOKEN = "ui-browser-token-0123456789"
+
+
+@pytest_asyncio.fixture
+async def live_url(open_store: StoreFactory) -> AsyncIterator[str]:
+    """The app over a serving store, on a free loopback port, in this test's event loop."""
+    store = await open_store(triggerer_id="ui-api")
+    tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
+    config = uvicorn.Config(create_app(store, tokens=tokens), host="127.0.0.1", port=0,
+                            log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve())
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def row(page: Page, owner: str, key: str) -> object:
+    return page.locator(f'#rows tr[data-owner="{owner}"][data-key="{key}"]')
+
+
+async def test_list_filter_edit_and_conflict_in_chromium(
+    live_url: str, open_store: StoreFactory, central_url: str, tmp_path: Path
+) -> None:
+    triggerer = await open_store(triggerer_id="triggerer-1")
+    await triggerer.set("asset_watcher:orders", "watermark", 41)
+    await triggerer.set("asset_watcher:users", "watermark", 7)
+    await triggerer.set("dag:etl/load", "cursor", {"offset": 10})
+    await triggerer.flush()
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(live_url + "/")
+
+            # tokens are configured: the page asks for one, then lists
+            await expect(page.locator("#token-form")).to_be_visible()
+            await expect(page.locator("#message")).to_contain_text("needs a token")
+            await page.fill("#token", TOKEN)
+            await page.click("#token-form button[type=submit]")
+            rows = page.locator("#rows tr")
+            await expect(rows).to_have_count(3)
+            assert await page.evaluate("sessionStorage.getItem('localstate.token')") == TOKEN
+            orders = page.locator('#rows tr[data-owner="asset_watcher:orders"]')
+            await expect(orders.locator("td.value")).to_have_text("41")
+            await expect(orders.locator("td.updated-by")).to_have_text("triggerer-1")
+            await expect(orders.locator("td.flush-state")).to_have_text("flushed")
+            await expect(page.locator('#rows tr[data-owner="dag:etl/load"] td.value')
+                         ).to_have_text('{"offset":10}')
+
+            # the status header fills in and refreshes by itself
+            await expect(page.locator("#st-id")).to_have_text("ui-api")
+            await expect(page.locator("#st-updated")).to_have_attribute(
+                "data-polls", re.compile(r"^([3-9]|\d\d+)$"), timeout=20_000)
+            await expect(page.locator("#st-throughput")).to_contain_text("sets/s")
+            await expect(page.locator("#st-lag")).not_to_have_text("…")
+
+            # filter by owner prefix
+            await page.fill("#owner-filter", "asset_watcher:")
+            await page.click("#filter-apply")
+            await expect(rows).to_have_count(2)
+            owners = await page.locator("#rows td.owner").all_text_contents()
+            assert owners == ["asset_watcher:orders", "asset_watcher:users"]
+
+            # edit a value: confirm, sent with expected_version, the version moves
+            confirms: list[str] = []
+
+            async def accept(dialog: Dialog) -> None:
+                confirms.append(dialog.message)
+                await dialog.accept()
+
+            page.on("dialog", accept)
+            await orders.locator("button.edit").click()
+            await expect(page.locator("#editor")).to_be_visible()
+            await expect(page.locator("#edit-version")).to_have_text("1")
+            await page.fill("#edit-value", "42")
+            await page.click("#edit-save")
+            await expect(orders.locator("td.version")).to_have_text("2")
+            await expect(orders.locator("td.value")).to_have_text("42")
+            await expect(orders.locator("td.updated-by")).to_have_text("ui-api")
+            await expect(page.locator("#message")).to_contain_text("version 1 → 2")
+            assert len(confirms) == 1
+            assert "asset_watcher:orders / watermark" in confirms[0]
+            assert "version 1" in confirms[0]
+
+            # a stale edit: the triggerer wrote meanwhile, so nothing changes and the UI says so
+            await triggerer.set("asset_watcher:users", "watermark", 8)
+            await triggerer.flush()
+            users = page.locator('#rows tr[data-owner="asset_watcher:users"]')
+            await users.locator("button.edit").click()
+            await page.fill("#edit-value", "99")
+            await page.click("#edit-save")
+            await expect(page.locator("#edit-error")).to_contain_text(
+                "changed meanwhile (now at version 2)")
+            await expect(users.locator("td.value")).to_have_text("8")
+            await expect(page.locator("#edit-version")).to_have_text("2")
+            conflict_shot = tmp_path / "localstate-ui-conflict.png"
+            await page.screenshot(path=str(conflict_shot), full_page=True)
+            await page.click("#edit-cancel")
+            await expect(page.locator("#editor")).to_be_hidden()
+            await page.click("#filter-clear")
+            await expect(rows).to_have_count(3)
+            shot = tmp_path / "localstate-ui.png"
+            await page.screenshot(path=str(shot), full_page=True)
+            assert errors == []
+        finally:
+            await browser.close()
+
+    for path in (shot, conflict_shot):
+        print(f"screenshot: {path}")
+        assert path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    central = await CentralStore.open(central_url)
+    try:
+        got = await central.read_many([("asset_watcher:orders", "watermark"),
+                                       ("asset_watcher:users", "watermark")])
+    finally:
+        await central.close()
+    orders_row = got[("asset_watcher:orders", "watermark")]
+    users_row = got[("asset_watcher:users", "watermark")]
+    assert orders_row.data is not None
+    assert users_row.data is not None
+    assert (orjson.loads(orders_row.data), orders_row.version) == (42, 2)
+    assert (orjson.loads(users_row.data), users_row.version) == (8, 2)
