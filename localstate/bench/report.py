@@ -179,13 +179,15 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
         ) from exc
     rows = [r for r in result["rows"] if r["scenario"] == "distinct"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in sorted({r["mode"] for r in rows}):
-        pts = sorted((r["triggers"], r) for r in rows if r["mode"] == mode)
+    for i, mode in enumerate(sorted({r["mode"] for r in rows})):
+        color = f"C{i}"  # one colour per mode in both panels
+        pts = sorted(((r["triggers"], r) for r in rows if r["mode"] == mode),
+                     key=lambda p: p[0])
         ks = [k for k, _ in pts]
-        ax1.plot(ks, [r["sets_per_s"] for _, r in pts], marker="o", label=mode)
+        ax1.plot(ks, [r["sets_per_s"] for _, r in pts], marker="o", label=mode, color=color)
         if mode != "bare":
             ax2.plot(ks, [max(r["central_txns_per_s"], 1e-3) for _, r in pts], marker="o",
-                     label=mode)
+                     label=mode, color=color)
     for ax, title in ((ax1, "acknowledged sets/s"), (ax2, "central transactions/s")):
         ax.set_xscale("log")
         ax.set_yscale("log")
