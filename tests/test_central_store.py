@@ -8,17 +8,16 @@ come from SQLAlchemy's own cursor and commit events, not from the store's counte
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 import pytest
 import pytest_asyncio
-from sqlalchemy import event, func, inspect, select, text
-from sqlalchemy.engine import Connection
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
 from sync.central_store import CentralStore, make_engine
@@ -48,47 +47,6 @@ def value_of(row: CentralRow | None) -> Any:
 def only(outcomes: list[FlushOutcome]) -> FlushOutcome:
     assert len(outcomes) == 1, outcomes
     return outcomes[0]
-
-
-class StatementLog:
-    """Every statement and commit an engine sends, as seen by SQLAlchemy's events."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine.sync_engine
-        self.statements: list[tuple[str, Any]] = []
-        self.commits = 0
-
-    def _on_execute(self, conn: Connection, cursor: Any, statement: str, parameters: Any,
-                    context: Any, executemany: bool) -> None:
-        self.statements.append((statement, parameters))
-
-    def _on_commit(self, conn: Connection) -> None:
-        self.commits += 1
-
-    @contextmanager
-    def watching(self) -> Iterator[StatementLog]:
-        event.listen(self._engine, "before_cursor_execute", self._on_execute)
-        event.listen(self._engine, "commit", self._on_commit)
-        try:
-            yield self
-        finally:
-            event.remove(self._engine, "before_cursor_execute", self._on_execute)
-            event.remove(self._engine, "commit", self._on_commit)
-
-    def of_kind(self, verb: str) -> list[tuple[str, Any]]:
-        return [(s, p) for s, p in self.statements if s.lstrip().upper().startswith(verb)]
-
-
-def rows_carried(parameters: Any) -> int:
-    """How many rows one batch statement carries, read from its driver parameters.
-
-    PostgreSQL gets one array per column (`unnest`), SQLite one JSON array (`json_each`).
-    """
-    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
-    sizes = [len(v) for v in values if isinstance(v, list)]
-    sizes += [len(orjson.loads(v)) for v in values if isinstance(v, str) and v.startswith("[")]
-    assert sizes, parameters
-    return max(sizes)
 
 
 @pytest_asyncio.fixture
@@ -417,7 +375,7 @@ async def test_a_batch_of_1000_rows_is_one_insert_in_one_transaction(
         [dirty(f"k{i:04}", i, version=1, base=0) for i in range(0, 1000, 2)], policies)
     batch = [dirty(f"k{i:04}", i + 1, version=2 if i % 2 == 0 else 1, base=1 if i % 2 == 0 else 0)
              for i in range(1000)]
-    with StatementLog(central.engine).watching() as log:
+    with StatementLog(central).watching() as log:
         outcomes = await central.write_batch(batch, policies)
     assert [o.resolution for o in outcomes].count("written") == 1000
     inserts = log.of_kind("INSERT")

@@ -17,8 +17,7 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,7 @@ from conftest import StoreFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from postgres_server import PostgresServer
-from sqlalchemy import event
-from sqlalchemy.engine import Connection
+from statement_log import StatementLog, rows_carried
 
 from localstate import (
     CentralUnavailable,
@@ -46,46 +44,6 @@ OWNER = "asset_watcher:orders"
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-class StatementLog:
-    """Every statement and commit an engine sends, as seen by SQLAlchemy's events."""
-
-    def __init__(self, store: StateStore | CentralStore) -> None:
-        central = store if isinstance(store, CentralStore) else sink_of(store)
-        self._engine = central.engine.sync_engine
-        self.statements: list[tuple[str, Any]] = []
-        self.commits = 0
-
-    def _on_execute(self, conn: Connection, cursor: Any, statement: str, parameters: Any,
-                    context: Any, executemany: bool) -> None:
-        self.statements.append((statement, parameters))
-
-    def _on_commit(self, conn: Connection) -> None:
-        self.commits += 1
-
-    @contextmanager
-    def watching(self) -> Iterator[StatementLog]:
-        event.listen(self._engine, "before_cursor_execute", self._on_execute)
-        event.listen(self._engine, "commit", self._on_commit)
-        try:
-            yield self
-        finally:
-            event.remove(self._engine, "before_cursor_execute", self._on_execute)
-            event.remove(self._engine, "commit", self._on_commit)
-
-    def of_kind(self, verb: str) -> list[tuple[str, Any]]:
-        return [(s, p) for s, p in self.statements if s.lstrip().upper().startswith(verb)]
-
-
-def rows_carried(parameters: Any) -> int:
-    """How many rows one batch statement carries, read from its driver parameters
-    (PostgreSQL: one array per column for `unnest`; SQLite: one JSON array for `json_each`)."""
-    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
-    sizes = [len(v) for v in values if isinstance(v, list)]
-    sizes += [len(orjson.loads(v)) for v in values if isinstance(v, str) and v.startswith("[")]
-    assert sizes, parameters
-    return max(sizes)
 
 
 def json_of(data: str | bytes | None) -> Any:
