@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import event, select, text, update
+from sqlalchemy import event, select, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import make_url
@@ -154,28 +154,10 @@ class CentralStore:
         self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
     ) -> CentralRow:
         """One unconditional write in its own transaction: the cache-off (direct) path."""
-        stmt = text(
-            f'INSERT INTO {state_variable.name} AS t (owner, "key", value, version, '
-            "prev_version, updated_at, updated_by) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
-            'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, '
-            "version = t.version + 1, prev_version = t.version, "
-            "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by "
-            "RETURNING t.version"
-        ) if self.dialect == "postgresql" else text(
-            f'INSERT INTO {state_variable.name} (owner, "key", value, version, prev_version, '
-            "updated_at, updated_by) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
-            'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
-            f"version = {state_variable.name}.version + 1, "
-            f"prev_version = {state_variable.name}.version, "
-            "updated_at = excluded.updated_at, updated_by = excluded.updated_by "
-            "RETURNING version"
-        )
-        at: Any = datetime.fromtimestamp(updated_at, tz=timezone.utc)
-        if self.dialect == "sqlite":
-            at = at.strftime("%Y-%m-%d %H:%M:%S.%f")
-        params = {"owner": owner, "key": key, "value": data, "at": at, "by": updated_by}
+        params = {"owner": owner, "key": key, "value": data,
+                  "at": self._sql.timestamp(updated_at), "by": updated_by}
         async with self._errors("write"), self.engine.begin() as conn:
-            version = (await conn.execute(stmt, params)).scalar_one()
+            version = (await conn.execute(self._sql.direct_upsert, params)).scalar_one()
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)

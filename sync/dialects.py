@@ -50,6 +50,12 @@ class BatchSql:
     upsert: TextClause
     select_keys: TextClause
     select_keys_locked: TextClause
+    #: one unconditional write (the cache-off path): params owner, key, value, at, by
+    direct_upsert: TextClause
+
+    def timestamp(self, ts: float) -> Any:
+        """A POSIX time as this dialect's driver takes `updated_at`."""
+        raise NotImplementedError
 
     def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
         raise NotImplementedError
@@ -73,6 +79,17 @@ class _PostgresSql(BatchSql):
     )
     select_keys = text(_select)
     select_keys_locked = text(_select + " FOR UPDATE OF t")
+    direct_upsert = text(
+        f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
+        "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+        'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, '
+        "version = t.version + 1, prev_version = t.version, "
+        "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by "
+        "RETURNING t.version"
+    )
+
+    def timestamp(self, ts: float) -> datetime:
+        return datetime.fromtimestamp(ts, tz=timezone.utc)
 
     def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
         return {
@@ -81,17 +98,12 @@ class _PostgresSql(BatchSql):
             "vals": [r[2] for r in rows],
             "versions": [r[3] for r in rows],
             "prevs": [r[4] for r in rows],
-            "ats": [datetime.fromtimestamp(r[5], tz=timezone.utc) for r in rows],
+            "ats": [self.timestamp(r[5]) for r in rows],
             "bys": [r[6] for r in rows],
         }
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"owners": [k[0] for k in keys], "keys": [k[1] for k in keys]}
-
-
-def _sqlite_timestamp(ts: float) -> str:
-    # the text form SQLAlchemy's SQLite DateTime reads back
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 class _SqliteSql(BatchSql):
@@ -110,9 +122,20 @@ class _SqliteSql(BatchSql):
     )
     # the write lock of BEGIN IMMEDIATE already serializes every writer
     select_keys_locked = select_keys
+    direct_upsert = text(
+        f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+        'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
+        f"version = {STATE_TABLE}.version + 1, prev_version = {STATE_TABLE}.version, "
+        "updated_at = excluded.updated_at, updated_by = excluded.updated_by "
+        "RETURNING version"
+    )
+
+    def timestamp(self, ts: float) -> str:
+        # the text form SQLAlchemy's SQLite DateTime reads back
+        return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
-        packed = [(o, k, v, ver, prev, _sqlite_timestamp(at), by)
+        packed = [(o, k, v, ver, prev, self.timestamp(at), by)
                   for o, k, v, ver, prev, at, by in rows]
         return {"rows": orjson.dumps(packed).decode()}
 
