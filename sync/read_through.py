@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 
 from localstate.entry import StateKey
+from sync.futures import mark_retrieved
 from sync.rows import CentralRow
 from sync.sinks import Sink
 
@@ -47,7 +48,7 @@ class ReadThrough:
                 for fut in batch.values():
                     if not fut.done():
                         fut.set_exception(exc)
-                        fut.add_done_callback(_retrieve)
+                        fut.add_done_callback(mark_retrieved)
                 if not isinstance(exc, Exception):
                     raise
             else:
@@ -64,8 +65,3 @@ class ReadThrough:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-
-def _retrieve(fut: asyncio.Future[CentralRow | None]) -> None:
-    # mark the exception retrieved when every waiter was cancelled
-    if not fut.cancelled():
-        fut.exception()

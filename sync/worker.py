@@ -33,6 +33,7 @@ from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
 from sync.backoff import Backoff
 from sync.conflicts import PolicyMap
+from sync.futures import mark_retrieved
 from sync.rows import CentralRow, DirtyRow, FlushOutcome
 from sync.sinks import Sink
 
@@ -156,7 +157,7 @@ class SyncWorker:
                         "the store closed before the central DB held this write; it is kept "
                         f"in the local cache {self.cache.path} and flushed at the next start"
                     ))
-                    fut.add_done_callback(_retrieve)
+                    fut.add_done_callback(mark_retrieved)
         self._waiters.clear()
         return report
 
@@ -385,7 +386,7 @@ class SyncWorker:
                     fut.set_result(None)
                 else:
                     fut.set_exception(error)
-                    fut.add_done_callback(_retrieve)
+                    fut.add_done_callback(mark_retrieved)
 
 
 # A flush of many rows makes three short-lived tuples per row (the dirty row, the central row,
@@ -415,7 +416,3 @@ def _rejected(r: DirtyRow, central: CentralRow) -> WriteRejected:
         "another writer owns it now; read it again before writing"
     )
 
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    if not fut.cancelled():
-        fut.exception()
