@@ -319,6 +319,13 @@ class LocalCache:
         if not self._pending.is_set():
             self._pending.set()
 
+    def stage_many(self, entries: dict[StateKey, Entry]) -> None:
+        """`stage` for many entries at once (a flush's mark-clean step)."""
+        if entries:
+            self._staged.update(entries)
+            if not self._pending.is_set():
+                self._pending.set()
+
     async def commit(self, key: StateKey, entry: Entry) -> None:
         """Stage `entry` and wait until the transaction that carries it has committed."""
         self._require_writer()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from localstate.entry import StateKey
 from localstate.errors import CentralError, CentralUnavailable, LocalStateError, VersionConflict
-from sync.conflicts import PolicyMap
+from sync.conflicts import ConflictPolicy, PolicyMap
 from sync.dialects import UpsertRow, batch_sql_for
 from sync.rows import CentralRow, DirtyRow, FlushOutcome
 from sync.schema import require_current, state_variable, upgrade
@@ -240,19 +240,25 @@ class CentralStore:
         self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap
     ) -> list[FlushOutcome]:
         outcomes: list[FlushOutcome] = []
-        policy_of = {r.owner: policies.for_owner(r.owner) for r in rows}
+        uniform = policies.uniform
+        # every owner's policy: one for all (no lookup per row), or each looked up once
+        policy_of: Callable[[str], ConflictPolicy] = (
+            (lambda _owner: uniform) if uniform is not None
+            else {r.owner: policies.for_owner(r.owner) for r in rows}.__getitem__
+        )
         # 1. Under max, read (and lock) the central values first: a write that would lower
         #    one is refused even when it is based on the current central version.
         to_write: list[tuple[DirtyRow, int, bool]]  # (row, base to fence on, conflict)
         replaced: dict[StateKey, CentralRow] = {}  # what a conflicting write replaces
-        max_rows = [r for r in rows if policy_of[r.owner].is_max]
+        max_rows = [] if uniform is not None and not uniform.is_max else [
+            r for r in rows if policy_of(r.owner).is_max]
         if not max_rows:
             to_write = [(r, r.base_version, False) for r in rows]
         else:
             current = await self._select(conn, [(r.owner, r.key) for r in max_rows], lock=True)
             to_write = []
             for r in rows:
-                policy = policy_of[r.owner]
+                policy = policy_of(r.owner)
                 c = current.get((r.owner, r.key)) if policy.is_max else None
                 if c is None:
                     to_write.append((r, r.base_version, False))
@@ -280,14 +286,25 @@ class CentralStore:
         # 2. The fenced upsert; what it does not return was refused by the fence.
         written = await self._upsert(conn, to_write)
         refused: list[DirtyRow] = []
-        for r, _base, conflict in to_write:
-            version = written.get((r.owner, r.key))
+        if written is None and not replaced:
+            # the common case, every row through the fence: one outcome per row, built flat
+            outcomes.extend([
+                FlushOutcome(r, "written", CentralRow(
+                    r.owner, r.key, r.data, _next_version(r.version, base), r.updated_at,
+                    r.updated_by,
+                ), conflict, policy_of(r.owner).spec)
+                for r, base, conflict in to_write
+            ])
+            return outcomes
+        for r, base, conflict in to_write:
+            version = _next_version(r.version, base) if written is None else written.get(
+                (r.owner, r.key))
             if version is None:
                 refused.append(r)
                 continue
             central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
             outcomes.append(FlushOutcome(r, "written", central, conflict,
-                                         policy_of[r.owner].spec,
+                                         policy_of(r.owner).spec,
                                          replaced.get((r.owner, r.key))))
         if not refused:
             return outcomes
@@ -295,7 +312,7 @@ class CentralStore:
         current = await self._select(conn, [(r.owner, r.key) for r in refused], lock=True)
         retry: list[tuple[DirtyRow, int, bool]] = []
         for r in refused:
-            policy = policy_of[r.owner]
+            policy = policy_of(r.owner)
             c = current.get((r.owner, r.key))
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
@@ -310,9 +327,10 @@ class CentralStore:
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         written = await self._upsert(conn, retry)
-        for r, _base, _conflict in retry:
-            version = written.get((r.owner, r.key))
-            spec = policy_of[r.owner].spec
+        for r, base, _conflict in retry:
+            version = _next_version(r.version, base) if written is None else written.get(
+                (r.owner, r.key))
+            spec = policy_of(r.owner).spec
             if version is None:
                 outcomes.append(FlushOutcome(r, "retry", None, True, spec))
             else:
@@ -322,22 +340,21 @@ class CentralStore:
         return outcomes
 
     async def _upsert(
-        self, conn: AsyncConnection, rows: Iterable[tuple[DirtyRow, int, bool]]
-    ) -> dict[StateKey, int]:
-        packed: list[UpsertRow] = []
-        for r, base, _conflict in rows:
-            # a write replacing central version `base` gets a version above both chains
-            version = r.version if r.version > base else base + 1
-            packed.append((
-                r.owner, r.key, r.data, version, base,
-                r.updated_at, r.updated_by,
-            ))
-        if not packed:
+        self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]]
+    ) -> dict[StateKey, int] | None:
+        """Write `rows` fenced on their bases. None: every row went in, each at
+        `_next_version(row.version, base)`; else the versions of the rows that went in."""
+        if not rows:
             return {}
+        packed: list[UpsertRow] = [
+            (r.owner, r.key, r.data, _next_version(r.version, base), base, r.updated_at,
+             r.updated_by)
+            for r, base, _conflict in rows
+        ]
         result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
-        intended = {(p[0], p[1]): p[3] for p in packed}
         if result.rowcount == len(packed):
-            return intended  # the fence let every row through: the common case
+            return None  # the fence let every row through: the common case
+        intended = {(p[0], p[1]): p[3] for p in packed}
         # Some rows were refused. Which ones: in this transaction the rows it wrote are locked
         # and hold exactly what it wrote (the fence admits nothing else with that version and
         # writer), so a row was written iff the central record is the intended one.
@@ -347,6 +364,12 @@ class CentralStore:
             k: v for k, v in intended.items()
             if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
         }
+
+
+def _next_version(version: int, base: int) -> int:
+    """The central version of a write of local `version` replacing central version `base`:
+    above both chains."""
+    return version if version > base else base + 1
 
 
 def make_engine(url: str) -> AsyncEngine:

@@ -143,6 +143,14 @@ class PolicyMap:
         return policy
 
     @property
+    def uniform(self) -> ConflictPolicy | None:
+        """The one policy every owner gets, when the map has no owner-specific rules."""
+        if not self._rules:
+            return self._default
+        pattern, policy = self._rules[0]
+        return policy if pattern == "*" else None
+
+    @property
     def any_max(self) -> bool:
         return any(p.is_max for _, p in self._rules)
 

@@ -67,9 +67,12 @@ class BatchSql:
 class _PostgresSql(BatchSql):
     upsert = text(
         f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
-        "SELECT * FROM unnest(CAST(:owners AS TEXT[]), CAST(:keys AS TEXT[]), "
-        "CAST(:vals AS TEXT[]), CAST(:versions AS BIGINT[]), CAST(:prevs AS BIGINT[]), "
-        "CAST(:ats AS TIMESTAMPTZ[]), CAST(:bys AS TEXT[])) "
+        # updated_at travels as float8 epoch seconds: turning 10,000 floats into datetimes
+        # and encoding those cost ~8 ms of a 10,000-row flush; to_timestamp is free here
+        "SELECT o, k, val, ver, prev, to_timestamp(ts), who FROM unnest(CAST(:owners AS TEXT[]), "
+        "CAST(:keys AS TEXT[]), CAST(:vals AS TEXT[]), CAST(:versions AS BIGINT[]), "
+        "CAST(:prevs AS BIGINT[]), CAST(:ats AS FLOAT8[]), CAST(:bys AS TEXT[])) "
+        "AS u(o, k, val, ver, prev, ts, who) "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
     )
     _select = (
@@ -92,15 +95,12 @@ class _PostgresSql(BatchSql):
         return datetime.fromtimestamp(ts, tz=timezone.utc)
 
     def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
-        return {
-            "owners": [r[0] for r in rows],
-            "keys": [r[1] for r in rows],
-            "vals": [r[2] for r in rows],
-            "versions": [r[3] for r in rows],
-            "prevs": [r[4] for r in rows],
-            "ats": [self.timestamp(r[5]) for r in rows],
-            "bys": [r[6] for r in rows],
-        }
+        # one array per column: zip(*rows) transposes in C
+        names = ("owners", "keys", "vals", "versions", "prevs", "ats", "bys")
+        if not rows:
+            return {name: [] for name in names}
+        columns = zip(*rows, strict=True)
+        return {name: list(column) for name, column in zip(names, columns, strict=True)}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"owners": [k[0] for k in keys], "keys": [k[1] for k in keys]}

@@ -247,62 +247,87 @@ class SyncWorker:
                    ) -> None:
         """Step 3: record what the central DB holds now; stage it for the local file."""
         report = report if report is not None else FlushReport()
+        report.rows += len(outcomes)
+        report.outcomes.extend(outcomes)
         now = time.time()
+        entries, dirty, lags = self.entries, self.dirty, self.lags
+        staged: dict[StateKey, Entry] = {}
+        written = 0
         for o in outcomes:
             r = o.row
             k = (r.owner, r.key)
-            e = self.entries.get(k)
-            since = self.dirty.get(k)
-            report.rows += 1
-            report.outcomes.append(o)
+            e = entries.get(k)
             if e is None:
                 continue
             central = o.central
-            if o.resolution == "retry" or central is None:
-                report.retried += 1
-                continue
-            moved = e.version != r.version
-            if o.resolution == "written":
-                report.written += 1
-                e.synced_version = central.version
-                if not moved:
-                    e.version = central.version
-                elif e.version <= central.version:
-                    e.version = central.version + 1
-                self._settle_waiters(k, r.version, None)
+            if (central is not None and o.resolution == "written" and not o.conflict
+                    and e.version == r.version):
+                # The common case, kept flat: the central DB holds exactly the local entry.
+                written += 1
+                e.version = e.synced_version = central.version
+                if self._waiters:
+                    self._settle_waiters(k, r.version, None)
+                if self.conflicted:
+                    self.conflicted.discard(k)
+                since = dirty.pop(k, None)
+                if since is not None:
+                    # flush lag: from the oldest write the central DB lacked until it holds it
+                    lags.append(now - since if now > since else 0.0)
             else:
-                report.adopted += 1
-                if not o.conflict:
-                    # the central DB holds this writer's own later write (a flushed version the
-                    # local file lost in a crash): take it, unless the entry has moved past it
-                    if e.version > central.version:
-                        e.synced_version = central.version
-                    else:
-                        self._adopt(e, central)
-                    self._settle_waiters(k, central.version, None)
-                elif moved and self.policies.for_owner(r.owner).is_max:
-                    # newer local writes came in meanwhile: the next flush weighs them
+                self._settle(o, e, k, report, now)
+            staged[k] = e
+        report.written += written
+        self.cache.stage_many(staged)
+
+    def _settle(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
+                now: float) -> None:
+        """`mark_clean` for one outcome off the common path: moved, adopted, conflicted."""
+        r = o.row
+        since = self.dirty.get(k)
+        central = o.central
+        if o.resolution == "retry" or central is None:
+            report.retried += 1
+            return
+        moved = e.version != r.version
+        if o.resolution == "written":
+            report.written += 1
+            e.synced_version = central.version
+            if not moved:
+                e.version = central.version
+            elif e.version <= central.version:
+                e.version = central.version + 1
+            self._settle_waiters(k, r.version, None)
+        else:
+            report.adopted += 1
+            if not o.conflict:
+                # the central DB holds this writer's own later write (a flushed version the
+                # local file lost in a crash): take it, unless the entry has moved past it
+                if e.version > central.version:
                     e.synced_version = central.version
-                    if e.version <= central.version:
-                        e.version = central.version + 1
-                    self._settle_waiters(k, r.version, _rejected(r, central))
                 else:
                     self._adopt(e, central)
-                    self._settle_waiters(k, e.version, _rejected(r, central), every=True)
-            if o.conflict:
-                report.conflicts += 1
-                self._report_conflict(o, central)
+                self._settle_waiters(k, central.version, None)
+            elif moved and self.policies.for_owner(r.owner).is_max:
+                # newer local writes came in meanwhile: the next flush weighs them
+                e.synced_version = central.version
+                if e.version <= central.version:
+                    e.version = central.version + 1
+                self._settle_waiters(k, r.version, _rejected(r, central))
             else:
-                self.conflicted.discard(k)
-            if o.resolution == "written" and since is not None:
-                # flush lag: from the oldest write the central DB lacked until it holds it
-                self.lags.append(max(0.0, now - since))
-            if not e.dirty:
-                self.dirty.pop(k, None)
-            else:
-                # written again during the flush: those writes are no older than its start
-                self.dirty[k] = report.started_at
-            self.cache.stage(k, e)
+                self._adopt(e, central)
+                self._settle_waiters(k, e.version, _rejected(r, central), every=True)
+        if o.conflict:
+            report.conflicts += 1
+            self._report_conflict(o, central)
+        else:
+            self.conflicted.discard(k)
+        if o.resolution == "written" and since is not None:
+            self.lags.append(max(0.0, now - since))
+        if not e.dirty:
+            self.dirty.pop(k, None)
+        else:
+            # written again during the flush: those writes are no older than its start
+            self.dirty[k] = report.started_at
 
     @staticmethod
     def _adopt(e: Entry, central: CentralRow) -> None:
