@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from fault_tally import FaultTally
 from postgres_server import PostgresServer
 
 from localstate import StateStore
@@ -81,3 +82,21 @@ async def open_store(central_url: str, tmp_path: Path) -> AsyncIterator[StoreFac
     yield factory
     for store in opened:
         await store.close()
+
+
+_FAULT_TALLY = FaultTally()
+
+
+@pytest.fixture(scope="session")
+def fault_tally() -> FaultTally:
+    """What the fault-injection scenarios tried and found lost, printed after the run."""
+    return _FAULT_TALLY
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = _FAULT_TALLY.lines()
+    if lines:
+        terminalreporter.section("fault-injection summary")
+        for line in lines:
+            terminalreporter.write_line(line)
+

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+from fault_tally import FaultTally
 from postgres_server import PostgresServer
 
 from localstate import CentralError, StateStore
@@ -21,7 +22,7 @@ ROUNDS = 3
 
 
 async def test_backends_terminated_mid_flush_lose_and_duplicate_nothing(
-    pg_server: PostgresServer, tmp_path: Path
+    pg_server: PostgresServer, tmp_path: Path, fault_tally: FaultTally
 ) -> None:
     dbname = f"cut_{uuid.uuid4().hex[:12]}"
     url = pg_server.create_database(dbname)
@@ -61,6 +62,10 @@ async def test_backends_terminated_mid_flush_lose_and_duplicate_nothing(
     finally:
         await conn.close()
     # every key: set ROUNDS times, so exactly version ROUNDS, holding the last value
+    held = sum(r["n"] for r in rows if r["value"] == str(ROUNDS - 1) and r["version"] == ROUNDS)
+    fault_tally.add("backends terminated mid-flush", killed)
+    fault_tally.add("acknowledged writes checked", KEYS * ROUNDS)
+    fault_tally.lost("local (connection cuts)", KEYS - held)
     assert [(r["value"], r["version"], r["n"]) for r in rows] == [
         (str(ROUNDS - 1), ROUNDS, KEYS)]
     print(f"\nconnection cuts: {killed} backends terminated, {failed_flushes} flushes failed "

@@ -1,0 +1,34 @@
+"""`FaultTally`: what the fault-injection scenarios tried and what they found lost.
+
+Each scenario adds what it did (``fault_tally.add("rounds killed", 12)``) and what it found lost
+(``fault_tally.lost("local", 0)``: recorded even when zero, so the summary shows the promise was
+checked); the `fault_tally` fixture in `tests/conftest.py` hands it out and prints it after the run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["FaultTally"]
+
+
+class FaultTally:
+    """Counts of what the fault scenarios tried and what they found lost."""
+
+    def __init__(self) -> None:
+        self.tried: Counter[str] = Counter()
+        self.losses: dict[str, int] = {}
+
+    def add(self, what: str, n: int = 1) -> None:
+        """Record `n` more of `what` (``"rounds killed"``, ``"acknowledged writes checked"``,
+        ``"outages survived"``, ``"inputs tried"``, ...)."""
+        self.tried[what] += n
+
+    def lost(self, promise: str, n: int) -> None:
+        """Record that checking `promise` (a durability mode, or a surface) found `n` lost."""
+        self.losses[promise] = self.losses.get(promise, 0) + n
+
+    def lines(self) -> list[str]:
+        out = [f"{what}: {n:,}" for what, n in sorted(self.tried.items())]
+        out += [f"lost ({promise}): {n:,}" for promise, n in sorted(self.losses.items())]
+        return out
