@@ -3,8 +3,9 @@
 Both dialects get one statement with a fixed number of parameters however many rows it carries,
 so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
 
-* PostgreSQL: the rows travel as one array per column and are spread back out by ``unnest``
-  (measured 1.7× asyncpg's executemany of the same rows);
+* PostgreSQL: the rows travel as one JSON array and are spread out by
+  ``jsonb_array_elements`` (measured faster than one array per column through ``unnest``,
+  itself 1.7× asyncpg's executemany of the same rows);
 * SQLite: the rows travel as one JSON array and are spread out by ``json_each``.
 
 The upsert's ``WHERE`` is the fence: a row replaces the central one only when the central
@@ -65,14 +66,15 @@ class BatchSql:
 
 
 class _PostgresSql(BatchSql):
+    # The rows travel as one JSON array, spread out by jsonb_array_elements, as on SQLite.
+    # Measured against one array per column through unnest (10,000 rows): 15-20 % less time,
+    # since asyncpg checks and encodes every element of seven arrays in Python, while one
+    # string goes as it is and PostgreSQL parses it in C. updated_at travels as epoch seconds
+    # (to_timestamp): building and encoding 10,000 datetimes cost ~8 ms of such a flush.
     upsert = text(
         f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
-        # updated_at travels as float8 epoch seconds: turning 10,000 floats into datetimes
-        # and encoding those cost ~8 ms of a 10,000-row flush; to_timestamp is free here
-        "SELECT o, k, val, ver, prev, to_timestamp(ts), who FROM unnest(CAST(:owners AS TEXT[]), "
-        "CAST(:keys AS TEXT[]), CAST(:vals AS TEXT[]), CAST(:versions AS BIGINT[]), "
-        "CAST(:prevs AS BIGINT[]), CAST(:ats AS FLOAT8[]), CAST(:bys AS TEXT[])) "
-        "AS u(o, k, val, ver, prev, ts, who) "
+        "SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, "
+        "to_timestamp((r->>5)::float8), r->>6 FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
     )
     _select = (
@@ -95,12 +97,7 @@ class _PostgresSql(BatchSql):
         return datetime.fromtimestamp(ts, tz=timezone.utc)
 
     def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
-        # one array per column: zip(*rows) transposes in C
-        names = ("owners", "keys", "vals", "versions", "prevs", "ats", "bys")
-        if not rows:
-            return {name: [] for name in names}
-        columns = zip(*rows, strict=True)
-        return {name: list(column) for name, column in zip(names, columns, strict=True)}
+        return {"rows": orjson.dumps(rows).decode()}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"owners": [k[0] for k in keys], "keys": [k[1] for k in keys]}

@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from localstate.errors import SchemaError
 
 __all__ = [
+    "FILLFACTOR",
     "LATEST_VERSION",
     "MIGRATIONS",
     "STATE_TABLE",
@@ -104,8 +105,26 @@ def _v1_create_state_variable(conn: Connection) -> None:
     ).create(conn)
 
 
+#: Space PostgreSQL leaves free in each heap page of the state table, in percent.
+FILLFACTOR: Final = 50
+
+
+def _v2_state_variable_fillfactor(conn: Connection) -> None:
+    # The table is a set of watermarks each overwritten every flush: nearly all its writes are
+    # UPDATEs that change no indexed column. With free room on the row's own page PostgreSQL
+    # makes them HOT updates (no new primary-key index entry, dead versions pruned in-page),
+    # which cut a 10,000-row flush by ~30 % here and keep the index from bloating between
+    # vacuums. Half a page free lets every row of a page be rewritten once before a prune
+    # (measured: 100 % HOT from the first full rewrite; 70: 43 % at first, 97 % after six;
+    # 100: 1 %); the price, a table twice as large, is small for rows of a few hundred bytes.
+    # Pages written before this migration get the room as they are rewritten.
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"ALTER TABLE {STATE_TABLE} SET (fillfactor = {FILLFACTOR})"))
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
+    Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -7,6 +7,8 @@ come from SQLAlchemy's own cursor and commit events, not from the store's counte
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
+from postgres_server import PostgresServer
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
@@ -23,7 +26,7 @@ from localstate import SchemaError, StateStore
 from sync.central_store import CentralStore, make_engine
 from sync.conflicts import PolicyMap
 from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.schema import LATEST_VERSION, STATE_TABLE, schema_table, upgrade
+from sync.schema import FILLFACTOR, LATEST_VERSION, STATE_TABLE, schema_table, upgrade
 
 OWNER = "asset_watcher:orders"
 _DELETED: Any = object()
@@ -101,6 +104,41 @@ async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) ->
         assert value_of((await store.read_many([(OWNER, "k")]))[(OWNER, "k")]) == 1
     finally:
         await store.close()
+
+
+async def test_postgres_state_table_leaves_room_for_hot_updates(
+    pg_server: PostgresServer,
+) -> None:
+    """Migration 2: a flush's UPDATEs of existing watermarks are HOT (no new index entry)."""
+    url = pg_server.create_database(f"hot_{os.getpid()}_{time.monotonic_ns()}")
+    store = await CentralStore.open(url)
+    try:
+        rows = [dirty(f"k{i}", 0, version=1, base=0) for i in range(500)]
+        await store.write_batch(rows, PolicyMap())
+        await store.write_batch(
+            [dirty(f"k{i}", 1, version=2, base=1) for i in range(500)], PolicyMap())
+    finally:
+        await store.close()
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            options = (await conn.execute(text(
+                "SELECT reloptions FROM pg_class WHERE relname = :t"), {"t": STATE_TABLE}
+            )).scalar_one()
+            assert f"fillfactor={FILLFACTOR}" in options
+            # table statistics reach pg_stat_user_tables within a second or so of the commit
+            hot = 0
+            deadline = time.monotonic() + 15
+            while hot < 500 and time.monotonic() < deadline:
+                await conn.rollback()  # a fresh snapshot of the statistics
+                hot = (await conn.execute(text(
+                    "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = :t"),
+                    {"t": STATE_TABLE})).scalar_one()
+                if hot < 500:
+                    await asyncio.sleep(0.2)
+        assert hot == 500  # every one of the 500 updates was HOT
+    finally:
+        await engine.dispose()
 
 
 async def test_a_newer_schema_is_refused(central_url: str) -> None:
