@@ -4,9 +4,10 @@
     python benches/bench_flush.py --central-url postgresql://user@host/db
     python benches/bench_flush.py --central-url sqlite:////tmp/central.db
 
-1. Flush of N dirty keys (1,000 / 10,000 / 100,000): seconds and rows/s, next to the raw bulk
-   upserts of the same number of rows measured in the same run (asyncpg `unnest` and asyncpg
-   `executemany`; sqlite3 `executemany` on SQLite).
+1. Flush of N dirty keys (1,000 / 10,000 / 100,000): seconds and rows/s (the median of
+   `--rounds` flushes, each after every key was set again), next to the raw bulk upserts of the
+   same number of rows measured in the same run (asyncpg `unnest` and asyncpg `executemany`;
+   sqlite3 `executemany` on SQLite), also medians.
 2. Central transactions per second while the set rate grows from 1,000/s to 100,000/s over
    10,000 keys: the target shape is flat, about 1/flush_interval plus batch spills.
 3. Flush lag p99 at 10,000 triggers in a hot loop (local durability).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -32,13 +34,20 @@ from localstate.bench.baselines import central_bulk_upsert, flush_rows_per_s
 from sync.central_store import CentralStore
 
 
-async def flush_sizes(url: str, folder: Path, sizes: list[int], pg: bool) -> list[dict[str, Any]]:
+async def _median_bulk(url: str, n: int, rounds: int, method: str) -> float:
+    """Rows/s of the raw bulk upsert of `n` new rows: the median of `rounds` runs."""
+    return statistics.median([
+        await central_bulk_upsert(url, n, tag=f"{method[0]}{n}r{r}", method=method)
+        for r in range(rounds)])
+
+
+async def flush_sizes(url: str, folder: Path, sizes: list[int], pg: bool, rounds: int
+                      ) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
-        unnest = await central_bulk_upsert(url, n, tag=f"u{n}")
-        many = await central_bulk_upsert(url, n, tag=f"m{n}", method="executemany") if pg \
-            else unnest
-        flushed, seconds = await flush_rows_per_s(url, folder, n, tag=f"s{n}")
+        unnest = await _median_bulk(url, n, rounds, "unnest")
+        many = await _median_bulk(url, n, rounds, "executemany") if pg else unnest
+        flushed, seconds = await flush_rows_per_s(url, folder, n, tag=f"s{n}", rounds=rounds)
         rows.append({"keys": n, "flush_s": seconds, "flush_rows_per_s": flushed,
                      "raw_unnest_rows_per_s": unnest, "raw_executemany_rows_per_s": many,
                      "x_unnest": flushed / unnest, "x_executemany": flushed / many})
@@ -97,7 +106,7 @@ async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[s
     pg = store.dialect == "postgresql"
     await store.close()
     result: dict[str, Any] = {"central": store.url}
-    result["flush"] = await flush_sizes(url, folder, args.sizes, pg)
+    result["flush"] = await flush_sizes(url, folder, args.sizes, pg, args.rounds)
     result["rates"] = await txns_vs_rate(url, folder, args.rates, 10_000, args.seconds,
                                          args.flush_interval)
     cfg = BenchConfig(central_url=url, duration=args.seconds, folder=folder, progress=False,
@@ -118,6 +127,8 @@ def main() -> None:
                         default=[1000, 10_000, 100_000])
     parser.add_argument("--rates", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1000, 10_000, 100_000])
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="flushes (and raw upserts) per size; the median is printed")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--flush-interval", type=float, default=1.0)
     parser.add_argument("--lag-triggers", type=int, default=10_000)
