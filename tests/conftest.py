@@ -63,6 +63,12 @@ def central_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
 StoreFactory = Callable[..., Awaitable[StateStore]]
 
 
+def value_id(value: object) -> str:
+    """A test id for a parametrized value, the same in every process (pytest-xdist workers
+    must collect identical ids; a bare object()'s repr holds its address)."""
+    return "object()" if type(value) is object else repr(value)
+
+
 @pytest_asyncio.fixture
 async def open_store(central_url: str, tmp_path: Path) -> AsyncIterator[StoreFactory]:
     """Open stores on the test's central DB, each with its own cache file; all closed after."""

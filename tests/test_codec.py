@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from conftest import value_id
 
 from localstate import ValueEncodingError, ValueTooLarge
 from localstate.codec import decode, encode
@@ -25,7 +26,7 @@ class Color(enum.Enum):
         (Color.RED, "red"),
         (uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001"),
     ],
-    ids=repr,
+    ids=value_id,
 )
 def test_round_trips(value: Any, decoded: Any) -> None:
     assert decode(encode(value)) == decoded
@@ -35,7 +36,7 @@ def test_round_trips(value: Any, decoded: Any) -> None:
     "value",
     [float("nan"), float("inf"), [float("-inf")], {"x": [{"y": float("nan")}]},
      (1, float("nan")), 2**64, -(2**63) - 1, object(), {1: 2}, b"raw", "\ud800"],
-    ids=repr,
+    ids=value_id,
 )
 def test_refused(value: Any) -> None:
     with pytest.raises(ValueEncodingError):

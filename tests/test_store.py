@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StoreFactory
+from conftest import StoreFactory, value_id
 
 from localstate import (
     FlushState,
@@ -167,7 +167,7 @@ BAD_VALUES: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize("value", BAD_VALUES, ids=repr)
+@pytest.mark.parametrize("value", BAD_VALUES, ids=value_id)
 async def test_bad_values_are_refused_and_nothing_is_written(
     open_store: StoreFactory, value: Any
 ) -> None:
