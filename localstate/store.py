@@ -579,6 +579,12 @@ def _opened(part: _T | None) -> _T:
 
 
 async def _open_central(s: Settings) -> Sink:
+    if s.sink == "airflow":
+        # Airflow's state store through the triggerer's accessors: they talk over the trigger
+        # loop's comms, so this sink runs on the loop the store was opened on, not a thread
+        from sync.airflow_sink import process_sink
+
+        return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema
     if s.central_thread:
         return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
