@@ -83,10 +83,12 @@ class StateStore:
         conflict_policy: str | Mapping[str, str] | None = None,
         max_value_bytes: int | None = None,
         settings: Settings | None = None,
-        sink: Sink | None = None,
+        sink: Sink | str | None = None,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
         **options: Any,
     ) -> None:
+        if isinstance(sink, str):  # the `sink` setting ("sql" | "airflow"), not a Sink
+            options["sink"], sink = sink, None
         explicit = dict(
             cache_path=cache_path, central_url=central_url, triggerer_id=triggerer_id,
             durability=durability, enabled=enabled, flush_interval=flush_interval,
