@@ -17,8 +17,9 @@ import pytest
 import pytest_asyncio
 
 from localstate import StateStore
-from localstate.errors import CentralUnavailable
-from sync.airflow_sink import AirflowSink
+from localstate.config import Settings
+from localstate.errors import CentralUnavailable, ConfigError
+from sync.airflow_sink import AirflowSink, process_sink
 from sync.conflicts import PolicyMap
 from sync.rows import DirtyRow
 
@@ -154,3 +155,23 @@ async def test_several_accessors_each_get_the_value(accessor: DictAccessor) -> N
     assert [o.resolution for o in outcomes] == ["written"]
     assert accessor.values == second.values == {"watermark": "3"}
     assert sink.transactions == 2
+
+
+@pytest.mark.parametrize(("raw", "source"), [("kafka", "environment"), ("", "environment")])
+def test_bad_sink_setting_names_it(raw: str, source: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.resolve(environ={"AIRFLOW__LOCALSTATE__SINK": raw})
+    message = str(info.value)
+    assert "'sink'" in message
+    assert source in message
+    assert "sql, airflow" in message
+
+
+async def test_sink_setting_selects_the_process_airflow_sink(tmp_path: Path) -> None:
+    store = await StateStore.open(cache_path=tmp_path / "c.db", sink="airflow")
+    try:
+        assert store._require_sink() is process_sink()
+        assert store.central_store is None  # no SQL central store, no thread
+        assert store.settings.sources["sink"] == "argument"
+    finally:
+        await store.close()

@@ -28,6 +28,7 @@ from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
 from localstate.errors import LocalStateError
 from localstate.variable import StateVariable
 from sync.airflow_sink import AirflowSink, process_sink
+from sync.central_store import CentralStore
 
 
 class CountingTrigger(StateEnabledTrigger, BaseEventTrigger):
@@ -244,3 +245,40 @@ async def test_airflow_sink_one_write_per_key_per_flush(
     finally:
         await other.close()
     assert stored.values == {"watermark": 1000}  # close() flushed
+
+
+async def test_cleanup_flushes_before_the_trigger_leaves(open_store: StoreFactory,
+                                                        central_url: str) -> None:
+    await use(await open_store())
+    trigger = CountingTrigger(source="moving")
+    await drive(trigger, 5)
+    key = (trigger.state_owner, "watermark")
+    central = await CentralStore.open(central_url)
+    try:
+        assert key not in await central.read_many([key])
+        await trigger.cleanup()  # the triggerer calls it when the trigger moves or stops
+        assert (await central.read_many([key]))[key].data == "4"
+    finally:
+        await central.close()
+
+
+async def test_drop_in_clear_empties_local_and_airflow_keys(
+    tmp_path: Path, airflow_sink: AirflowSink
+) -> None:
+    stored = MemoryAccessor("orders")
+    stored.values["only_in_airflow"] = 1
+    store = await use(await StateStore.open(
+        cache_path=tmp_path / "c.db", sink="airflow", flush_interval=60))
+    try:
+        trigger = LocalDropInTrigger()
+        trigger.asset_state_store = MemoryAccessors(stored)
+        await drive(trigger, 3)
+        await store.flush()
+        assert stored.values == {"only_in_airflow": 1, "last_id": 3}
+        assert trigger.asset_state_store is not None
+        await trigger.asset_state_store.aclear()
+        assert await trigger.asset_state_store.aget("last_id") is None
+        await store.flush()
+        assert stored.values == {}
+    finally:
+        await store.close()

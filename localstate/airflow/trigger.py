@@ -195,6 +195,20 @@ class StateEnabledTrigger:
             None if accessors is None else LocalAssetStateStoreAccessors(accessors)
         )
         self._localstate_owner = None
+        if accessors is not None:
+            self._register_accessors()
+
+    def _register_accessors(self) -> None:
+        """Tell the Airflow sink which of Airflow's accessors hold this trigger's owners."""
+        accessors = self._localstate_accessors
+        if accessors is None:
+            return
+        registry = process_sink().registry
+        by_owner = accessors.owners()
+        for owner, inner in by_owner.items():
+            registry.register(owner, [inner])
+        if self.state_owner not in by_owner:  # several assets: the watermark goes to each
+            registry.register(self.state_owner, list(by_owner.values()))
 
     # -- the owner -----------------------------------------------------------------------
 
@@ -221,14 +235,7 @@ class StateEnabledTrigger:
         """
         if self._localstate_store is not None and not self._localstate_store.closed:
             return self._localstate_store
-        registry = process_sink().registry
-        accessors = self._localstate_accessors
-        if accessors is not None:
-            by_owner = accessors.owners()
-            for owner, inner in by_owner.items():
-                registry.register(owner, [inner])
-            if self.state_owner not in by_owner:  # several assets: the watermark goes to each
-                registry.register(self.state_owner, list(by_owner.values()))
+        self._register_accessors()
         store = await trigger_store()
         self._localstate_store = store
         return store
@@ -278,8 +285,11 @@ class StateEnabledTrigger:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        run = cls.__dict__.get("run")
-        if run is not None and not getattr(run, "_localstate_opens_state", False):
+        # the run() this class will use, its own or inherited (a mixed-in trigger class
+        # written before the mixin has no run() of its own)
+        run = getattr(cls, "run", None)
+        if (run is not None and not getattr(run, "__isabstractmethod__", False)
+                and not getattr(run, "_localstate_opens_state", False)):
             setattr(cls, "run", _opening_state(run))  # noqa: B010 (mypy: run is not ours)
 
 
