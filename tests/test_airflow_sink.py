@@ -175,3 +175,18 @@ async def test_sink_setting_selects_the_process_airflow_sink(tmp_path: Path) -> 
         assert store.settings.sources["sink"] == "argument"
     finally:
         await store.close()
+
+
+async def test_cache_off_goes_straight_to_airflow(sink: AirflowSink, accessor: DictAccessor,
+                                                  tmp_path: Path) -> None:
+    store = await StateStore.open(cache_path=tmp_path / "off.db", sink=sink, enabled=False)
+    try:
+        for n in range(1, 4):
+            await store.set(OWNER, "watermark", n)
+        assert sets(accessor) == 3  # what Airflow does today: one call per set
+        accessor.values["watermark"] = "10"
+        assert await store.get(OWNER, "watermark") == 10
+        with pytest.raises(CentralUnavailable, match="no Airflow asset state store accessor"):
+            await store.set("asset_watcher:unknown", "watermark", 1)
+    finally:
+        await store.close()
