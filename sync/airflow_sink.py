@@ -116,30 +116,44 @@ class AirflowSink:
         self, rows: Sequence[DirtyRow], policies: PolicyMap
     ) -> list[FlushOutcome]:
         outcomes: list[FlushOutcome] = []
+        attempted = 0
+        failed: list[CentralUnavailable] = []
         for row in rows:
             accessors = self._accessors(row.owner)
             if not accessors:
                 self.unroutable += 1
                 outcomes.append(FlushOutcome(row, "retry", None))
                 continue
-            policy = policies.for_owner(row.owner)
-            if policy.is_max and row.data is not None:
-                stored = await self._get(accessors[0], row.key)
-                if stored is not None and not policy.exceeds(row.data, stored, strictly=False):
-                    # Airflow holds a greater watermark (another triggerer moved it on):
-                    # keep it, as the SQL sink's max policy does
-                    central = CentralRow(row.owner, row.key, stored, row.version, time.time(),
-                                         AIRFLOW_WRITER)
-                    outcomes.append(FlushOutcome(row, "adopted", central, conflict=True,
-                                                 policy=policy.spec))
-                    continue
-                if stored == row.data:
-                    outcomes.append(self._written(row))  # already there: no write needed
-                    continue
-            for accessor in accessors:
-                await self._put(accessor, row.key, row.data)
-            outcomes.append(self._written(row))
+            attempted += 1
+            try:
+                outcomes.append(await self._write_row(row, accessors, policies))
+            except CentralUnavailable as exc:
+                # one asset's failure (deleted, inactive) must not hold back the others' keys
+                failed.append(exc)
+                outcomes.append(FlushOutcome(row, "retry", None))
+        if failed and len(failed) == attempted:
+            raise failed[-1]  # nothing got through: the worker backs off and retries
+        if failed:
+            log.warning("%d of %d keys could not be written to Airflow's asset state store "
+                        "and stay dirty (last error: %s)", len(failed), attempted, failed[-1])
         return outcomes
+
+    async def _write_row(self, row: DirtyRow, accessors: tuple[AssetAccessor, ...],
+                         policies: PolicyMap) -> FlushOutcome:
+        policy = policies.for_owner(row.owner)
+        if policy.is_max and row.data is not None:
+            stored = await self._get(accessors[0], row.key)
+            if stored is not None and not policy.exceeds(row.data, stored, strictly=False):
+                # Airflow holds a greater watermark (another triggerer moved it on): keep it,
+                # as the SQL sink's max policy does
+                central = CentralRow(row.owner, row.key, stored, row.version, time.time(),
+                                     AIRFLOW_WRITER)
+                return FlushOutcome(row, "adopted", central, conflict=True, policy=policy.spec)
+            if stored == row.data:
+                return self._written(row)  # already there: no write needed
+        for accessor in accessors:
+            await self._put(accessor, row.key, row.data)
+        return self._written(row)
 
     @staticmethod
     def _written(row: DirtyRow) -> FlushOutcome:

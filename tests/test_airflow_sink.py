@@ -190,3 +190,17 @@ async def test_cache_off_goes_straight_to_airflow(sink: AirflowSink, accessor: D
             await store.set("asset_watcher:unknown", "watermark", 1)
     finally:
         await store.close()
+
+
+async def test_one_failing_asset_does_not_hold_back_the_others(
+    store: StateStore, sink: AirflowSink, accessor: DictAccessor
+) -> None:
+    gone = DictAccessor()
+    gone.down = True  # e.g. an asset deactivated since: Airflow refuses its writes
+    sink.registry.register("asset_watcher:gone", [gone])
+    await store.set("asset_watcher:gone", "watermark", 1)
+    await store.set(OWNER, "watermark", 2)
+    report = await store.flush()
+    assert (report.written, report.retried) == (1, 1)
+    assert accessor.values == {"watermark": "2"}
+    assert store.stats().dirty_keys == 1
