@@ -4,8 +4,10 @@ Each setting is resolved in this order, the first that has it wins:
 
 1. an explicit argument (``StateStore.open(flush_interval=0.5)``);
 2. the environment, ``AIRFLOW__LOCALSTATE__<NAME>`` (as Airflow reads its own settings);
-3. the ``[localstate]`` section of ``airflow.cfg`` (``$AIRFLOW_CONFIG``, else
-   ``$AIRFLOW_HOME/airflow.cfg``; ``$AIRFLOW_HOME`` defaults to ``~/airflow`` as in Airflow);
+3. the ``[localstate]`` section of ``airflow.cfg``: through Airflow's own ``conf`` when this
+   process has already loaded it (so ``_cmd``/``_secret`` options and Airflow's interpolation
+   apply), else parsed from ``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg``
+   (``$AIRFLOW_HOME`` defaults to ``~/airflow`` as in Airflow);
 4. the default.
 
 Nothing is read at import: `Settings.resolve()` reads the sources when called. A bad value raises
@@ -20,6 +22,7 @@ import json
 import os
 import re
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ __all__ = [
     "Settings",
     "airflow_home",
     "default_triggerer_id",
+    "setting_specs",
 ]
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
@@ -318,6 +322,9 @@ _SPECS: Final[dict[str, _Spec]] = {
     "absent_ttl": _Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
     "upgrade_schema": _Spec(_bool, True, "create or upgrade the central schema on open"),
+    "sink": _Spec(_choice("sql", "airflow"), "sql", "where flushes go: sql (localstate's own "
+                  "central table at central_url) or airflow (Airflow 3.3's asset state store, "
+                  "through the accessors the triggerer gives watcher triggers)"),
     "central_thread": _Spec(_bool, True, "talk to the central DB from a thread of its own, so "
                             "busy triggers never delay a flush"),
     "api_tokens": _Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
@@ -337,6 +344,12 @@ _SPECS: Final[dict[str, _Spec]] = {
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
+
+
+def setting_specs() -> dict[str, tuple[Any, str, bool]]:
+    """Each setting's (default, description, secret): for `localstate config` and the
+    ``[localstate]`` section the Airflow provider declares (one source of truth)."""
+    return {name: (spec.default, spec.help, spec.secret) for name, spec in _SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -359,6 +372,7 @@ class Settings:
     close_timeout: float = 10.0
     absent_ttl: float = 5.0
     upgrade_schema: bool = True
+    sink: str = "sql"
     central_thread: bool = True
     api_tokens: tuple[ApiToken, ...] = ()
     api_host: str = "127.0.0.1"
@@ -389,7 +403,11 @@ class Settings:
             )
         home = airflow_home(env)
         cfg_path = config_file or Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg")
-        cfg = _read_cfg(cfg_path)
+        # Airflow's conf adds what the file alone does not say (`_cmd`/`_secret` options,
+        # `conf.set` calls); the file itself is read afresh either way, so an edit applies
+        # at the next resolve (live reload) although conf parsed the file only at start.
+        file_cfg = _read_cfg(cfg_path)
+        cfg = {**(_airflow_conf_section(cfg_path) or {}), **file_cfg}
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for name, spec in _SPECS.items():
@@ -399,7 +417,8 @@ class Settings:
             elif env_name in env:
                 raw, source = env[env_name], f"environment {env_name}"
             elif name in cfg:
-                raw, source = cfg[name], f"{cfg_path} [{_SECTION}] {name}"
+                where = str(cfg_path) if name in file_cfg else f"Airflow's conf ({cfg_path})"
+                raw, source = cfg[name], f"{where} [{_SECTION}] {name}"
             else:
                 values[name] = spec.default
                 sources[name] = "default"
@@ -457,6 +476,35 @@ class Settings:
 
 def _shown(spec: _Spec, raw: Any) -> str:
     return "<hidden>" if spec.secret else repr(raw)
+
+
+def _airflow_conf_section(cfg_path: Path) -> dict[str, str] | None:
+    """The ``[localstate]`` options set in Airflow's conf, when this process loaded Airflow's.
+
+    Never imports Airflow (that takes seconds): only a process where Airflow already
+    initialised its configuration from the same file reads through it. Provider defaults
+    (`get_provider_info` declares every option with its default) are left out, so their
+    source reads "default".
+    """
+    module = sys.modules.get("airflow.configuration")
+    conf = getattr(module, "conf", None)
+    loaded_from = getattr(module, "AIRFLOW_CONFIG", None)
+    if conf is None or loaded_from is None or Path(loaded_from) != cfg_path:
+        return None
+    found: dict[str, str] = {}
+    for name in _SPECS:
+        try:
+            value = conf.get(_SECTION, name, fallback=None)
+            default = conf.get_default_value(_SECTION, name)
+        except Exception as exc:  # a failing _cmd, a secrets backend down: Airflow's errors
+            raise ConfigError(
+                f"Airflow's conf cannot give [{_SECTION}] {name} ({cfg_path}): {exc}; fix the "
+                "option (or its _cmd/_secret) in airflow.cfg"
+            ) from None
+        if value is None or value == default:
+            continue
+        found[name] = str(value)
+    return found
 
 
 def _read_cfg(path: Path) -> dict[str, str]:

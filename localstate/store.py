@@ -83,10 +83,12 @@ class StateStore:
         conflict_policy: str | Mapping[str, str] | None = None,
         max_value_bytes: int | None = None,
         settings: Settings | None = None,
-        sink: Sink | None = None,
+        sink: Sink | str | None = None,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
         **options: Any,
     ) -> None:
+        if isinstance(sink, str):  # the `sink` setting ("sql" | "airflow"), not a Sink
+            options["sink"], sink = sink, None
         explicit = dict(
             cache_path=cache_path, central_url=central_url, triggerer_id=triggerer_id,
             durability=durability, enabled=enabled, flush_interval=flush_interval,
@@ -579,6 +581,12 @@ def _opened(part: _T | None) -> _T:
 
 
 async def _open_central(s: Settings) -> Sink:
+    if s.sink == "airflow":
+        # Airflow's state store through the triggerer's accessors: they talk over the trigger
+        # loop's comms, so this sink runs on the loop the store was opened on, not a thread
+        from sync.airflow_sink import process_sink
+
+        return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema
     if s.central_thread:
         return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,12 @@ from localstate import StateStore
 
 BACKENDS = ["sqlite", "postgresql"]
 _db_names = itertools.count(1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The Airflow tests import Airflow at collection, before any test's isolated home exists,
+    # and Airflow creates folders in $AIRFLOW_HOME when imported: give it a throwaway one.
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="localstate-tests-airflow-home-")
 
 
 @pytest.fixture(autouse=True)

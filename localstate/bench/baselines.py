@@ -5,14 +5,14 @@
 * ``central_bulk``: the central driver's best bulk upsert of the same rows (PostgreSQL: asyncpg
   with ``unnest``; SQLite: sqlite3's executemany), no fencing: the most a flush can write;
 * ``flush``: `StateStore.flush()` of N dirty keys, to compare with ``central_bulk`` of N rows;
-* peers (Airflow's own state store, ``Variable.set``): measured when apache-airflow is
-  installed and migrated on the same database, else reported as skipped with the reason.
+* peers (Airflow's own state store, ``Variable.set``): see `localstate.bench.airflow_peer`;
+  measured when apache-airflow is installed and migrated on the same database, else reported
+  as skipped with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sqlite3
 import statistics
 import time
@@ -31,7 +31,6 @@ __all__ = [
     "aiosqlite_executemany",
     "central_bulk_upsert",
     "flush_rows_per_s",
-    "peer_skip_reason",
 ]
 
 PEER_MODES = ("airflow_metastore", "airflow_variable")
@@ -167,12 +166,3 @@ async def flush_rows_per_s(url: str, folder: Path, keys: int, *, tag: str = "flu
     elapsed = statistics.median(times)
     return keys / elapsed, elapsed
 
-
-def peer_skip_reason(url: str) -> str | None:
-    """Why the Airflow peers cannot be measured here (None: they can)."""
-    if importlib.util.find_spec("airflow") is None:
-        return "apache-airflow is not installed (pip install 'localstate[airflow]')"
-    return (
-        "the Airflow peers need `airflow db migrate` on the same database: run "
-        "benches/bench_airflow_peers.py against it"
-    )

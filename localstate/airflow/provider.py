@@ -1,0 +1,65 @@
+"""`get_provider_info`: the ``apache_airflow_provider`` entry point of the localstate package.
+
+Airflow's ProvidersManager calls it to list the provider (``airflow providers list``) and merges
+its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``[localstate]``
+and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
+settings specs in `localstate.config`: one source of truth for names, defaults and help.
+Imports nothing from Airflow.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from localstate.config import setting_specs
+
+__all__ = ["get_provider_info"]
+
+
+def _option(default: Any, description: str, secret: bool) -> dict[str, Any]:
+    if isinstance(default, bool):
+        kind, text = "boolean", str(default)
+    elif isinstance(default, int):
+        kind, text = "integer", str(default)
+    elif isinstance(default, float):
+        kind, text = "float", repr(default)
+    elif default is None or default == ():
+        kind, text = "string", None
+    else:
+        kind, text = "string", str(default)
+    option: dict[str, Any] = {
+        "description": description + "\n",
+        "version_added": None,
+        "type": kind,
+        "example": None,
+        "default": text,
+    }
+    if secret:
+        option["sensitive"] = True
+    return option
+
+
+def get_provider_info() -> dict[str, Any]:
+    try:
+        versions = [version("localstate")]
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        versions = []
+    return {
+        "package-name": "localstate",
+        "name": "localstate",
+        "description": "Local-first, batched state for Airflow triggers: watermarks served "
+                       "from a local SQLite cache, flushed to Airflow's asset state store or "
+                       "a central table.\n",
+        "versions": versions,
+        "config": {
+            "localstate": {
+                "description": "localstate: local-first state for triggers "
+                               "(see the localstate README).\n",
+                "options": {
+                    name: _option(default, text, secret)
+                    for name, (default, text, secret) in setting_specs().items()
+                },
+            },
+        },
+    }

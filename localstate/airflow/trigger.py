@@ -1,0 +1,308 @@
+"""`StateEnabledTrigger`: watermarks for Airflow event triggers, served by the local cache.
+
+Put the mixin before ``BaseEventTrigger``::
+
+    class OrdersTrigger(StateEnabledTrigger, BaseEventTrigger):
+        async def run(self):
+            last = await self.get_watermark(default=0)
+            ...
+            await self.set_watermark(new_last)   # a dict update plus the local commit
+
+Inside ``run()``:
+
+* ``await self.get_watermark(default=None)`` / ``await self.set_watermark(value)``;
+* ``self.state``: the watermark as a `StateVariable` (``await self.state.get()``), and
+  ``self.state_variable(key)`` for other keys of the same owner;
+* ``self.asset_state_store``: code written against Airflow 3.3's own API keeps working, and its
+  ``aget``/``aset`` (and ``get``/``set``, ``[asset]``) go through the local cache too.
+
+The owner of the state is the watched asset (``asset_watcher:<asset name>``, the same owner the
+drop-in uses, so both views share keys as Airflow's own store does); a trigger watching several
+assets, or none (outside a watcher), is ``trigger:<classpath>:<sha256 of its kwargs>``: the same
+trigger on another triggerer finds the same state.
+
+Where the state lands is the ``sink`` setting: ``airflow`` flushes into Airflow's
+``asset_state_store`` through the accessors the triggerer injected (registered here when the
+trigger starts running); ``sql`` into localstate's own central table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import weakref
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, ClassVar, Final, TypeVar, cast
+
+import greenback
+from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
+
+from localstate.errors import LocalStateError
+from localstate.model import MAX_NAME_LENGTH
+from localstate.store import StateStore
+from localstate.variable import StateVariable
+from sync.airflow_sink import process_sink
+
+__all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_ASSET_PREFIX: Final = "asset_watcher:"
+_OPEN_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def asset_owner(name: str) -> str:
+    """The owner of an asset's state: ``asset_watcher:<name>`` (hashed when too long)."""
+    owner = _ASSET_PREFIX + name
+    if len(owner) <= MAX_NAME_LENGTH and name.isprintable():
+        return owner
+    return f"{_ASSET_PREFIX}sha256:{hashlib.sha256(name.encode()).hexdigest()}"
+
+
+def trigger_owner(classpath: str, kwargs: dict[str, Any]) -> str:
+    """``trigger:<classpath>:<hash>``: stable across processes and triggerers (sorted JSON of
+    the serialized kwargs, not Python's per-process ``hash``)."""
+    text = json.dumps(kwargs, sort_keys=True, default=str, separators=(",", ":"))
+    digest = hashlib.sha256(f"{classpath}\0{text}".encode()).hexdigest()[:32]
+    owner = f"trigger:{classpath}:{digest}"
+    if len(owner) > MAX_NAME_LENGTH:
+        owner = f"trigger:sha256:{hashlib.sha256(owner.encode()).hexdigest()}"
+    return owner
+
+
+async def trigger_store() -> StateStore:
+    """The process's store (`StateVariable`'s default), opened from the settings once."""
+    store = StateVariable.default_store()
+    if store is not None and not store.closed:
+        return store
+    loop = asyncio.get_running_loop()
+    lock = _OPEN_LOCKS.setdefault(loop, asyncio.Lock())
+    async with lock:
+        store = StateVariable.default_store()
+        if store is None or store.closed:
+            store = await StateStore.open()
+            StateVariable.configure(store)
+    return store
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """A sync accessor call inside ``run()``: as Airflow's own, through greenback's portal."""
+    if not greenback.has_portal():
+        coro.close()
+        raise RuntimeError(
+            "a synchronous asset_state_store call needs greenback's portal (the triggerer "
+            "opens one unless AIRFLOW_DISABLE_GREENBACK_PORTAL is set); use aget/aset instead"
+        )
+    return greenback.await_(coro)
+
+
+class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
+    """One asset's state through the local cache; Airflow's accessor is what the sink uses."""
+
+    def __init__(self, inner: AssetStateStoreAccessor, owner: str) -> None:
+        super().__init__(name=inner._name, uri=inner._uri)
+        self.inner = inner
+        self.owner = owner
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return await (await trigger_store()).get(self.owner, key, default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        if value is None:
+            raise ValueError("Cannot set value as None")  # Airflow's rule: use adelete
+        await (await trigger_store()).set(self.owner, key, value)
+
+    async def adelete(self, key: str) -> None:
+        await (await trigger_store()).delete(self.owner, key)
+
+    async def aclear(self) -> None:
+        store = await trigger_store()
+        keys = [record.key async for record in store.items(self.owner)]
+        for key in keys:
+            await store.delete(self.owner, key)
+        await self.inner.aclear()  # keys this cache never saw live only in Airflow's store
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _run_sync(self.aget(key, default))
+
+    def set(self, key: str, value: Any) -> None:
+        _run_sync(self.aset(key, value))
+
+    def delete(self, key: str) -> None:
+        _run_sync(self.adelete(key))
+
+    def clear(self) -> None:
+        _run_sync(self.aclear())
+
+
+class LocalAssetStateStoreAccessors(AssetStateStoreAccessors):
+    """Airflow's ``AssetStateStoreAccessors`` (same API, ``isinstance`` holds), served locally."""
+
+    def __init__(self, inner: AssetStateStoreAccessors) -> None:
+        super().__init__(inlets=[])
+        self.inner = inner
+        self._by_name = {
+            name: LocalAssetStateStoreAccessor(acc, asset_owner(name))
+            for name, acc in inner._by_name.items()
+        }
+        self._by_uri = {
+            uri: LocalAssetStateStoreAccessor(acc, asset_owner(uri))
+            for uri, acc in inner._by_uri.items()
+        }
+        self._total = len(self._by_name) + len(self._by_uri)
+
+    def owners(self) -> dict[str, AssetStateStoreAccessor]:
+        """Each asset's owner with Airflow's own accessor for it (what the sink writes to)."""
+        return {
+            local.owner: local.inner
+            for local in (*self._by_name.values(), *self._by_uri.values())
+            if isinstance(local, LocalAssetStateStoreAccessor)
+        }
+
+
+class StateEnabledTrigger:
+    """Mixin for ``BaseEventTrigger`` subclasses: local-first watermarks (see the module doc)."""
+
+    #: the key `get_watermark`/`set_watermark`/`state` use
+    watermark_key: ClassVar[str] = "watermark"
+    #: seconds `cleanup()` spends flushing before the trigger leaves this triggerer
+    cleanup_flush_timeout: ClassVar[float] = 5.0
+
+    _localstate_accessors: LocalAssetStateStoreAccessors | None = None
+    _localstate_store: StateStore | None = None
+    _localstate_owner: str | None = None
+
+    # -- Airflow's attribute, intercepted ------------------------------------------------
+
+    @property
+    def asset_state_store(self) -> AssetStateStoreAccessors | None:
+        return self._localstate_accessors
+
+    @asset_state_store.setter
+    def asset_state_store(self, accessors: AssetStateStoreAccessors | None) -> None:
+        # BaseEventTrigger.__init__ sets None; the triggerer sets Airflow's accessors for the
+        # watched assets before run(): keep those for the sink, hand out local ones
+        if isinstance(accessors, LocalAssetStateStoreAccessors):
+            accessors = accessors.inner
+        self._localstate_accessors = (
+            None if accessors is None else LocalAssetStateStoreAccessors(accessors)
+        )
+        self._localstate_owner = None
+        if accessors is not None:
+            self._register_accessors()
+
+    def _register_accessors(self) -> None:
+        """Tell the Airflow sink which of Airflow's accessors hold this trigger's owners."""
+        accessors = self._localstate_accessors
+        if accessors is None:
+            return
+        registry = process_sink().registry
+        by_owner = accessors.owners()
+        for owner, inner in by_owner.items():
+            registry.register(owner, [inner])
+        if self.state_owner not in by_owner:  # several assets: the watermark goes to each
+            registry.register(self.state_owner, list(by_owner.values()))
+
+    # -- the owner -----------------------------------------------------------------------
+
+    @property
+    def state_owner(self) -> str:
+        """``asset_watcher:<name>`` for one watched asset, else ``trigger:<classpath>:<hash>``."""
+        if self._localstate_owner is None:
+            accessors = self._localstate_accessors
+            owners = list(accessors.owners()) if accessors is not None else []
+            if len(owners) == 1:
+                self._localstate_owner = owners[0]
+            else:
+                # serialize() comes from the trigger class this mixin is combined with
+                classpath, kwargs = cast(Any, self).serialize()
+                self._localstate_owner = trigger_owner(classpath, kwargs)
+        return self._localstate_owner
+
+    # -- opening -------------------------------------------------------------------------
+
+    async def open_state(self) -> StateStore:
+        """Open (once) the process's store and register this trigger's accessors for the sink.
+
+        Runs by itself before the first event of ``run()``; call it to use the state earlier.
+        """
+        if self._localstate_store is not None and not self._localstate_store.closed:
+            return self._localstate_store
+        self._register_accessors()
+        store = await trigger_store()
+        self._localstate_store = store
+        return store
+
+    def _open_store(self) -> StateStore:
+        store = self._localstate_store
+        if store is None or store.closed:
+            raise LocalStateError(
+                "the trigger's state opens when run() starts; before that, call "
+                "`await self.open_state()`"
+            )
+        return store
+
+    # -- the API -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> StateVariable:
+        """The watermark as a `StateVariable` of this trigger's owner."""
+        return self.state_variable(self.watermark_key)
+
+    def state_variable(self, key: str) -> StateVariable:
+        return StateVariable(key, owner=self.state_owner, store=self._open_store())
+
+    async def get_watermark(self, default: Any = None) -> Any:
+        store = await self.open_state()
+        return await store.get(self.state_owner, self.watermark_key, default)
+
+    async def set_watermark(self, value: Any) -> int:
+        """Set the watermark; returns its new local version once the store's durability holds."""
+        store = await self.open_state()
+        return await store.set(self.state_owner, self.watermark_key, value)
+
+    async def cleanup(self) -> None:
+        """Leaving this triggerer (moved, stopped): flush so the next one starts from here."""
+        store = self._localstate_store
+        if store is not None and not store.closed:
+            try:
+                await asyncio.wait_for(store.flush(), self.cleanup_flush_timeout)
+            except (asyncio.TimeoutError, LocalStateError) as exc:
+                log.warning("could not flush %s's state on cleanup (%s); it stays in the local "
+                            "cache and is flushed later", self.state_owner, exc or "timeout")
+        parent: Any = super()
+        if hasattr(parent, "cleanup"):
+            await parent.cleanup()
+
+    # -- run() opens the state first -----------------------------------------------------
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the run() this class will use, its own or inherited (a mixed-in trigger class
+        # written before the mixin has no run() of its own)
+        run = getattr(cls, "run", None)
+        if (run is not None and not getattr(run, "__isabstractmethod__", False)
+                and not getattr(run, "_localstate_opens_state", False)):
+            setattr(cls, "run", _opening_state(run))  # noqa: B010 (mypy: run is not ours)
+
+
+def _opening_state(
+    run: Callable[..., AsyncGenerator[Any, None]],
+) -> Callable[..., AsyncGenerator[Any, None]]:
+    @functools.wraps(run)
+    async def wrapped(self: StateEnabledTrigger, *args: Any, **kwargs: Any
+                      ) -> AsyncGenerator[Any, None]:
+        await self.open_state()
+        async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
+            async for event in events:
+                yield event
+
+    wrapped._localstate_opens_state = True  # type: ignore[attr-defined]
+    return wrapped

@@ -1,0 +1,234 @@
+"""`AirflowSink`: flushes into Airflow 3.3's asset state store, through a triggerer's accessors.
+
+In an Airflow 3.3 triggerer, each watcher trigger is given ``self.asset_state_store``: accessors
+whose ``aget``/``aset``/``adelete`` send a request over the trigger runner's supervisor socket,
+which the supervisor turns into an Execution API call and one transaction on Airflow's
+``asset_state_store`` table. This sink makes those calls on behalf of the store: one ``aset``
+per dirty key per flush (a watermark set 10,000 times between flushes is one call), and one
+``aget`` per cache miss. It never opens a database connection itself: the trigger runner may
+not (Airflow's ADR 0005), and it does not need to.
+
+Owners map to accessors through an `AccessorRegistry` that the trigger mixin
+(`localstate.airflow.trigger`) fills when a trigger starts running. A dirty key whose owner has
+no accessor yet (its trigger has not started in this process) stays dirty until one registers.
+
+The accessors talk over the trigger loop's comms, so this sink runs on that loop: the store
+uses it directly, never through `sync.sink_thread.ThreadedSink`.
+
+Fencing: Airflow's table has no version column, so a write cannot be made conditional on the
+record it was based on. Under a ``max`` policy the sink reads the stored value first and skips
+the write when the stored one is not smaller (read-compare-write); between that read and the
+write another writer's larger value can still be overwritten (the window is one ``aget`` plus
+one ``aset`` round trip). Other policies write unconditionally: ``reject`` cannot be enforced
+and behaves as ``last_writer_wins``.
+
+Nothing here imports Airflow: the accessors are duck-typed, so this module is importable (and
+testable) without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+from localstate.codec import decode, encode
+from localstate.entry import StateKey
+from localstate.errors import CentralUnavailable
+from sync.conflicts import PolicyMap
+from sync.rows import CentralRow, DirtyRow, FlushOutcome
+
+__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
+
+log = logging.getLogger(__name__)
+
+#: `updated_by` of records read from Airflow's store: it keeps no writer id localstate can use
+AIRFLOW_WRITER: Final = "airflow"
+#: the version given to a record read from Airflow's store, which keeps no version
+_READ_VERSION: Final = 1
+
+
+class AssetAccessor(Protocol):
+    """What the sink needs of Airflow's ``AssetStateStoreAccessor`` (one asset's store)."""
+
+    async def aget(self, key: str, default: Any = None) -> Any: ...
+
+    async def aset(self, key: str, value: Any) -> None: ...
+
+    async def adelete(self, key: str) -> None: ...
+
+
+class AccessorRegistry:
+    """Which accessors hold the state of each owner (several: written to each, read from the
+    first). Filled when triggers start; entries stay, so a key written by a trigger that has
+    since stopped is still flushed."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[str, tuple[AssetAccessor, ...]] = {}
+
+    def register(self, owner: str, accessors: Sequence[AssetAccessor]) -> None:
+        if accessors:
+            self._by_owner[owner] = tuple(accessors)
+
+    def lookup(self, owner: str) -> tuple[AssetAccessor, ...]:
+        return self._by_owner.get(owner, ())
+
+    def owners(self) -> list[str]:
+        return sorted(self._by_owner)
+
+
+class AirflowSink:
+    """A `sync.sinks.Sink` over Airflow's asset state store accessors."""
+
+    url = "airflow:asset_state_store"
+
+    def __init__(self, registry: AccessorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else AccessorRegistry()
+        self._writes = 0
+        #: aget calls made (read-through and the max policy's read-compare-write)
+        self.reads = 0
+        #: dirty rows left for a later flush because their owner had no accessor yet
+        self.unroutable = 0
+        self._warned: set[str] = set()
+
+    @property
+    def transactions(self) -> int:
+        """aset/adelete calls: each is one transaction on Airflow's side."""
+        return self._writes
+
+    @property
+    def rows_written(self) -> int:
+        return self._writes
+
+    def _accessors(self, owner: str) -> tuple[AssetAccessor, ...]:
+        accessors = self.registry.lookup(owner)
+        if not accessors and owner not in self._warned:
+            self._warned.add(owner)
+            log.warning(
+                "no Airflow asset state store accessor is registered for owner %r in this "
+                "process; its writes stay in the local cache until a trigger of that owner "
+                "starts here (use the localstate trigger mixin on a watcher trigger)", owner,
+            )
+        return accessors
+
+    async def write_batch(
+        self, rows: Sequence[DirtyRow], policies: PolicyMap
+    ) -> list[FlushOutcome]:
+        outcomes: list[FlushOutcome] = []
+        attempted = 0
+        failed: list[CentralUnavailable] = []
+        for row in rows:
+            accessors = self._accessors(row.owner)
+            if not accessors:
+                self.unroutable += 1
+                outcomes.append(FlushOutcome(row, "retry", None))
+                continue
+            attempted += 1
+            try:
+                outcomes.append(await self._write_row(row, accessors, policies))
+            except CentralUnavailable as exc:
+                # one asset's failure (deleted, inactive) must not hold back the others' keys
+                failed.append(exc)
+                outcomes.append(FlushOutcome(row, "retry", None))
+        if failed and len(failed) == attempted:
+            raise failed[-1]  # nothing got through: the worker backs off and retries
+        if failed:
+            log.warning("%d of %d keys could not be written to Airflow's asset state store "
+                        "and stay dirty (last error: %s)", len(failed), attempted, failed[-1])
+        return outcomes
+
+    async def _write_row(self, row: DirtyRow, accessors: tuple[AssetAccessor, ...],
+                         policies: PolicyMap) -> FlushOutcome:
+        policy = policies.for_owner(row.owner)
+        if policy.is_max and row.data is not None:
+            stored = await self._get(accessors[0], row.key)
+            if stored is not None and not policy.exceeds(row.data, stored, strictly=False):
+                # Airflow holds a greater watermark (another triggerer moved it on): keep it,
+                # as the SQL sink's max policy does
+                central = CentralRow(row.owner, row.key, stored, row.version, time.time(),
+                                     AIRFLOW_WRITER)
+                return FlushOutcome(row, "adopted", central, conflict=True, policy=policy.spec)
+            if stored == row.data:
+                return self._written(row)  # already there: no write needed
+        for accessor in accessors:
+            await self._put(accessor, row.key, row.data)
+        return self._written(row)
+
+    @staticmethod
+    def _written(row: DirtyRow) -> FlushOutcome:
+        # Airflow keeps no version: the record is at whatever version the local write had
+        return FlushOutcome(row, "written", CentralRow(
+            row.owner, row.key, row.data, row.version, row.updated_at, row.updated_by,
+        ))
+
+    async def _get(self, accessor: AssetAccessor, key: str) -> str | None:
+        self.reads += 1
+        try:
+            value = await accessor.aget(key, None)
+        except Exception as exc:
+            raise CentralUnavailable(
+                f"Airflow's asset state store did not answer a read of {key!r} through "
+                f"{accessor!r}: {exc}; the triggerer's supervisor or the Execution API is "
+                "down, the write stays in the local cache and is retried"
+            ) from exc
+        # Airflow's accessors cannot store None: None means "no record"
+        return None if value is None else encode(value)
+
+    async def _put(self, accessor: AssetAccessor, key: str, data: str | None) -> None:
+        try:
+            if data is None:
+                await accessor.adelete(key)
+            else:
+                await accessor.aset(key, decode(data))
+        except Exception as exc:
+            raise CentralUnavailable(
+                f"Airflow's asset state store did not take {key!r} through {accessor!r}: "
+                f"{exc}; the write stays in the local cache and is retried at the next flush"
+            ) from exc
+        self._writes += 1
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        found: dict[StateKey, CentralRow] = {}
+        for owner, key in keys:
+            accessors = self.registry.lookup(owner)
+            if not accessors:
+                continue  # no accessor: nothing Airflow could tell us, the key is new here
+            data = await self._get(accessors[0], key)
+            if data is not None:
+                found[(owner, key)] = CentralRow(owner, key, data, _READ_VERSION, time.time(),
+                                                 AIRFLOW_WRITER)
+        return found
+
+    async def read_owner(self, owner: str) -> list[CentralRow]:
+        """Airflow's store cannot list an asset's keys: this sink reports none (`load(owner)`
+        refreshes nothing; misses still read through key by key)."""
+        return []
+
+    async def write_direct(
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+    ) -> CentralRow:
+        accessors = self.registry.lookup(owner)
+        if not accessors:
+            raise CentralUnavailable(
+                f"no Airflow asset state store accessor is registered for owner {owner!r}: "
+                "with the cache off every write goes straight to Airflow, which needs the "
+                "trigger of that owner running in this process (the localstate trigger mixin)"
+            )
+        for accessor in accessors:
+            await self._put(accessor, key, data)
+        return CentralRow(owner, key, data, _READ_VERSION, updated_at, updated_by)
+
+    async def close(self) -> None:
+        """Nothing to release: the accessors belong to the triggerer."""
+
+
+_PROCESS_SINK: AirflowSink | None = None
+
+
+def process_sink() -> AirflowSink:
+    """The sink (and registry) of this process: one trigger runner, one registry."""
+    global _PROCESS_SINK
+    if _PROCESS_SINK is None:
+        _PROCESS_SINK = AirflowSink()
+    return _PROCESS_SINK

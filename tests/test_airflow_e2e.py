@@ -1,0 +1,323 @@
+"""End to end: real Airflow 3.3 components run the example watcher with localstate.
+
+Against the suite's PostgreSQL server: ``airflow db migrate``, then the dag processor and the
+scheduler (it activates the example's asset; the triggerer's state store writes go to active
+assets only; it is stopped once the asset is active so no DAG runs eat the two cores), then
+``airflow triggerer`` with ``[localstate] sink = airflow`` in airflow.cfg. Rows go into the
+watched table while it runs; the test checks that
+
+* Asset events are created for the rows (each event names a batch: first..last id);
+* the watermark Airflow's ``asset_state_store`` holds advances;
+* far fewer writes reach ``asset_state_store`` (counted by a PostgreSQL trigger on the table)
+  than the trigger made watermark updates (the version of the watermark in the local cache);
+* after the triggerer's process group is SIGKILLed and a new triggerer started, no row is
+  skipped, and rows are repeated only after the watermark the killed triggerer had persisted
+  (the example's documented at-least-once window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from postgres_server import PostgresServer
+
+from localstate.config import default_triggerer_id
+
+pytestmark = pytest.mark.postgres
+
+AIRFLOW = Path(sys.executable).with_name("airflow")
+DAG_FILE = Path(__file__).parents[1] / "localstate" / "examples" / "new_rows_dag.py"
+OWNER = "asset_watcher:new_orders"
+ACK_DELAY = 2.0
+#: the scenario, set-up included, is stopped (and fails) after this; it takes about a minute
+BOUND = 180.0
+
+_COUNT_WRITES_SQL = """
+CREATE TABLE localstate_e2e_writes (n bigint NOT NULL);
+INSERT INTO localstate_e2e_writes VALUES (0);
+CREATE FUNCTION localstate_e2e_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN UPDATE localstate_e2e_writes SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER localstate_e2e_count AFTER INSERT OR UPDATE ON asset_state_store
+FOR EACH ROW EXECUTE FUNCTION localstate_e2e_count();
+"""
+
+
+@dataclass
+class Deployment:
+    home: Path
+    env: dict[str, str]
+    airflow_dsn: str
+    source_dsn: str
+    logs: Path
+
+    @property
+    def cache_path(self) -> Path:
+        return self.home / "localstate" / f"{default_triggerer_id()}.db"
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        # own session: a SIGKILL of the group takes the triggerer's runner child with it
+        with (self.logs / f"{name}.log").open("ab") as log:
+            return subprocess.Popen([str(AIRFLOW), *args], env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def tail(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-40:])
+            for p in sorted(self.logs.glob("*.log"))
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 20) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.fixture
+def deployment(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
+    suffix = f"{os.getpid()}_{int(time.time())}"
+    pg_server.create_database(f"airflow_{suffix}")
+    pg_server.create_database(f"source_{suffix}")
+    airflow_dsn = pg_server.dsn_for(f"airflow_{suffix}")
+    home = tmp_path / "airflow-home"
+    home.mkdir(exist_ok=True)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # localstate's section through airflow.cfg (read there through Airflow's conf)
+    (home / "airflow.cfg").write_text(
+        "[localstate]\nsink = airflow\nflush_interval = 1.0\n"
+        "conflict_policy = asset_watcher:*=max, *=reject\n"
+    )
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW__", "LOCALSTATE_"))}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_dsn.replace(
+            "postgresql://", "postgresql+psycopg://"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(logs / "airflow"),
+        "LOCALSTATE_EXAMPLE_DSN": pg_server.dsn_for(f"source_{suffix}"),
+        "LOCALSTATE_EXAMPLE_TABLE": "orders",
+        "LOCALSTATE_EXAMPLE_BATCH": "20",
+        "LOCALSTATE_EXAMPLE_POLL": "0.02",
+        "LOCALSTATE_EXAMPLE_ACK_DELAY": str(ACK_DELAY),
+        "PYTHONWARNINGS": "ignore",
+    })
+    return Deployment(home, env, airflow_dsn, pg_server.dsn_for(f"source_{suffix}"), logs)
+
+
+@pytest_asyncio.fixture
+async def airflow_db(deployment: Deployment) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(deployment.airflow_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _wait_for(what: str, check: Any, deployment: Deployment, timeout: float) -> Any:
+    """Await `check()` until it returns something truthy; fail with the logs after `timeout`."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if loop.time() > end:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{deployment.tail()}")
+        await asyncio.sleep(0.5)
+
+
+def _local_watermark(cache: Path) -> tuple[int, int]:
+    """(value, version) of the watermark in the triggerer's local cache file."""
+    with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT value, version FROM state WHERE owner = ? AND key = ?",
+                         (OWNER, "watermark")).fetchone()
+    assert row is not None, f"no watermark in {cache}"
+    return int(json.loads(row[0])), int(row[1])
+
+
+class Source:
+    """The watched table, filled by the test at a steady pace."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.inserted = 0
+
+    async def insert_for(self, seconds: float, per_second: int = 200) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            await self.conn.execute("INSERT INTO orders (amount) SELECT 1 FROM "
+                                    "generate_series(1, $1)", per_second // 20)
+            self.inserted += per_second // 20
+            await asyncio.sleep(0.05)
+
+
+async def _events(db: asyncpg.Connection) -> list[dict[str, Any]]:
+    rows = await db.fetch(
+        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE a.name = 'new_orders' ORDER BY e.id")
+    return [json.loads(r["extra"])["payload"] for r in rows]
+
+
+async def _stored_watermark(db: asyncpg.Connection) -> int | None:
+    value = await db.fetchval(
+        "SELECT s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
+        "WHERE a.name = 'new_orders' AND s.key = 'watermark'")
+    return None if value is None else int(json.loads(value))
+
+
+def _covered(events: list[dict[str, Any]]) -> dict[int, int]:
+    """How many events covered each row id (ids are dense: a batch is first..last)."""
+    seen: dict[int, int] = {}
+    for e in events:
+        for i in range(e["first"], e["last"] + 1):
+            seen[i] = seen.get(i, 0) + 1
+    return seen
+
+
+@dataclass
+class Outcome:
+    total: int
+    events: list[dict[str, Any]]
+    writes: int
+    value: int
+    updates: int
+    persisted: int
+    emitted_before: dict[int, int]
+
+
+async def test_example_watcher_in_real_airflow(deployment: Deployment,
+                                               airflow_db: asyncpg.Connection) -> None:
+    started = time.monotonic()
+    try:
+        o = await asyncio.wait_for(_scenario(deployment, airflow_db), BOUND)
+    except asyncio.TimeoutError:
+        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{deployment.tail()}")
+    covered = _covered(o.events)
+    missing = [i for i in range(1, o.total + 1) if i not in covered]
+    assert not missing, f"rows never announced by an Asset event: {missing[:20]}..."
+    repeated = sorted(i for i, n in covered.items() if n > 1)
+    # repeats only within the at-least-once window: after the watermark the killed
+    # triggerer had persisted locally, and only rows it had announced before the kill
+    assert all(i > o.persisted for i in repeated), (o.persisted, repeated[:20])
+    assert all(i in o.emitted_before for i in repeated)
+    assert o.value == o.total
+    print(f"\nrows {o.total}, asset events {len(o.events)}, repeated rows {len(repeated)} "
+          f"(persisted watermark at the kill {o.persisted}); watermark updates {o.updates}, "
+          f"asset_state_store writes {o.writes}; {time.monotonic() - started:.0f} s")
+    assert o.writes * 5 <= o.updates, f"{o.writes} store writes for {o.updates} updates"
+
+
+async def _scenario(d: Deployment, airflow_db: asyncpg.Connection) -> Outcome:
+    migrate = await asyncio.create_subprocess_exec(
+        str(AIRFLOW), "db", "migrate", env=d.env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    try:
+        output, _ = await migrate.communicate()
+    except BaseException:  # stopped by the bound: leave no migration running
+        migrate.kill()
+        raise
+    assert migrate.returncode == 0, output.decode()[-3000:]
+    await airflow_db.execute(_COUNT_WRITES_SQL)
+    source_conn = await asyncpg.connect(d.source_dsn)
+    await source_conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, amount int)")
+    source = Source(source_conn)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(d.start("dag-processor", "dag-processor"))
+        scheduler = d.start("scheduler", "scheduler", "--skip-serve-logs")
+        procs.append(scheduler)
+
+        async def asset_active() -> bool:
+            return bool(await airflow_db.fetchval(
+                "SELECT count(*) FROM asset_active WHERE name = 'new_orders'"))
+
+        await _wait_for("the scheduler to activate the asset", asset_active, d, 90)
+        _stop(scheduler)  # its job is done; DAG runs would only compete for the CPU
+
+        async def watcher_registered() -> bool:
+            return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_watcher"))
+
+        await _wait_for("the dag processor to register the watcher", watcher_registered, d, 60)
+        triggerer = d.start("triggerer-1", "triggerer", "--skip-serve-logs")
+        procs.append(triggerer)
+
+        # first run: rows arrive, events and the watermark follow
+        await _wait_for("the first watermark in asset_state_store",
+                        lambda: _write_and_read(source, airflow_db), d, 90)
+        first_stored = await _stored_watermark(airflow_db)
+        await source.insert_for(5)
+        await asyncio.sleep(ACK_DELAY + 1.5)  # acked and flushed
+        second_stored = await _stored_watermark(airflow_db)
+        assert first_stored is not None
+        assert second_stored is not None
+        assert second_stored > first_stored, "the watermark in Airflow's store did not advance"
+
+        # the crash: kill the triggerer's whole process group while rows keep coming
+        insert_more = asyncio.ensure_future(source.insert_for(2))
+        await asyncio.sleep(1)
+        _stop(triggerer, signal.SIGKILL)
+        await insert_more
+        persisted, _ = _local_watermark(d.cache_path)
+        emitted_before = _covered(await _events(airflow_db))
+
+        triggerer2 = d.start("triggerer-2", "triggerer", "--skip-serve-logs")
+        procs.append(triggerer2)
+        await source.insert_for(3)
+        total = source.inserted
+
+        async def all_stored() -> bool:
+            return (await _stored_watermark(airflow_db) or 0) >= total
+
+        await _wait_for(f"the stored watermark to reach row {total}", all_stored, d, 60)
+        _stop(triggerer2)  # SIGTERM: cleanup() flushes
+        events = await _events(airflow_db)
+        writes = int(await airflow_db.fetchval("SELECT n FROM localstate_e2e_writes"))
+        value, updates = _local_watermark(d.cache_path)
+    finally:
+        for proc in procs:
+            _stop(proc, signal.SIGKILL, 5)
+        await source_conn.close()
+
+    return Outcome(total, events, writes, value, updates, persisted, emitted_before)
+
+
+async def _write_and_read(source: Source, db: asyncpg.Connection) -> bool:
+    await source.insert_for(0.5)
+    return await _stored_watermark(db) is not None

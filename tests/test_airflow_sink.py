@@ -1,0 +1,206 @@
+"""`AirflowSink` with a store: coalescing, read-through, the max policy's read-compare-write,
+owners without an accessor, and an accessor that fails.
+
+The accessor here is `DictAccessor`, an in-memory class with the three methods the sink calls
+on Airflow's ``AssetStateStoreAccessor`` (which needs a triggerer's supervisor socket; the real
+one is exercised by `tests/test_airflow_e2e.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from localstate import StateStore
+from localstate.config import Settings
+from localstate.errors import CentralUnavailable, ConfigError
+from sync.airflow_sink import AirflowSink, process_sink
+from sync.conflicts import PolicyMap
+from sync.rows import DirtyRow
+
+OWNER = "asset_watcher:orders"
+
+
+class DictAccessor:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}  # JSON text, as Airflow's table keeps it
+        self.calls: list[tuple[str, str]] = []
+        self.down = False
+
+    def _check(self, op: str, key: str) -> None:
+        self.calls.append((op, key))
+        if self.down:
+            raise ConnectionError("supervisor socket closed")
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        self._check("get", key)
+        return json.loads(self.values[key]) if key in self.values else default
+
+    async def aset(self, key: str, value: Any) -> None:
+        self._check("set", key)
+        self.values[key] = json.dumps(value)
+
+    async def adelete(self, key: str) -> None:
+        self._check("delete", key)
+        self.values.pop(key, None)
+
+
+@pytest.fixture
+def accessor() -> DictAccessor:
+    return DictAccessor()
+
+
+@pytest.fixture
+def sink(accessor: DictAccessor) -> AirflowSink:
+    sink = AirflowSink()
+    sink.registry.register(OWNER, [accessor])
+    return sink
+
+
+@pytest_asyncio.fixture
+async def store(sink: AirflowSink, tmp_path: Path) -> AsyncIterator[StateStore]:
+    s = await StateStore.open(cache_path=tmp_path / "cache.db", sink=sink, flush_interval=60,
+                              conflict_policy="asset_watcher:*=max, *=reject")
+    yield s
+    await s.close()
+
+
+def sets(accessor: DictAccessor) -> int:
+    return sum(1 for op, _ in accessor.calls if op == "set")
+
+
+async def test_coalesced_one_call_per_dirty_key(store: StateStore, accessor: DictAccessor
+                                                ) -> None:
+    for n in range(1, 2001):
+        await store.set(OWNER, "watermark", n, durability="memory")
+        await store.set(OWNER, "cursor", {"page": n}, durability="memory")
+    report = await store.flush()
+    assert report.written == 2
+    assert sets(accessor) == 2
+    assert json.loads(accessor.values["watermark"]) == 2000
+    assert json.loads(accessor.values["cursor"]) == {"page": 2000}
+    await store.delete(OWNER, "cursor")
+    await store.flush()
+    assert "cursor" not in accessor.values
+
+
+async def test_miss_reads_through_with_aget(store: StateStore, accessor: DictAccessor) -> None:
+    accessor.values["watermark"] = "41"
+    assert await store.get(OWNER, "watermark") == 41
+    assert ("get", "watermark") in accessor.calls
+    await store.set(OWNER, "watermark", 42)
+    await store.flush()
+    assert accessor.values["watermark"] == "42"
+
+
+async def test_max_never_lowers_what_airflow_holds(store: StateStore, accessor: DictAccessor
+                                                   ) -> None:
+    await store.set(OWNER, "watermark", 10)
+    await store.flush()
+    accessor.values["watermark"] = "500"  # another triggerer moved it on meanwhile
+    await store.set(OWNER, "watermark", 300)
+    report = await store.flush()
+    assert report.conflicts == 1
+    assert accessor.values["watermark"] == "500"
+    assert await store.get(OWNER, "watermark") == 500  # the greater value is adopted
+    await store.set(OWNER, "watermark", 501)
+    await store.flush()
+    assert accessor.values["watermark"] == "501"
+
+
+async def test_max_skips_writing_an_equal_value(store: StateStore, accessor: DictAccessor
+                                                ) -> None:
+    accessor.values["watermark"] = "7"
+    await store.set(OWNER, "watermark", 7)
+    await store.flush()
+    assert sets(accessor) == 0
+
+
+async def test_owner_without_accessor_waits_for_one(store: StateStore, sink: AirflowSink
+                                                    ) -> None:
+    await store.set("asset_watcher:later", "watermark", 5)
+    report = await store.flush()
+    assert report.retried == 1
+    assert store.stats().dirty_keys == 1
+    late = DictAccessor()
+    sink.registry.register("asset_watcher:later", [late])
+    await store.flush()
+    assert late.values == {"watermark": "5"}
+    assert store.stats().dirty_keys == 0
+
+
+async def test_failing_accessor_keeps_the_write(store: StateStore, accessor: DictAccessor
+                                                ) -> None:
+    accessor.down = True
+    await store.set(OWNER, "watermark", 9)
+    with pytest.raises(CentralUnavailable, match="supervisor socket closed"):
+        await store.flush()
+    assert store.stats().dirty_keys == 1
+    accessor.down = False
+    await store.flush()
+    assert accessor.values["watermark"] == "9"
+
+
+async def test_several_accessors_each_get_the_value(accessor: DictAccessor) -> None:
+    second = DictAccessor()
+    sink = AirflowSink()
+    sink.registry.register("trigger:x:1", [accessor, second])
+    rows = [DirtyRow("trigger:x:1", "watermark", "3", 1, 0, 0.0, "t")]
+    outcomes = await sink.write_batch(rows, PolicyMap("reject"))
+    assert [o.resolution for o in outcomes] == ["written"]
+    assert accessor.values == second.values == {"watermark": "3"}
+    assert sink.transactions == 2
+
+
+@pytest.mark.parametrize(("raw", "source"), [("kafka", "environment"), ("", "environment")])
+def test_bad_sink_setting_names_it(raw: str, source: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.resolve(environ={"AIRFLOW__LOCALSTATE__SINK": raw})
+    message = str(info.value)
+    assert "'sink'" in message
+    assert source in message
+    assert "sql, airflow" in message
+
+
+async def test_sink_setting_selects_the_process_airflow_sink(tmp_path: Path) -> None:
+    store = await StateStore.open(cache_path=tmp_path / "c.db", sink="airflow")
+    try:
+        assert store._require_sink() is process_sink()
+        assert store.central_store is None  # no SQL central store, no thread
+        assert store.settings.sources["sink"] == "argument"
+    finally:
+        await store.close()
+
+
+async def test_cache_off_goes_straight_to_airflow(sink: AirflowSink, accessor: DictAccessor,
+                                                  tmp_path: Path) -> None:
+    store = await StateStore.open(cache_path=tmp_path / "off.db", sink=sink, enabled=False)
+    try:
+        for n in range(1, 4):
+            await store.set(OWNER, "watermark", n)
+        assert sets(accessor) == 3  # what Airflow does today: one call per set
+        accessor.values["watermark"] = "10"
+        assert await store.get(OWNER, "watermark") == 10
+        with pytest.raises(CentralUnavailable, match="no Airflow asset state store accessor"):
+            await store.set("asset_watcher:unknown", "watermark", 1)
+    finally:
+        await store.close()
+
+
+async def test_one_failing_asset_does_not_hold_back_the_others(
+    store: StateStore, sink: AirflowSink, accessor: DictAccessor
+) -> None:
+    gone = DictAccessor()
+    gone.down = True  # e.g. an asset deactivated since: Airflow refuses its writes
+    sink.registry.register("asset_watcher:gone", [gone])
+    await store.set("asset_watcher:gone", "watermark", 1)
+    await store.set(OWNER, "watermark", 2)
+    report = await store.flush()
+    assert (report.written, report.retried) == (1, 1)
+    assert accessor.values == {"watermark": "2"}
+    assert store.stats().dirty_keys == 1

@@ -1,0 +1,284 @@
+"""`StateEnabledTrigger` on real ``BaseEventTrigger`` subclasses, driven through ``run()``.
+
+With the ``sql`` sink the state lands in the central table (both backends); with the
+``airflow`` sink in Airflow's asset state store, here an in-memory implementation of the
+accessor methods (`MemoryAccessor`: the real one needs a triggerer's supervisor socket, which
+`tests/test_airflow_e2e.py` provides). The drop-in ``self.asset_state_store`` wraps Airflow's
+own ``AssetStateStoreAccessors``: in this process Airflow's accessor would fail (no supervisor),
+so a test that passes proves the calls were served locally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import greenback
+import pytest
+from airflow.sdk import Asset
+from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from conftest import StoreFactory
+
+from localstate import StateStore
+from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
+from localstate.errors import LocalStateError
+from localstate.variable import StateVariable
+from sync.airflow_sink import AirflowSink, process_sink
+from sync.central_store import CentralStore
+
+
+class CountingTrigger(StateEnabledTrigger, BaseEventTrigger):
+    """Yields watermark+1, watermark+2, ... and advances the watermark after each event."""
+
+    def __init__(self, *, source: str, step: int = 1) -> None:
+        super().__init__()
+        self.source = source
+        self.step = step
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.CountingTrigger", {"source": self.source, "step": self.step})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        n = await self.get_watermark(default=0)
+        while True:
+            n += self.step
+            yield TriggerEvent(n)
+            await self.set_watermark(n)
+
+
+class DropInTrigger(BaseEventTrigger):
+    """Written against Airflow's own API only: ``self.asset_state_store.aget/aset``."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.DropInTrigger", {})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        assert self.asset_state_store is not None
+        last = int(await self.asset_state_store.aget("last_id", default=0))  # type: ignore[arg-type]
+        while True:
+            last += 1
+            await self.asset_state_store.aset("last_id", last)
+            yield TriggerEvent(last)
+
+
+class LocalDropInTrigger(StateEnabledTrigger, DropInTrigger):
+    pass
+
+
+class SyncCallsTrigger(StateEnabledTrigger, BaseEventTrigger):
+    """Airflow's synchronous accessor calls inside run(), through greenback's portal."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.SyncCallsTrigger", {})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        assert self.asset_state_store is not None
+        self.asset_state_store.set("etag", "v1")
+        yield TriggerEvent(self.asset_state_store.get("etag"))
+
+
+class MemoryAccessor(AssetStateStoreAccessor):
+    """One asset's store in memory, with the methods the sink calls; counts the calls."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self.values: dict[str, Any] = {}
+        self.sets = 0
+        self.gets = 0
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        self.gets += 1
+        return self.values.get(key, default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        self.sets += 1
+        self.values[key] = json.loads(json.dumps(value))  # stored as JSON text, as Airflow does
+
+    async def adelete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+    async def aclear(self) -> None:
+        self.values.clear()
+
+
+class MemoryAccessors(AssetStateStoreAccessors):
+    """What a triggerer injects, for assets kept in memory."""
+
+    def __init__(self, *accessors: MemoryAccessor) -> None:
+        super().__init__(inlets=[])
+        self._by_name = {a._name or "": a for a in accessors}
+        self._total = len(accessors)
+
+
+async def drive(trigger: BaseEventTrigger, events: int) -> list[Any]:
+    """Run the trigger as a triggerer does (greenback portal, then run()), for `events`."""
+    await greenback.ensure_portal()
+    got: list[Any] = []
+    stream = trigger.run()
+    async for event in stream:
+        got.append(event.payload)
+        if len(got) == events:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    return got
+
+
+@pytest.fixture(autouse=True)
+def _no_default_store() -> Iterator[None]:
+    yield
+    StateVariable.configure(None)
+
+
+async def use(store: StateStore) -> StateStore:
+    StateVariable.configure(store)
+    return store
+
+
+async def test_watermark_continues_on_another_triggerer(open_store: StoreFactory) -> None:
+    first = await use(await open_store())
+    trigger = CountingTrigger(source="orders")
+    assert await drive(trigger, 50) == list(range(1, 51))
+    assert await trigger.state.get() == 49  # the 50th event's set had not run yet
+    await trigger.state.set(50)
+    await first.flush()
+    assert trigger.state_owner.startswith("trigger:")
+
+    # the same trigger (same classpath and kwargs) on another triggerer: same owner, continues
+    await use(await open_store())
+    again = CountingTrigger(source="orders")
+    assert again.state_owner == trigger.state_owner
+    assert await drive(again, 3) == [51, 52, 53]
+    other = CountingTrigger(source="invoices")
+    assert other.state_owner != trigger.state_owner
+    assert await drive(other, 1) == [1]
+
+
+async def test_state_is_opened_by_run(open_store: StoreFactory) -> None:
+    await use(await open_store())
+    trigger = CountingTrigger(source="orders")
+    with pytest.raises(LocalStateError, match="open_state"):
+        trigger.state  # noqa: B018 (the property is the test)
+    await drive(trigger, 1)
+    assert trigger.state.owner == trigger.state_owner
+    assert trigger.state_variable("cursor").key == "cursor"
+
+
+def test_owner_is_a_stable_hash_of_the_kwargs() -> None:
+    trigger = CountingTrigger(source="orders", step=2)
+    text = json.dumps({"source": "orders", "step": 2}, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(f"{__name__}.CountingTrigger\0{text}".encode()).hexdigest()[:32]
+    assert trigger.state_owner == f"trigger:{__name__}.CountingTrigger:{digest}"
+    assert trigger_owner("x.Y", {"b": 1, "a": 2}) == trigger_owner("x.Y", {"a": 2, "b": 1})
+
+
+def test_owner_comes_from_the_watched_asset() -> None:
+    trigger = CountingTrigger(source="orders")
+    trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name="orders")])
+    assert trigger.state_owner == "asset_watcher:orders"
+    assert isinstance(trigger.asset_state_store, AssetStateStoreAccessors)
+    several = CountingTrigger(source="orders")
+    several.asset_state_store = AssetStateStoreAccessors(
+        inlets=[Asset(name="orders"), Asset(name="refunds")])
+    assert several.state_owner.startswith("trigger:")
+
+
+async def test_drop_in_asset_state_store_is_served_locally(open_store: StoreFactory) -> None:
+    store = await use(await open_store())
+    trigger = LocalDropInTrigger()
+    # what the triggerer injects: Airflow's accessors, which would need its supervisor
+    trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name="orders")])
+    assert await drive(trigger, 20) == list(range(1, 21))
+    assert await store.get("asset_watcher:orders", "last_id") == 20
+    assert isinstance(trigger.asset_state_store, AssetStateStoreAccessors)
+    with pytest.raises(ValueError, match="None"):
+        await trigger.asset_state_store.aset("last_id", None)
+    accessor = trigger.asset_state_store[Asset(name="orders")]
+    await accessor.adelete("last_id")
+    assert await accessor.aget("last_id", default="gone") == "gone"
+
+
+async def test_sync_accessor_calls_through_the_portal(open_store: StoreFactory) -> None:
+    store = await use(await open_store())
+    trigger = SyncCallsTrigger()
+    trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name="etags")])
+    assert await drive(trigger, 1) == ["v1"]
+    assert await store.get("asset_watcher:etags", "etag") == "v1"
+
+
+@pytest.fixture
+def airflow_sink() -> Iterator[AirflowSink]:
+    """The process's Airflow sink, with a clean registry after the test."""
+    sink = process_sink()
+    saved = dict(sink.registry._by_owner)
+    yield sink
+    sink.registry._by_owner = saved
+
+
+async def test_airflow_sink_one_write_per_key_per_flush(
+    tmp_path: Path, airflow_sink: AirflowSink
+) -> None:
+    stored = MemoryAccessor("orders")
+    store = await use(await StateStore.open(
+        cache_path=tmp_path / "t1.db", sink="airflow", flush_interval=60))
+    try:
+        trigger = CountingTrigger(source="orders")
+        trigger.asset_state_store = MemoryAccessors(stored)
+        await drive(trigger, 1000)
+        await store.flush()
+        assert stored.values == {"watermark": 999}
+        assert stored.sets == 1  # 999 watermark updates, one write
+    finally:
+        await store.close()
+
+    # another triggerer (its own cache) reads the watermark through, then continues
+    other = await use(await StateStore.open(
+        cache_path=tmp_path / "t2.db", sink="airflow", flush_interval=60))
+    try:
+        again = CountingTrigger(source="orders")
+        again.asset_state_store = MemoryAccessors(stored)
+        assert await drive(again, 2) == [1000, 1001]
+        assert stored.gets >= 1
+    finally:
+        await other.close()
+    assert stored.values == {"watermark": 1000}  # close() flushed
+
+
+async def test_cleanup_flushes_before_the_trigger_leaves(open_store: StoreFactory,
+                                                        central_url: str) -> None:
+    await use(await open_store())
+    trigger = CountingTrigger(source="moving")
+    await drive(trigger, 5)
+    key = (trigger.state_owner, "watermark")
+    central = await CentralStore.open(central_url)
+    try:
+        assert key not in await central.read_many([key])
+        await trigger.cleanup()  # the triggerer calls it when the trigger moves or stops
+        assert (await central.read_many([key]))[key].data == "4"
+    finally:
+        await central.close()
+
+
+async def test_drop_in_clear_empties_local_and_airflow_keys(
+    tmp_path: Path, airflow_sink: AirflowSink
+) -> None:
+    stored = MemoryAccessor("orders")
+    stored.values["only_in_airflow"] = 1
+    store = await use(await StateStore.open(
+        cache_path=tmp_path / "c.db", sink="airflow", flush_interval=60))
+    try:
+        trigger = LocalDropInTrigger()
+        trigger.asset_state_store = MemoryAccessors(stored)
+        await drive(trigger, 3)
+        await store.flush()
+        assert stored.values == {"only_in_airflow": 1, "last_id": 3}
+        assert trigger.asset_state_store is not None
+        await trigger.asset_state_store.aclear()
+        assert await trigger.asset_state_store.aget("last_id") is None
+        await store.flush()
+        assert stored.values == {}
+    finally:
+        await store.close()
