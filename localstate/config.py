@@ -30,10 +30,12 @@ from localstate.model import DURABILITIES, Durability
 
 __all__ = [
     "API_ROLES",
+    "LIVE_SETTINGS",
     "SETTING_NAMES",
     "ApiToken",
     "Settings",
     "airflow_home",
+    "config_file_path",
     "default_triggerer_id",
 ]
 
@@ -74,6 +76,12 @@ class ApiToken:
 def airflow_home(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     return Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
+
+
+def config_file_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The airflow.cfg settings are read from: ``$AIRFLOW_CONFIG``, else in ``$AIRFLOW_HOME``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("AIRFLOW_CONFIG") or airflow_home(env) / "airflow.cfg")
 
 
 def default_triggerer_id() -> str:
@@ -334,9 +342,14 @@ _SPECS: Final[dict[str, _Spec]] = {
                   "opentelemetry-api)"),
     "metrics_interval": _Spec(_positive_float, 10.0, "seconds between two metric reports "
                               "(sampled from stats(), never per set)"),
+    "watch_config": _Spec(_bool, False, "watch airflow.cfg and apply changes of the live "
+                          "settings (enabled, flush_interval, max_batch, durability) to the "
+                          "running store"),
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
+#: the settings a running store takes on without a restart (`StateStore.reconfigure`)
+LIVE_SETTINGS: Final = ("enabled", "flush_interval", "max_batch", "durability")
 
 
 @dataclass(frozen=True)
@@ -368,6 +381,7 @@ class Settings:
     statsd_prefix: str = "localstate"
     otel: bool = False
     metrics_interval: float = 10.0
+    watch_config: bool = False
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     home: Path = field(default_factory=airflow_home, compare=False)
@@ -388,7 +402,7 @@ class Settings:
                 f"unknown setting(s) {sorted(unknown)}; known: {', '.join(SETTING_NAMES)}"
             )
         home = airflow_home(env)
-        cfg_path = config_file or Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg")
+        cfg_path = config_file or config_file_path(env)
         cfg = _read_cfg(cfg_path)
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
