@@ -127,6 +127,8 @@ class BlockingStateStore:
         self._closed = True
         # close without waiting: __del__ may run on any thread, this store's own included
         loop = self._loop
+        if loop.is_closed():  # its thread is gone already (interpreter exit)
+            return
         fut = asyncio.run_coroutine_threadsafe(_shut_down(self._store), loop)
         fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(loop.stop))
 

@@ -24,6 +24,7 @@ file and renaming it over the old one is seen too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -100,7 +101,9 @@ class ConfigWatcher:
         if task is None:
             return
         self._stop.set()
-        await task
+        # a watch that failed was reported by _run: closing the store must not fail on it
+        with contextlib.suppress(Exception):
+            await task
 
     async def _run(self, armed: asyncio.Event) -> None:
         name = self.path.name
@@ -117,9 +120,14 @@ class ConfigWatcher:
         # first awaits; a callback scheduled now runs after that step, so `armed` says the
         # watch is live.
         asyncio.get_running_loop().call_soon(armed.set)
-        async for batch in changes:
-            if batch or self._pending is not None:  # a change, or a retry of a pending one
-                await self.reload()
+        try:
+            async for batch in changes:
+                if batch or self._pending is not None:  # a change, or a retry of one pending
+                    await self.reload()
+        except Exception as exc:  # the folder went away, the watch limit was reached, ...
+            self._report(f"stopped watching {self.path} ({type(exc).__name__}: {exc}); "
+                         "changes to it apply at the next start", traceback=True)
+            raise
 
     async def reload(self) -> tuple[str, ...]:
         """Read the file now and apply it; return the live settings that changed.

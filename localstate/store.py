@@ -169,7 +169,11 @@ class StateStore:
             from localstate.reload import ConfigWatcher
 
             self._watcher = ConfigWatcher(self, config_file_path())
-            await self._watcher.start()
+            try:
+                await self._watcher.start()
+            except BaseException:
+                await self.close()
+                raise
 
     async def _start_cache(self, s: Settings, *, keep_clean: bool) -> None:
         """Open the local cache, load it into memory and start the sync worker.

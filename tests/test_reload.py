@@ -22,7 +22,7 @@ import pytest_asyncio
 from conftest import StoreFactory
 from postgres_server import PostgresServer
 
-from localstate import Settings, StateStore
+from localstate import ConfigError, Settings, StateStore
 from localstate.model import Durability
 from localstate.reload import ConfigWatcher
 from sync.central_store import CentralStore
@@ -320,3 +320,15 @@ async def test_turning_off_while_the_central_db_refuses_is_retried_until_it_appl
         assert await central_values(c, [("o", "k")]) == {("o", "k"): 1}
     finally:
         await c.close()
+
+
+async def test_watching_a_file_in_a_missing_folder_is_refused_and_nothing_stays_open(
+    central_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONFIG", str(tmp_path / "no-such-folder" / "airflow.cfg"))
+    with pytest.raises(ConfigError, match="no-such-folder"):
+        await StateStore.open(central_url=central_url, cache_path=tmp_path / "m.db",
+                              watch_config=True)
+    # the cache file is free again: the failed open released it
+    async with StateStore(central_url=central_url, cache_path=tmp_path / "m.db") as store:
+        assert store.config_watcher is None
