@@ -3,10 +3,16 @@
     async with StateStore(central_url="postgresql://...") as store:
         await store.set("asset_watcher:orders", "watermark", 41)
         await store.get("asset_watcher:orders", "watermark")
+
+Without an event loop: `BlockingStateStore` and `localstate.blocking.StateVariable`. Through
+the REST API server: `localstate.client.StateClient` / `AsyncStateClient` (the ``client``
+extra, httpx).
 """
 
-from localstate.config import Settings
+from localstate.blocking import BlockingStateStore
+from localstate.config import LIVE_SETTINGS, Settings
 from localstate.errors import (
+    AccessDenied,
     CacheCorrupt,
     CacheError,
     CacheLocked,
@@ -26,6 +32,7 @@ from localstate.errors import (
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
+from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats
 from localstate.store import StateStore
 from localstate.variable import StateVariable
@@ -33,7 +40,10 @@ from localstate.variable import StateVariable
 __version__ = "0.1.0"
 
 __all__ = [
+    "LIVE_SETTINGS",
     "UNSET",
+    "AccessDenied",
+    "BlockingStateStore",
     "CacheCorrupt",
     "CacheError",
     "CacheLocked",
@@ -42,6 +52,7 @@ __all__ = [
     "CentralError",
     "CentralUnavailable",
     "ConfigError",
+    "ConfigWatcher",
     "Durability",
     "FlushState",
     "InvalidInput",

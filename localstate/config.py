@@ -33,10 +33,12 @@ from localstate.model import DURABILITIES, Durability
 
 __all__ = [
     "API_ROLES",
+    "LIVE_SETTINGS",
     "SETTING_NAMES",
     "ApiToken",
     "Settings",
     "airflow_home",
+    "config_file_path",
     "default_triggerer_id",
     "setting_specs",
 ]
@@ -78,6 +80,12 @@ class ApiToken:
 def airflow_home(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     return Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
+
+
+def config_file_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The airflow.cfg settings are read from: ``$AIRFLOW_CONFIG``, else in ``$AIRFLOW_HOME``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("AIRFLOW_CONFIG") or airflow_home(env) / "airflow.cfg")
 
 
 def default_triggerer_id() -> str:
@@ -341,9 +349,14 @@ _SPECS: Final[dict[str, _Spec]] = {
                   "opentelemetry-api)"),
     "metrics_interval": _Spec(_positive_float, 10.0, "seconds between two metric reports "
                               "(sampled from stats(), never per set)"),
+    "watch_config": _Spec(_bool, False, "watch airflow.cfg and apply changes of the live "
+                          "settings (enabled, flush_interval, max_batch, durability) to the "
+                          "running store"),
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
+#: the settings a running store takes on without a restart (`StateStore.reconfigure`)
+LIVE_SETTINGS: Final = ("enabled", "flush_interval", "max_batch", "durability")
 
 
 def setting_specs() -> dict[str, tuple[Any, str, bool]]:
@@ -382,6 +395,7 @@ class Settings:
     statsd_prefix: str = "localstate"
     otel: bool = False
     metrics_interval: float = 10.0
+    watch_config: bool = False
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     home: Path = field(default_factory=airflow_home, compare=False)
@@ -402,7 +416,7 @@ class Settings:
                 f"unknown setting(s) {sorted(unknown)}; known: {', '.join(SETTING_NAMES)}"
             )
         home = airflow_home(env)
-        cfg_path = config_file or Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg")
+        cfg_path = config_file or config_file_path(env)
         # Airflow's conf adds what the file alone does not say (`_cmd`/`_secret` options,
         # `conf.set` calls); the file itself is read afresh either way, so an edit applies
         # at the next resolve (live reload) although conf parsed the file only at start.

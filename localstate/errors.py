@@ -15,6 +15,7 @@
     │   ├── CacheWriteFailed           a local commit failed (disk full, I/O error)
     │   └── CachePathNotWritable       the folder or file cannot be created or written
     ├── SchemaError                    a local or central schema newer than this code
+    ├── AccessDenied                   the REST API refused the token (401 or 403; `status`)
     └── CentralError                   the central metadata DB
         └── CentralUnavailable         unreachable or failing past the wait allowed
 
@@ -25,6 +26,7 @@ one of these, with the driver's exception as `__cause__`.
 from __future__ import annotations
 
 __all__ = [
+    "AccessDenied",
     "CacheCorrupt",
     "CacheError",
     "CacheLocked",
@@ -117,6 +119,15 @@ class CachePathNotWritable(CacheError):
 
 class SchemaError(LocalStateError):
     """A database whose schema is newer than this code (or otherwise unusable)."""
+
+
+class AccessDenied(LocalStateError, PermissionError):
+    """The REST API refused the call: no or an invalid token (401), or one that may not touch
+    this owner or may not write (403). Nothing was read or written."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class CentralError(LocalStateError):

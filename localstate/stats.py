@@ -36,6 +36,9 @@ class StoreStats:
     last_error: str | None
     keys_in_memory: int
     cache_enabled: bool
+    #: why the last edit of airflow.cfg was not applied (the settings in force are the last
+    #: good ones); None when it was, or when the store does not watch the file
+    config_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

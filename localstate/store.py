@@ -10,6 +10,7 @@ call goes straight to the central DB, one transaction per `set`, as Airflow's ow
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import warnings
@@ -19,10 +20,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
-from localstate.config import Settings
+from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings, config_file_path
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
     CentralError,
+    CentralUnavailable,
     InvalidInput,
     LocalStateError,
     StoreClosed,
@@ -30,6 +32,7 @@ from localstate.errors import (
 )
 from localstate.local_cache import LocalCache
 from localstate.metrics import MetricsReporter, start_reporter
+from localstate.mode_gate import ModeGate
 from localstate.model import (
     Durability,
     FlushState,
@@ -48,6 +51,7 @@ from sync.sinks import Sink
 from sync.worker import ConflictInfo, FlushReport, SyncWorker
 
 if TYPE_CHECKING:
+    from localstate.reload import ConfigWatcher
     from localstate.variable import StateVariable
 
 __all__ = ["StateStore"]
@@ -123,6 +127,10 @@ class StateStore:
         self._hits = 0  # gets served from memory
         self._misses = 0  # gets that had to look further
         self._metrics: MetricsReporter | None = None  # off unless statsd_host / otel is set
+        # switches between local-first and direct mode under running calls (reconfigure)
+        self._gate = ModeGate()
+        self._reconfiguring = asyncio.Lock()
+        self._watcher: ConfigWatcher | None = None  # with watch_config
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -153,30 +161,53 @@ class StateStore:
                 self._sink = await _open_central(s)
             self._reader = ReadThrough(self._sink)
             if not self._direct:
-                self._cache = await LocalCache.open(
-                    s.resolved_cache_path,
-                    owner_id=self.triggerer_id,
-                    local_sync="normal" if s.local_sync == "normal" else "full",
-                    memory_window=s.memory_window,
-                )
-                self._entries = await self._cache.load()
-                self._dirty = {k: e.updated_at for k, e in self._entries.items() if e.dirty}
-                self._worker = SyncWorker(
-                    entries=self._entries, dirty=self._dirty, cache=self._cache,
-                    sink=self._sink, policies=self._policies,
-                    flush_interval=s.flush_interval, max_batch=s.max_batch,
-                    on_conflict=self._on_conflict,
-                )
-                self._worker.start()
-                if self._dirty:
-                    log.info("%d writes not yet in the central DB found in %s; flushing",
-                             len(self._dirty), self._cache.path)
-                    self._worker.kick()
+                await self._start_cache(s, keep_clean=True)
         except BaseException:
             await self._release()
             raise
         self._opened = True
         self._metrics = start_reporter(self)
+        if s.watch_config:
+            from localstate.reload import ConfigWatcher
+
+            self._watcher = ConfigWatcher(self, config_file_path())
+            try:
+                await self._watcher.start()
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _start_cache(self, s: Settings, *, keep_clean: bool) -> None:
+        """Open the local cache, load it into memory and start the sync worker.
+
+        `keep_clean=False` (the cache turned on at run time) keeps only the writes the central
+        DB lacks: a clean row may be older than what was written centrally meanwhile, so it
+        is dropped (from the file too) and read through when asked for.
+        """
+        self._cache = cache = await LocalCache.open(
+            s.resolved_cache_path,
+            owner_id=self.triggerer_id,
+            local_sync="normal" if s.local_sync == "normal" else "full",
+            memory_window=s.memory_window,
+        )
+        entries = await cache.load()
+        if not keep_clean:
+            stale = {k: e for k, e in entries.items() if not e.dirty}
+            cache.stage_many({k: _purged(e) for k, e in stale.items()})
+            entries = {k: e for k, e in entries.items() if e.dirty}
+        self._entries = entries
+        self._dirty = {k: e.updated_at for k, e in entries.items() if e.dirty}
+        self._worker = SyncWorker(
+            entries=self._entries, dirty=self._dirty, cache=cache,
+            sink=self._require_sink(), policies=self._policies,
+            flush_interval=s.flush_interval, max_batch=s.max_batch,
+            on_conflict=self._on_conflict,
+        )
+        self._worker.start()
+        if self._dirty:
+            log.info("%d writes not yet in the central DB found in %s; flushing",
+                     len(self._dirty), cache.path)
+            self._worker.kick()
 
     async def close(self) -> None:
         """Flush what can be flushed within ``close_timeout``, then close. Safe twice."""
@@ -184,11 +215,14 @@ class StateStore:
             self._closed = True
             return
         self._closed = True
-        if self._worker is not None:
-            await self._worker.stop(self.settings.close_timeout)
-        if self._metrics is not None:
-            await self._metrics.stop()  # the last report: what the final flush did
-        await self._release()
+        if self._watcher is not None:
+            await self._watcher.stop()
+        async with self._gate.exclusive():  # a mode switch in progress finishes first
+            if self._worker is not None:
+                await self._worker.stop(self.settings.close_timeout)
+            if self._metrics is not None:
+                await self._metrics.stop()  # the last report: what the final flush did
+            await self._release()
 
     async def _release(self) -> None:
         if self._cache is not None:
@@ -201,6 +235,11 @@ class StateStore:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def config_watcher(self) -> ConfigWatcher | None:
+        """The watcher of airflow.cfg (with ``watch_config``), else None."""
+        return self._watcher
 
     @property
     def central_store(self) -> CentralStore | None:
@@ -233,7 +272,8 @@ class StateStore:
             obj = e.obj
             return obj if obj is not NOT_DECODED else decode(data)
         self._misses += 1
-        e = await self._known((owner, key))
+        async with self._gate.call():
+            e = await self._known((owner, key))
         if e is None or e.data is None:
             return default
         return e.obj if e.obj is not NOT_DECODED else decode(e.data)
@@ -243,7 +283,8 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         keys = list(keys)
-        found = await asyncio.gather(*(self._known((owner, k)) for k in keys))
+        async with self._gate.call():
+            found = await asyncio.gather(*(self._known((owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
             for k, e in zip(keys, found, strict=True)
@@ -254,25 +295,27 @@ class StateStore:
         """The full record (value, version, stamps, flush state), or None."""
         if self._closed:
             raise self._closed_error()
-        e = await self._known((owner, key))
-        if e is None or e.data is None:
-            return None
-        return self._record((owner, key), e)
+        async with self._gate.call():
+            e = await self._known((owner, key))
+            if e is None or e.data is None:
+                return None
+            return self._record((owner, key), e)
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
-        if self._direct:
-            for row in await self._require_sink().read_owner(owner):
-                if row.data is not None:
-                    yield self._record((row.owner, row.key), _entry_from(row))
-            return
-        snapshot = [(k, e) for k, e in self._entries.items() if k[0] == owner]
-        for k, e in sorted(snapshot):
-            if e.data is not None:
-                yield self._record(k, e)
+        async with self._gate.call():  # not held while the caller iterates
+            if self._direct:
+                rows = await self._require_sink().read_owner(owner)
+                records = [self._record((r.owner, r.key), _entry_from(r))
+                           for r in rows if r.data is not None]
+            else:
+                snapshot = [(k, e) for k, e in self._entries.items() if k[0] == owner]
+                records = [self._record(k, e) for k, e in sorted(snapshot) if e.data is not None]
+        for record in records:
+            yield record
 
     async def load(self, owner: str) -> int:
         """Refresh `owner`'s keys from the central DB in one query; return how many it has.
@@ -283,6 +326,10 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
+        async with self._gate.call():
+            return await self._load(owner)
+
+    async def _load(self, owner: str) -> int:
         rows = await self._require_sink().read_owner(owner)
         if self._direct:
             return sum(1 for r in rows if r.data is not None)
@@ -338,17 +385,26 @@ class StateStore:
         elif durability != "memory" and durability != "local" and durability != "central":
             check_durability(durability)  # raises, before anything is written
         k = (owner, key)
-        if self._direct:
-            return await self._set_direct(k, data, durability)
-        e = self._entries.get(k)
+        e = None if self._direct else self._entries.get(k)
         if e is None:
-            e = await self._first_write(k)
+            return await self._set_slow(k, data, value, durability)
         version = self._apply(
             k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
         )
         if durability == "memory":
             return version
         return await self._persist(k, e, version, durability)
+
+    async def _set_slow(self, k: StateKey, data: str, value: Any, durability: Durability
+                        ) -> int:
+        """`set` in direct mode, or of a key not in memory: in one mode from start to end."""
+        async with self._gate.call():
+            if self._direct:
+                return await self._set_direct(k, data, durability)
+            e = self._entries.get(k) or await self._first_write(k)
+            return await self._write(
+                k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
+            )
 
     async def compare_and_set(
         self, owner: str, key: str, value: Any, *, expected_version: int,
@@ -364,7 +420,13 @@ class StateStore:
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
         data = encode(value, self._max_value_bytes)
-        k = (owner, key)
+        async with self._gate.call():
+            return await self._compare_and_set((owner, key), value, data, expected_version,
+                                               durability)
+
+    async def _compare_and_set(self, k: StateKey, value: Any, data: str, expected_version: int,
+                               durability: Durability | None) -> int:
+        owner, key = k
         if self._direct:
             raise InvalidInput(
                 "compare_and_set needs the local cache (enabled=True): direct mode writes "
@@ -387,7 +449,10 @@ class StateStore:
         """Delete ``(owner, key)``; return whether it had a value."""
         if self._closed:
             raise self._closed_error()
-        k = (owner, key)
+        async with self._gate.call():
+            return await self._delete((owner, key), durability)
+
+    async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
         if self._direct:
             e = await self._known(k)
             if e is None or e.data is None:
@@ -502,9 +567,104 @@ class StateStore:
         """Flush every dirty key now (waits for a flush in flight first); report what it did."""
         if self._closed:
             raise self._closed_error()
-        if self._worker is None:
-            return FlushReport()
-        return await self._worker.flush()
+        async with self._gate.call():
+            if self._worker is None:
+                return FlushReport()
+            return await self._worker.flush()
+
+    # -- settings at run time ------------------------------------------------------------
+
+    async def reconfigure(self, settings: Settings) -> tuple[str, ...]:
+        """Apply the live settings of `settings` to the running store; return those changed.
+
+        Live: ``enabled``, ``flush_interval``, ``max_batch``, ``durability`` (see
+        `LIVE_SETTINGS`); a change of any other setting is logged and applies at the next
+        start. Turning the cache off holds new calls back, flushes every dirty key, then
+        closes the local cache and sends every call to the central DB (no write is lost or
+        overtaken: a call in progress finishes first). If that flush fails, the cache stays on
+        and the error is raised. Turning it on opens the local cache and starts the sync worker.
+        """
+        if self._closed:
+            raise self._closed_error()
+        if not self._opened:
+            raise LocalStateError("open the store before reconfiguring it")
+        async with self._reconfiguring:  # one at a time: each compares with the one before
+            return await self._reconfigure(settings)
+
+    async def _reconfigure(self, settings: Settings) -> tuple[str, ...]:
+        current = self.settings
+        changed = tuple(n for n in LIVE_SETTINGS if getattr(settings, n) != getattr(current, n))
+        later = [n for n in SETTING_NAMES
+                 if n not in LIVE_SETTINGS and getattr(settings, n) != getattr(current, n)]
+        if later:
+            log.warning("setting(s) %s changed; they apply when the store next starts (live: "
+                        "%s)", ", ".join(later), ", ".join(LIVE_SETTINGS))
+        if not changed:
+            return ()
+        new = dataclasses.replace(
+            current, **{n: getattr(settings, n) for n in changed},
+            sources={**current.sources,
+                     **{n: settings.sources.get(n, "default") for n in changed}},
+        )
+        toggle = new.enabled == self._direct
+        async with self._gate.switch() if toggle else self._gate.exclusive():
+            if self._closed:
+                raise self._closed_error()
+            if toggle and new.enabled:
+                await self._go_local(new)
+            elif toggle:
+                await self._go_direct()
+            self._durability = new.durability
+            self._max_batch = new.max_batch
+            if self._worker is not None:
+                self._worker.retune(flush_interval=new.flush_interval, max_batch=new.max_batch)
+            self.settings = new
+        log.info("applied %s", ", ".join(f"{n}={getattr(new, n)!r}" for n in changed))
+        return changed
+
+    async def _go_local(self, s: Settings) -> None:
+        """Direct mode to local-first (within a gate switch: no call is in progress)."""
+        try:
+            await self._start_cache(s, keep_clean=False)
+        except BaseException:
+            worker, cache = self._worker, self._cache
+            self._worker = self._cache = None
+            self._entries, self._dirty = {}, {}
+            if worker is not None:
+                await worker.stop(0)
+            if cache is not None:
+                await cache.close()
+            raise
+        self._absent.clear()
+        self._direct = False
+
+    async def _go_direct(self) -> None:
+        """Local-first to direct mode: flush everything first (within a gate switch)."""
+        worker, cache = self._require_worker(), self._require_cache()
+        self._direct = True  # from here every call, hot path included, waits at the gate
+        timeout = self.settings.close_timeout
+        try:
+            await asyncio.wait_for(self._drain(worker), timeout)
+        except BaseException as exc:
+            self._direct = False  # stay local-first: nothing was lost, nothing changed
+            if isinstance(exc, asyncio.TimeoutError):
+                raise CentralUnavailable(
+                    f"could not flush {len(self._dirty)} dirty keys to {worker.sink.url} "
+                    f"within {timeout:g} s (close_timeout) to turn the cache off; it stays on"
+                ) from None
+            raise
+        await worker.stop(timeout)  # nothing is dirty: this only ends its loop
+        # The central DB holds every row now: empty the file, so that turning the cache on
+        # again (or the next start) cannot serve a value written centrally meanwhile.
+        cache.stage_many({k: _purged(e) for k, e in self._entries.items()})
+        await cache.close()
+        self._worker = self._cache = None
+        self._entries, self._dirty = {}, {}
+        self._absent.clear()
+
+    async def _drain(self, worker: SyncWorker) -> None:
+        while self._dirty:
+            await worker.flush()
 
     def stats(self) -> StoreStats:
         w, c, sink = self._worker, self._cache, self._sink
@@ -529,6 +689,7 @@ class StateStore:
             flush_lag_p50_s=_percentile(lags, 0.5), flush_lag_p99_s=_percentile(lags, 0.99),
             last_error=None if last_error is None else str(last_error),
             keys_in_memory=len(self._entries), cache_enabled=not self._direct,
+            config_error=self._watcher.last_error if self._watcher is not None else None,
         )
 
     def variable(self, key: str, *, owner: str) -> StateVariable:
@@ -591,6 +752,11 @@ async def _open_central(s: Settings) -> Sink:
     if s.central_thread:
         return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
     return await CentralStore.open(url, upgrade_schema=upgrade)
+
+
+def _purged(e: Entry) -> Entry:
+    """A clean tombstone of `e`: staged, it removes the row from the local file."""
+    return Entry(None, None, e.version, e.updated_at, e.updated_by, e.version)
 
 
 def _entry_from(row: CentralRow) -> Entry:

@@ -126,6 +126,13 @@ class SyncWorker:
                 self._run(), name="localstate-sync-worker"
             )
 
+    def retune(self, *, flush_interval: float, max_batch: int) -> None:
+        """Take new settings while running (a config reload); a wait in progress ends now."""
+        self.flush_interval = flush_interval
+        self.max_batch = max_batch
+        self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
+        self._kick.set()
+
     def kick(self) -> None:
         """Flush now rather than at the next interval (enough keys are dirty, or a waiter)."""
         self._kick.set()

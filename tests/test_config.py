@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,179 @@ def test_replace_parses_like_an_argument(tmp_path: Path) -> None:
     assert s.replace(flush_interval="0.25").flush_interval == 0.25
     with pytest.raises(ConfigError, match="flush_interval"):
         s.replace(flush_interval=0)
+
+
+# -- the resolution order, every combination of sources --------------------------------
+
+LAYERS = ("argument", "environment", "cfg")
+
+
+@pytest.mark.parametrize(
+    "present",
+    [frozenset(c) for n in range(4) for c in itertools.combinations(LAYERS, n)],
+    ids=lambda p: "+".join(sorted(p)) or "none",
+)
+def test_the_first_source_that_has_a_setting_wins(tmp_path: Path, present: frozenset[str]
+                                                  ) -> None:
+    values = {"argument": 11, "environment": 22, "cfg": 33}
+    env = {"AIRFLOW_HOME": str(tmp_path)}
+    if "environment" in present:
+        env["AIRFLOW__LOCALSTATE__MAX_BATCH"] = str(values["environment"])
+    if "cfg" in present:
+        write_cfg(tmp_path, f"[localstate]\nmax_batch = {values['cfg']}\n")
+    explicit = {"max_batch": values["argument"]} if "argument" in present else None
+    s = Settings.resolve(explicit, environ=env)
+    winner = next((layer for layer in LAYERS if layer in present), None)
+    assert s.max_batch == (10_000 if winner is None else values[winner])
+    source = s.sources["max_batch"]
+    if winner is None:
+        assert source == "default"
+    elif winner == "environment":
+        assert source == "environment AIRFLOW__LOCALSTATE__MAX_BATCH"
+    elif winner == "cfg":
+        assert source == f"{tmp_path / 'airflow.cfg'} [localstate] max_batch"
+    else:
+        assert source == "argument"
+
+
+def test_a_cfg_without_a_localstate_section_leaves_the_defaults(tmp_path: Path) -> None:
+    write_cfg(tmp_path, "[core]\nmax_batch = 3\n")
+    s = Settings.resolve(environ={"AIRFLOW_HOME": str(tmp_path)})
+    assert (s.max_batch, s.sources["max_batch"]) == (10_000, "default")
+
+
+def test_an_unparsable_cfg_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = write_cfg(tmp_path, "[localstate\nmax_batch = 3\n")
+    with pytest.raises(ConfigError, match="cannot parse") as info:
+        Settings.resolve(environ={"AIRFLOW_HOME": str(tmp_path)})
+    assert str(path) in str(info.value)
+
+
+# -- every bad value of every setting -------------------------------------------------
+
+TOKEN = "tok-0123456789abcdef"
+#: (setting, bad raw text, a phrase of what the error says is allowed)
+BAD_VALUES = [
+    ("enabled", "maybe", "true or false"),
+    ("enabled", "2", "true or false"),
+    ("durability", "disk", "central, local, memory"),
+    ("durability", "", "central, local, memory"),
+    ("sink", "kafka", "sql, airflow"),
+    ("sink", "", "sql, airflow"),
+    ("flush_interval", "soon", "greater than 0"),
+    ("flush_interval", "0", "greater than 0"),
+    ("flush_interval", "-1", "greater than 0"),
+    ("flush_interval", "nan", "greater than 0"),
+    ("flush_interval", "inf", "greater than 0"),
+    ("max_batch", "0", "whole number greater than 0"),
+    ("max_batch", "-3", "whole number greater than 0"),
+    ("max_batch", "1.5", "whole number greater than 0"),
+    ("max_batch", "lots", "whole number greater than 0"),
+    ("max_value_bytes", "0", "whole number greater than 0"),
+    ("max_value_bytes", "64k", "whole number greater than 0"),
+    ("conflict_policy", "newest", "reject, last_writer_wins, max or max:<field>"),
+    ("conflict_policy", "max:", "reject, last_writer_wins, max or max:<field>"),
+    ("conflict_policy", "reject:offset", "reject, last_writer_wins, max or max:<field>"),
+    ("conflict_policy", "asset_watcher:*=min", "reject, last_writer_wins, max or max:<field>"),
+    ("conflict_policy", "=max", "owner-glob=policy pairs"),
+    ("conflict_policy", "a*=max, b*", "owner-glob=policy pairs"),
+    ("local_sync", "off", "full, normal"),
+    ("memory_window", "0", "greater than 0"),
+    ("memory_window", "short", "greater than 0"),
+    ("central_timeout", "-5", "greater than 0"),
+    ("close_timeout", "never", "greater than 0"),
+    ("absent_ttl", "0", "greater than 0"),
+    ("upgrade_schema", "perhaps", "true or false"),
+    ("central_thread", "sometimes", "true or false"),
+    ("api_tokens", "short:read:*", "at least 16"),
+    ("api_tokens", f"{TOKEN}:admin:*", "read, read-write"),
+    ("api_tokens", TOKEN, "TOKEN:ROLE:PREFIX"),
+    ("api_tokens", f"{TOKEN}:read:*, {TOKEN}:read-write:dag:", "listed twice"),
+    ("api_tokens", "[not json", "not valid JSON"),
+    ("api_tokens", f'[{{"token": "{TOKEN}", "role": "read", "owners": []}}]', "non-empty list"),
+    ("api_tokens", f'[{{"token": "{TOKEN}", "role": "read", "owners": ["*"], "x": 1}}]',
+     "unknown field"),
+    ("api_tokens", "[1]", "TOKEN:ROLE:PREFIX"),
+    ("api_tokens", "tok en-0123456789abcdef:read:*", "printable ASCII"),
+    ("api_host", "my host", "host name or an IP address"),
+    ("api_host", "", "host name or an IP address"),
+    ("api_host", "http://x/", "host name or an IP address"),
+    ("api_port", "0", "port number from 1 to 65535"),
+    ("api_port", "70000", "port number from 1 to 65535"),
+    ("api_port", "http", "port number from 1 to 65535"),
+    ("statsd_host", "stats d", "host name or an IP address"),
+    ("statsd_port", "-1", "port number from 1 to 65535"),
+    ("statsd_prefix", "bad prefix!", "letters, digits"),
+    ("statsd_prefix", "..", "letters, digits"),
+    ("otel", "yes please", "true or false"),
+    ("metrics_interval", "0", "greater than 0"),
+    ("watch_config", "sometimes", "true or false"),
+]
+#: settings that take any text (names, paths, URLs: checked where they are used)
+FREE_FORM = {"cache_dir", "cache_path", "central_url", "triggerer_id"}
+
+
+def test_every_setting_with_a_format_has_bad_values_listed() -> None:
+    from localstate.config import SETTING_NAMES
+
+    missing = set(SETTING_NAMES) - FREE_FORM - {name for name, _, _ in BAD_VALUES}
+    assert not missing, f"add rows to BAD_VALUES for {sorted(missing)}"
+
+
+@pytest.mark.parametrize(("name", "raw", "allowed"), BAD_VALUES,
+                         ids=[f"{n}={r[:20]!r}" for n, r, _ in BAD_VALUES])
+@pytest.mark.parametrize("source", ["environment", "cfg", "argument"])
+def test_each_bad_value_names_setting_source_and_what_is_allowed(
+    tmp_path: Path, name: str, raw: str, allowed: str, source: str
+) -> None:
+    env = {"AIRFLOW_HOME": str(tmp_path)}
+    explicit = None
+    if source == "environment":
+        env[f"AIRFLOW__LOCALSTATE__{name.upper()}"] = raw
+        where = f"environment AIRFLOW__LOCALSTATE__{name.upper()}"
+    elif source == "cfg":
+        write_cfg(tmp_path, f"[localstate]\n{name} = {raw}\n")
+        where = f"{tmp_path / 'airflow.cfg'} [localstate] {name}"
+    else:
+        explicit = {name: raw}
+        where = "from argument"
+    with pytest.raises(ConfigError) as info:
+        Settings.resolve(explicit, environ=env)
+    text = str(info.value)
+    assert f"setting {name!r}" in text
+    assert where in text
+    assert allowed in text
+    if name == "api_tokens":
+        assert "<hidden>" in text
+        assert TOKEN not in text  # a secret never shows in a message
+    # Settings.replace checks a value the same way
+    if source == "argument":
+        with pytest.raises(ConfigError, match=name):
+            Settings.resolve(environ={"AIRFLOW_HOME": str(tmp_path)}).replace(**{name: raw})
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("max_batch", True), ("max_batch", 2.5), ("api_port", False), ("enabled", None)],
+)
+def test_bad_native_arguments(tmp_path: Path, name: str, raw: object) -> None:
+    env = {"AIRFLOW_HOME": str(tmp_path)}
+    if raw is None:  # None means "not given": the next source decides
+        assert Settings.resolve({name: raw}, environ=env).sources[name] == "default"
+        return
+    with pytest.raises(ConfigError, match=f"setting {name!r} from argument"):
+        Settings.resolve({name: raw}, environ=env)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "expected"),
+    [("enabled", "Off", False), ("enabled", " yes ", True), ("durability", "MEMORY", "memory"),
+     ("flush_interval", "0.25", 0.25), ("max_batch", " 7 ", 7), ("api_port", "8080", 8080),
+     ("statsd_prefix", ".airflow.localstate.", "airflow.localstate"),
+     ("conflict_policy", "max:offset", "max:offset"), ("watch_config", "true", True),
+     ("api_tokens", "", ())],
+)
+def test_good_values_in_their_text_forms(tmp_path: Path, name: str, raw: str,
+                                         expected: object) -> None:
+    write_cfg(tmp_path, f"[localstate]\n{name} = {raw}\n")
+    assert getattr(Settings.resolve(environ={"AIRFLOW_HOME": str(tmp_path)}), name) == expected

@@ -1,0 +1,339 @@
+"""`StateClient` / `AsyncStateClient`: state variables through the REST API server.
+
+For components that reach `localstate serve` (``localstate.api``) rather than the database::
+
+    from localstate.client import StateClient
+
+    with StateClient("http://state.internal:8686", token=TOKEN) as client:
+        client.set("dag:etl/load", "cursor", 42)                      # central when it answers
+        client.get("dag:etl/load", "cursor", default=0)               # 42
+        rec = client.record("dag:etl/load", "cursor")                 # Record, or None
+        client.set("dag:etl/load", "cursor", 43, expected_version=rec.version)  # conditional
+        for rec in client.list("dag:etl/"):                           # follows the cursors
+            ...
+
+    async with AsyncStateClient(url, token=TOKEN) as client:          # the same, awaited
+        await client.get("dag:etl/load", "cursor")
+
+Writes through the server have ``central`` durability: when `set` or `delete` returns, the
+central DB holds the write. The server's answers come back as the errors the store raises:
+
+=======================================  ==================================================
+server answer                            raised
+=======================================  ==================================================
+404 (no value)                           nothing: `get` gives the default, `record` None,
+                                         `delete` False
+409 version_conflict / write_rejected    `VersionConflict` (``expected``, ``actual``) /
+                                         `WriteRejected`
+422                                      `InvalidName`, `ValueEncodingError`, `InvalidInput`
+413                                      `ValueTooLarge` (``size``, ``limit``)
+401, 403                                 `AccessDenied` (``status``)
+503, or the server unreachable           `CentralUnavailable`
+other 5xx                                `CentralError`
+=======================================  ==================================================
+
+Names and values are checked here first (`InvalidName`, `ValueEncodingError`: nothing is sent).
+On its first call a client asks the server's ``/api/v1/health``, so a base URL that is not a
+localstate API fails loudly instead of reading as "no value".
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Final
+from urllib.parse import quote
+
+import httpx
+
+from localstate.codec import decode, encode
+from localstate.errors import (
+    AccessDenied,
+    CentralError,
+    CentralUnavailable,
+    InvalidInput,
+    InvalidName,
+    LocalStateError,
+    ValueEncodingError,
+    ValueTooLarge,
+    VersionConflict,
+    WriteRejected,
+)
+from localstate.model import FlushState, Record, check_name
+
+__all__ = ["AsyncStateClient", "StateClient"]
+
+_API: Final = "/api/v1"
+_JSON: Final = {"Content-Type": "application/json"}
+
+
+# -- what both clients share: requests, answers, errors ---------------------------------
+
+
+def _item_path(owner: str, key: str) -> str:
+    check_name("owner", owner)
+    check_name("key", key)
+    # one path segment each; dots encoded too, so "." and ".." are never resolved away
+    return f"{_API}/state/{_segment(owner)}/{_segment(key)}"
+
+
+def _segment(name: str) -> str:
+    return quote(name, safe="").replace(".", "%2E")
+
+
+def _put_body(value: Any, expected_version: int | None) -> str:
+    data = encode(value, sys.maxsize)  # the server holds the size limit; the rules are here
+    if expected_version is None:
+        return f'{{"value":{data}}}'
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+        raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
+    return f'{{"value":{data},"expected_version":{expected_version}}}'
+
+
+def _delete_params(expected_version: int | None) -> dict[str, int]:
+    if expected_version is None:
+        return {}
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+        raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
+    return {"expected_version": expected_version}
+
+
+def _list_params(owner_prefix: str, page_size: int, cursor: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"owner_prefix": owner_prefix, "limit": page_size}
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
+def _record(item: Mapping[str, Any]) -> Record:
+    state = FlushState(item["flush_state"])
+    stamp = str(item["updated_at"])
+    return Record(
+        owner=item["owner"], key=item["key"], value=item["value"], version=item["version"],
+        updated_at=datetime.fromisoformat(stamp.replace("Z", "+00:00")),
+        updated_by=item["updated_by"], flush_state=state,
+        # the API shows the central version only as "flushed": then it is this one
+        central_version=item["version"] if state is FlushState.FLUSHED else 0,
+    )
+
+
+def _body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = decode(response.text)
+    except (ValueError, LocalStateError):
+        body = None
+    return body if isinstance(body, dict) else {}
+
+
+def _error(response: httpx.Response) -> LocalStateError:
+    """The typed error for a 4xx or 5xx answer of the API."""
+    body = _body(response)
+    status = response.status_code
+    code = str(body.get("error", ""))
+    detail = body.get("detail")
+    detail = detail if isinstance(detail, dict) else {}
+    message = str(body.get("message") or response.reason_phrase or f"HTTP {status}")
+    message = f"{message} ({response.request.method} {response.request.url.path}: {status})"
+    if status in (401, 403):
+        return AccessDenied(message, status=status)
+    if status == 409 and code == "version_conflict":
+        return VersionConflict(message, expected=int(detail.get("expected_version", -1)),
+                               actual=int(detail.get("actual_version", -1)))
+    if status == 409:
+        return WriteRejected(message)
+    if status == 413:
+        return ValueTooLarge(message, size=int(detail.get("size", -1)),
+                             limit=int(detail.get("limit", -1)))
+    if status == 422:
+        if code == "invalid_name":
+            return InvalidName(message)
+        if code == "invalid_value":
+            return ValueEncodingError(message)
+        return InvalidInput(message)
+    if status == 503:
+        return CentralUnavailable(message)
+    if status >= 500:
+        return CentralError(message)
+    return LocalStateError(message)
+
+
+def _unreachable(base_url: httpx.URL, exc: httpx.TransportError) -> CentralUnavailable:
+    return CentralUnavailable(
+        f"the localstate API at {base_url} did not answer ({type(exc).__name__}: {exc}); "
+        "is `localstate serve` running there?"
+    )
+
+
+def _check_health(response: httpx.Response, base_url: httpx.URL) -> None:
+    body = _body(response)
+    if response.status_code not in (200, 503) or "auth_required" not in body:
+        raise LocalStateError(
+            f"{base_url} is not a localstate API: GET {_API}/health answered "
+            f"{response.status_code}; give the URL `localstate serve` prints "
+            "(e.g. http://host:8686)"
+        )
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
+def _answer(response: httpx.Response, *, absent_ok: bool) -> dict[str, Any] | None:
+    """The JSON body of a 2xx answer; None for a 404 when absence is an answer."""
+    if response.status_code == 404 and absent_ok:
+        return None
+    if response.is_error:
+        raise _error(response)
+    return _body(response)
+
+
+# -- the blocking client ----------------------------------------------------------------
+
+
+class StateClient:
+    """A blocking client of the localstate REST API (thread-safe, as httpx.Client is)."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(base_url=base_url, headers=_headers(token), timeout=timeout,
+                                  transport=transport)
+        self._checked = False
+
+    def _request(self, method: str, path: str, *, absent_ok: bool = False,
+                 **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            if not self._checked:
+                _check_health(self._http.get(f"{_API}/health"), self._http.base_url)
+                self._checked = True
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(self._http.base_url, exc) from exc
+        return _answer(response, absent_ok=absent_ok)
+
+    def get(self, owner: str, key: str, default: Any = None) -> Any:
+        body = self._request("GET", _item_path(owner, key), absent_ok=True)
+        return default if body is None else body["value"]
+
+    def record(self, owner: str, key: str) -> Record | None:
+        body = self._request("GET", _item_path(owner, key), absent_ok=True)
+        return None if body is None else _record(body)
+
+    def set(self, owner: str, key: str, value: Any, *, expected_version: int | None = None
+            ) -> Record:
+        """Write (in the central DB when this returns); with `expected_version`, only over it
+        (0: only if absent), else `VersionConflict`."""
+        path = _item_path(owner, key)
+        body = self._request("PUT", path, content=_put_body(value, expected_version),
+                             headers=_JSON)
+        assert body is not None
+        return _record(body)
+
+    def delete(self, owner: str, key: str, *, expected_version: int | None = None) -> bool:
+        """Delete; False when there was no value."""
+        path = _item_path(owner, key)
+        return self._request("DELETE", path, absent_ok=True,
+                             params=_delete_params(expected_version)) is not None
+
+    def list(self, owner_prefix: str = "", *, page_size: int = 100) -> Iterator[Record]:
+        """Every state variable whose owner starts with `owner_prefix`, page by page."""
+        cursor: str | None = None
+        while True:
+            body = self._request("GET", f"{_API}/state",
+                                 params=_list_params(owner_prefix, page_size, cursor))
+            assert body is not None
+            yield from (_record(item) for item in body["items"])
+            cursor = body.get("next_cursor")
+            if cursor is None:
+                return
+
+    def status(self) -> dict[str, Any]:
+        """The serving store's status (cache, flush lag, errors)."""
+        body = self._request("GET", f"{_API}/status")
+        assert body is not None
+        return body
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> StateClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+# -- the async client -------------------------------------------------------------------
+
+
+class AsyncStateClient:
+    """The same calls as `StateClient`, awaited (on httpx.AsyncClient)."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(token),
+                                       timeout=timeout, transport=transport)
+        self._checked = False
+
+    async def _request(self, method: str, path: str, *, absent_ok: bool = False,
+                       **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            if not self._checked:
+                _check_health(await self._http.get(f"{_API}/health"), self._http.base_url)
+                self._checked = True
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(self._http.base_url, exc) from exc
+        return _answer(response, absent_ok=absent_ok)
+
+    async def get(self, owner: str, key: str, default: Any = None) -> Any:
+        body = await self._request("GET", _item_path(owner, key), absent_ok=True)
+        return default if body is None else body["value"]
+
+    async def record(self, owner: str, key: str) -> Record | None:
+        body = await self._request("GET", _item_path(owner, key), absent_ok=True)
+        return None if body is None else _record(body)
+
+    async def set(self, owner: str, key: str, value: Any, *,
+                  expected_version: int | None = None) -> Record:
+        path = _item_path(owner, key)
+        body = await self._request("PUT", path, content=_put_body(value, expected_version),
+                                   headers=_JSON)
+        assert body is not None
+        return _record(body)
+
+    async def delete(self, owner: str, key: str, *, expected_version: int | None = None
+                     ) -> bool:
+        path = _item_path(owner, key)
+        return await self._request("DELETE", path, absent_ok=True,
+                                   params=_delete_params(expected_version)) is not None
+
+    async def list(self, owner_prefix: str = "", *, page_size: int = 100
+                   ) -> AsyncIterator[Record]:
+        cursor: str | None = None
+        while True:
+            body = await self._request("GET", f"{_API}/state",
+                                       params=_list_params(owner_prefix, page_size, cursor))
+            assert body is not None
+            for item in body["items"]:
+                yield _record(item)
+            cursor = body.get("next_cursor")
+            if cursor is None:
+                return
+
+    async def status(self) -> dict[str, Any]:
+        body = await self._request("GET", f"{_API}/status")
+        assert body is not None
+        return body
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncStateClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
