@@ -146,6 +146,20 @@ def _optional_str(raw: Any) -> str | None:
     return text or None
 
 
+_TRIGGERER_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,200}")
+
+
+def _triggerer_id(raw: Any) -> str | None:
+    # It names the cache file (<cache_dir>/<id>.db) and stamps updated_by: a "/" or ".." would
+    # put the file elsewhere, a control character would garble logs and the CLI's tables.
+    text = _optional_str(raw)
+    if text is None:
+        return None
+    if not _TRIGGERER_ID.fullmatch(text) or text in {".", ".."}:
+        raise ValueError("expected 1 to 200 of A-Z a-z 0-9 _ . : @ - (it names the cache file)")
+    return text
+
+
 def _optional_path(raw: Any) -> Path | None:
     if raw is None or str(raw).strip() == "":
         return None
@@ -312,7 +326,7 @@ _SPECS: Final[dict[str, _Spec]] = {
                         "<cache_dir>/<triggerer_id>.db"),
     "central_url": _Spec(_optional_str, None, "SQLAlchemy URL of the central DB; default "
                          "sqlite:///$AIRFLOW_HOME/localstate-central.db"),
-    "triggerer_id": _Spec(_optional_str, None, "this process's id (updated_by, cache file "
+    "triggerer_id": _Spec(_triggerer_id, None, "this process's id (updated_by, cache file "
                           "name); default the host name"),
     "durability": _Spec(_choice(*sorted(DURABILITIES)), "local", "when a set is acknowledged"),
     "flush_interval": _Spec(_positive_float, 1.0, "seconds between flushes to the central DB"),

@@ -158,6 +158,10 @@ BAD_VALUES = [
     ("durability", "disk", "central, local, memory"),
     ("durability", "", "central, local, memory"),
     ("sink", "kafka", "sql, airflow"),
+    ("triggerer_id", "../elsewhere", "A-Z a-z 0-9 _ . : @ -"),
+    ("triggerer_id", "host/1", "A-Z a-z 0-9 _ . : @ -"),
+    ("triggerer_id", "..", "A-Z a-z 0-9 _ . : @ -"),
+    ("triggerer_id", "x" * 201, "A-Z a-z 0-9 _ . : @ -"),
     ("sink", "", "sql, airflow"),
     ("flush_interval", "soon", "greater than 0"),
     ("flush_interval", "0", "greater than 0"),
@@ -209,7 +213,7 @@ BAD_VALUES = [
     ("watch_config", "sometimes", "true or false"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
-FREE_FORM = {"cache_dir", "cache_path", "central_url", "triggerer_id"}
+FREE_FORM = {"cache_dir", "cache_path", "central_url"}
 
 
 def test_every_setting_with_a_format_has_bad_values_listed() -> None:
