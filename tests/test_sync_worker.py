@@ -311,6 +311,30 @@ async def test_race_under_reject_the_central_record_wins(
     assert len(seen) == 1  # the callback is b's alone
 
 
+async def test_under_reject_writes_made_during_the_refused_flush_are_reported_replaced(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """Found by the failover race (tests/faults): the central record replaces the writes made
+    while the refused flush ran too, and the conflict used to name only the flushed row, so
+    the latest acknowledged write vanished without a report naming it."""
+    seen: list[ConflictInfo] = []
+    a = await open_store(triggerer_id="a")
+    b = await open_store(triggerer_id="b", on_conflict=seen.append)
+    await a.set(OWNER, "k", "from a")
+    await b.set(OWNER, "k", "b1")
+    await a.flush()
+    worker = worker_of(b)
+    rows = worker.collect_dirty()
+    await b.set(OWNER, "k", "b2")  # acknowledged while the flush is in flight
+    worker.mark_clean(await worker.write_batch(rows))
+    assert await b.get(OWNER, "k") == "from a"
+    assert [(i.winner, i.local_version, json_of(i.local_data), json_of(i.central_data))
+            for i in seen] == [("central", 2, "b2", "from a")]
+    assert (b.stats().conflicts, b.stats().dirty_keys) == (1, 0)
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader, "k") == "from a"
+
+
 async def test_race_under_last_writer_wins_the_later_flush_wins(
     open_store: StoreFactory, central_url: str,
 ) -> None:
