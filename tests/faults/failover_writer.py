@@ -15,8 +15,8 @@ object a line, on stdin:
     stop every loop, close the store (which flushes), report, exit.
 
 It reports on stdout, one ``os.write`` per line, tab-separated: ``READY``, ``OWNED owner``,
-``ACK owner key value version`` after each acknowledged set, ``CONFLICT owner key policy winner
-local_version central_version local_data central_data`` from the `on_conflict` callback,
+``ACK owner key value version`` after each acknowledged set, ``CONFLICT <ConflictInfo as JSON>``
+from the `on_conflict` callback,
 ``RELEASED owner``, and at the end ``CLOSED conflicts dirty_keys`` from its stats. The parent
 may stop it with SIGSTOP at any moment and wake it with SIGCONT: a zombie that still believes
 it owns its owners and flushes late.
@@ -25,6 +25,7 @@ it owns its owners and flushes late.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -41,8 +42,7 @@ def report(*fields: object) -> None:
 
 
 def on_conflict(info: ConflictInfo) -> None:
-    report("CONFLICT", info.owner, info.key, info.policy, info.winner, info.local_version,
-           info.central_version, info.local_data, info.central_data)
+    report("CONFLICT", json.dumps(dataclasses.asdict(info)))
 
 
 async def write_loop(store: StateStore, owner: str, epoch: int, stop: asyncio.Event,

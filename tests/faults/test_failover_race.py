@@ -37,6 +37,7 @@ from fault_tally import FaultTally
 from harness import crash_seed
 
 from localstate.entry import StateKey
+from sync.worker import ConflictInfo
 
 WRITER = Path(__file__).with_name("failover_writer.py")
 MAX_OWNERS = [f"asset_watcher:fo-{i}" for i in range(4)]
@@ -45,16 +46,9 @@ POLICY = {"asset_watcher:*": "max", "*": "reject"}
 STEPS = 18
 
 
-@dataclass(frozen=True)
-class Conflict:
-    owner: str
-    key: str
-    policy: str
-    winner: str
-    local_version: int
-    central_version: int
-    local_value: Any
-    central_value: Any
+def value_of(data: str | None) -> Any:
+    """A value as the central DB and ConflictInfo carry it (JSON text), decoded."""
+    return None if data is None else json.loads(data)
 
 
 @dataclass
@@ -64,7 +58,7 @@ class Participant:
     name: str
     proc: asyncio.subprocess.Process
     acks: dict[StateKey, list[Any]] = field(default_factory=lambda: defaultdict(list))
-    conflicts: list[Conflict] = field(default_factory=list)
+    conflicts: list[ConflictInfo] = field(default_factory=list)
     released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     closed: tuple[int, int] | None = None
     running: set[str] = field(default_factory=set)  # owners it has a write loop for
@@ -83,8 +77,7 @@ class Participant:
             if kind == "ACK":
                 self.acks[f[0], f[1]].append(json.loads(f[2]))
             elif kind == "CONFLICT":
-                self.conflicts.append(Conflict(
-                    f[0], f[1], f[2], f[3], int(f[4]), int(f[5]), _json(f[6]), _json(f[7])))
+                self.conflicts.append(ConflictInfo(**json.loads(f[0])))
             elif kind == "RELEASED":
                 self.released[f[0]] += 1
             elif kind == "CLOSED":
@@ -107,10 +100,6 @@ class Participant:
         await self.send(release=owner)
         if wait:
             await self.wait_released(owner, target)
-
-
-def _json(text: str) -> Any:
-    return None if text == "None" else json.loads(text)
 
 
 async def start(name: str, central_url: str, tmp: Path) -> tuple[Participant, asyncio.Task[None]]:
@@ -202,8 +191,8 @@ def check_conflicts_real(history: list[HistoryRow], ps: list[Participant]) -> li
         for c in p.conflicts:
             rows = keyed.get((c.owner, c.key), [])
             landed = [r.decoded for r in rows if r.updated_by == p.name]
-            if (c.local_value in landed) != (c.winner == "local"):
-                problems.append(f"{p.name}: {c} but landed={c.local_value in landed}")
+            if (value_of(c.local_data) in landed) != (c.winner == "local"):
+                problems.append(f"{p.name}: {c} but landed={value_of(c.local_data) in landed}")
             if c.winner == "central":
                 other = [r for r in rows if r.version == c.central_version]
                 if not other or other[-1].updated_by == p.name:
@@ -221,7 +210,7 @@ def check_reject(history: list[HistoryRow], ps: list[Participant]) -> list[str]:
         for c in p.conflicts:
             if c.owner in REJECT_OWNERS:
                 assert (c.policy, c.winner) == ("reject", "central"), c
-                reported[c.owner, c.key].append(c.local_value)
+                reported[c.owner, c.key].append(value_of(c.local_data))
         for k, values in p.acks.items():
             if k[0] not in REJECT_OWNERS:
                 continue
