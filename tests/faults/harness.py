@@ -115,6 +115,7 @@ class WriterZygote:
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: list[bytes] = []
         self._stderr_task: asyncio.Task[None] | None = None
+        self._child: int | None = None  # a writer not yet seen to exit
 
     async def __aenter__(self) -> WriterZygote:
         self._proc = await asyncio.create_subprocess_exec(
@@ -139,6 +140,9 @@ class WriterZygote:
         if proc is None:
             return
         assert proc.stdin is not None
+        if self._child is not None:  # a round that failed half-way: its writer must not linger
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._child, signal.SIGKILL)
         proc.stdin.close()  # end of input: the zygote returns
         try:
             await asyncio.wait_for(proc.wait(), 30)
@@ -160,7 +164,7 @@ class WriterZygote:
         ready = await asyncio.wait_for(stdout.readline(), _START_TIMEOUT)
         if not ready.startswith(b"READY "):
             raise AssertionError(f"the writer did not start: {ready!r}\n{self.stderr}")
-        pid = int(ready.split()[1])
+        pid = self._child = int(ready.split()[1])
         run = Run(options)
         reader = asyncio.create_task(self._read_acks(stdout, run))
         try:
@@ -173,6 +177,7 @@ class WriterZygote:
             if not reader.done():
                 reader.cancel()
         assert exited == pid, (exited, pid)
+        self._child = None
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         assert killed, f"the writer died on its own (wait status {status}):\n{self.stderr}"
         return run
@@ -238,6 +243,8 @@ class CrashChecker:
     acks_checked: int = 0  # acknowledged writes covered by a durability check
     lost: int = 0  # acknowledged writes missing where the mode promised them
     lost_in_window: int = 0  # memory writes missing, acknowledged within the window
+    #: how long before its kill the oldest missing memory write was acknowledged (seconds)
+    oldest_loss_s: float = 0.0
     conflicts: int = 0  # flush conflicts the restarts met (none expected: one writer)
     previous_local: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
     previous_central: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
@@ -280,8 +287,10 @@ class CrashChecker:
                         self.lost += older[-1].value - value
                         missing.append(f"{k}: {older[-1]} acknowledged {self.memory_bound} s "
                                        f"before the kill, found {value}")
-                    if acked:
-                        self.lost_in_window += max(0, acked[-1].value - value)
+                    gone = [a for a in acked if a.value > value]
+                    if gone:
+                        self.lost_in_window += len(gone)
+                        self.oldest_loss_s = max(self.oldest_loss_s, run.killed_at - gone[0].at)
             assert not missing, f"lost acknowledged writes; {where}:\n" + "\n".join(missing)
             # the restart's flush settles everything: the central DB then agrees with the file
             report = await store.flush()

@@ -92,8 +92,9 @@ async def test_sigkill_at_random_moments_loses_nothing_the_mode_promises(
         fault_tally.lost(durability, checker.lost)
     print(f"\n{durability} crash rounds (seed {seed}): {ROUNDS[durability]} kills, {acks} "
           f"acknowledged, {checker.acks_checked} checked, lost={checker.lost}"
-          + (f", {checker.lost_in_window} lost within the window" if durability == "memory"
-             else ""))
+          + (f", {checker.lost_in_window} lost within the window (the oldest acknowledged "
+             f"{checker.oldest_loss_s * 1000:.0f} ms before its kill)"
+             if durability == "memory" else ""))
 
 
 async def test_first_open_killed_at_any_statement_leaves_a_cache_that_opens(
