@@ -304,12 +304,18 @@ class SyncWorker:
             report.adopted += 1
             if not o.conflict:
                 # the central DB holds this writer's own later write (a flushed version the
-                # local file lost in a crash): take it, unless the entry has moved past it
-                if e.version > central.version:
+                # local file lost in a crash), newer than this row: take it, unless the entry
+                # was written again during the flush. Those writes are newer still (they used
+                # to be replaced when their versions did not pass central's): they go out
+                # next, based on central's record, and their waiters wait for that flush.
+                if moved:
                     e.synced_version = central.version
+                    if e.version <= central.version:
+                        e.version = central.version + 1
+                    self._settle_waiters(k, r.version, None)
                 else:
                     self._adopt(e, central)
-                self._settle_waiters(k, central.version, None)
+                    self._settle_waiters(k, central.version, None)
             elif moved and self.policies.for_owner(r.owner).is_max:
                 # newer local writes came in meanwhile: the next flush weighs them
                 e.synced_version = central.version
