@@ -274,9 +274,11 @@ class CentralStore:
                 if replay:
                     stale = False
                 elif c.updated_by == r.updated_by and c.version >= r.version:
-                    # this writer's own later write (see step 3): keep it, no conflict
-                    outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
-                    continue
+                    if r.updated_at <= c.updated_at:
+                        # this writer's own later write (see step 3): keep it, no conflict
+                        outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+                        continue
+                    stale = False  # written after a restart (see step 3): based on c
                 if policy.exceeds(r.data, c.data, strictly=stale):
                     to_write.append((r, r.base_version if replay else c.version, stale))
                     if stale:
@@ -317,17 +319,23 @@ class CentralStore:
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
             elif c.updated_by == r.updated_by and c.version >= r.version:
-                # This writer's own later write: a flush took a version whose local commit a
-                # crash then lost (flushes do not wait for the local commit). It is newer than
-                # this row, so keep it: no conflict, nobody else wrote.
-                outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+                # This writer's own chain, further on: a flush took versions whose local commit
+                # a crash then lost (flushes do not wait for the local commit). Nobody else
+                # wrote, so no conflict; the newer of the two writes stays. Central's, when
+                # this row is older (left dirty in the file from before the crash); this row,
+                # when it was written after the restart (acknowledged, and it used to be
+                # replaced by the lost chain until the versions caught up), fenced on c.
+                if r.updated_at <= c.updated_at:
+                    outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+                else:
+                    retry.append((r, c.version, False))
             elif policy.local_wins(r, c):
                 retry.append((r, c.version, True))
                 replaced[(r.owner, r.key)] = c
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         written = await self._upsert(conn, retry)
-        for r, base, _conflict in retry:
+        for r, base, conflict in retry:
             version = _next_version(r.version, base) if written is None else written.get(
                 (r.owner, r.key))
             spec = policy_of(r.owner).spec
@@ -335,7 +343,7 @@ class CentralStore:
                 outcomes.append(FlushOutcome(r, "retry", None, True, spec))
             else:
                 central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
-                outcomes.append(FlushOutcome(r, "written", central, True, spec,
+                outcomes.append(FlushOutcome(r, "written", central, conflict, spec,
                                              replaced.get((r.owner, r.key))))
         return outcomes
 

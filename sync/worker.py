@@ -51,6 +51,8 @@ class ConflictInfo:
     policy: str
     #: "local" (the local write went in) or "central" (the central record was kept)
     winner: str
+    #: the local write the conflict was about: the refused (or winning) row, or, when the
+    #: central record replaced writes made while the flush ran, the latest of those
     local_version: int
     central_version: int
     local_data: str | None
@@ -296,6 +298,7 @@ class SyncWorker:
             report.retried += 1
             return
         moved = e.version != r.version
+        discarded: tuple[int, str | None] | None = None
         if o.resolution == "written":
             report.written += 1
             e.synced_version = central.version
@@ -308,12 +311,18 @@ class SyncWorker:
             report.adopted += 1
             if not o.conflict:
                 # the central DB holds this writer's own later write (a flushed version the
-                # local file lost in a crash): take it, unless the entry has moved past it
-                if e.version > central.version:
+                # local file lost in a crash), newer than this row: take it, unless the entry
+                # was written again during the flush. Those writes are newer still (they used
+                # to be replaced when their versions did not pass central's): they go out
+                # next, based on central's record, and their waiters wait for that flush.
+                if moved:
                     e.synced_version = central.version
+                    if e.version <= central.version:
+                        e.version = central.version + 1
+                    self._settle_waiters(k, r.version, None)
                 else:
                     self._adopt(e, central)
-                self._settle_waiters(k, central.version, None)
+                    self._settle_waiters(k, central.version, None)
             elif moved and self.policies.for_owner(r.owner).is_max:
                 # newer local writes came in meanwhile: the next flush weighs them
                 e.synced_version = central.version
@@ -321,11 +330,15 @@ class SyncWorker:
                     e.version = central.version + 1
                 self._settle_waiters(k, r.version, _rejected(r, central))
             else:
+                if moved:
+                    # the writes made during the flush are replaced too: report the latest
+                    # of them, not the refused row, so on_conflict names what was discarded
+                    discarded = (e.version, e.data)
                 self._adopt(e, central)
                 self._settle_waiters(k, e.version, _rejected(r, central), every=True)
         if o.conflict:
             report.conflicts += 1
-            self._report_conflict(o, central)
+            self._report_conflict(o, central, discarded)
         else:
             self.conflicted.discard(k)
         if o.resolution == "written" and since is not None:
@@ -348,8 +361,10 @@ class SyncWorker:
         e.updated_at = central.updated_at
         e.updated_by = central.updated_by
 
-    def _report_conflict(self, o: FlushOutcome, central: CentralRow) -> None:
+    def _report_conflict(self, o: FlushOutcome, central: CentralRow,
+                         discarded: tuple[int, str | None] | None = None) -> None:
         r = o.row
+        local_version, local_data = discarded if discarded is not None else (r.version, r.data)
         # when the local write won, report the central record it overwrote, not itself
         central = o.replaced if o.replaced is not None else central
         self.conflicts += 1
@@ -357,12 +372,12 @@ class SyncWorker:
         info = ConflictInfo(
             owner=r.owner, key=r.key, policy=o.policy,
             winner="local" if o.resolution == "written" else "central",
-            local_version=r.version, central_version=central.version,
-            local_data=r.data, central_data=central.data,
+            local_version=local_version, central_version=central.version,
+            local_data=local_data, central_data=central.data,
         )
         log.warning(
             "conflict on %s/%s under %s: the %s record won (local v%d based on v%d, "
-            "central v%d by %s)", r.owner, r.key, o.policy, info.winner, r.version,
+            "central v%d by %s)", r.owner, r.key, o.policy, info.winner, local_version,
             r.base_version, central.version, central.updated_by,
         )
         if self.on_conflict is not None:

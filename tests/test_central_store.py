@@ -34,11 +34,12 @@ _DELETED: Any = object()
 
 def dirty(
     key: str, value: Any, *, version: int, base: int, by: str = "triggerer-a",
-    owner: str = OWNER,
+    owner: str = OWNER, at: float | None = None,
 ) -> DirtyRow:
-    """A dirty row as the worker would take it for a flush (`_DELETED` for a deletion)."""
+    """A dirty row as the worker would take it for a flush (`_DELETED` for a deletion),
+    written at `at` (default: now)."""
     data = None if value is _DELETED else orjson.dumps(value).decode()  # JSON text
-    return DirtyRow(owner, key, data, version, base, time.time(), by)
+    return DirtyRow(owner, key, data, version, base, time.time() if at is None else at, by)
 
 
 def value_of(row: CentralRow | None) -> Any:
@@ -333,13 +334,38 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
     assert (o.resolution, o.conflict) == ("adopted", True)
     # nor is the same writer's stale base with a *lower* version than central's (not a replay
     # of the chain that produced central's record): central holds this writer's own later
-    # write (flushed, then lost from the local file in a crash), which is kept under every
+    # write (flushed, then lost from the local file in a crash). When the row is older than
+    # it (left dirty in the file from before the crash) central's is kept under every
     # policy, last_writer_wins included, and is no conflict
-    o = only(await central.write_batch([dirty("k", "old", version=2, base=1)], policies))
+    o = only(await central.write_batch(
+        [dirty("k", "old", version=2, base=1, at=time.time() - 60)], policies))
     assert (o.resolution, o.conflict) == ("adopted", False)
     assert o.central is not None
     assert (o.central.version, o.central.updated_by) == (4, "triggerer-a")
     assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == "v4"
+
+
+@pytest.mark.parametrize(("policy", "value", "kept"), [
+    ("reject", "v9", "v9"), ("last_writer_wins", "v9", "v9"), ("max", "v9", "v9"),
+    ("max", "v0", "v4")])
+async def test_a_write_made_after_a_restart_goes_on_top_of_the_chain_the_crash_cut(
+    central: CentralStore, policy: str, value: str, kept: str,
+) -> None:
+    """The restarted writer's file lost versions 2-4 that a flush had taken (a crash before
+    their local commit); its next write is version 2 again, made after central's v4. It is
+    the newer write: it goes in on top of v4, no conflict (it used to be replaced by v4, an
+    acknowledged write lost). Under max it still may not lower the value."""
+    policies = PolicyMap(policy)
+    await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
+    await central.write_batch([dirty("k", "v4", version=4, base=1)], policies)
+    o = only(await central.write_batch([dirty("k", value, version=2, base=1)], policies))
+    got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
+    if kept == value:
+        assert (o.resolution, o.conflict) == ("written", False)
+        assert (value_of(got), got.version) == (value, 5)
+    else:  # max: the lower value is refused, as any write lowering a max value is
+        assert (o.resolution, o.conflict) == ("adopted", True)
+        assert (value_of(got), got.version) == (kept, 4)
 
 
 async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralStore) -> None:

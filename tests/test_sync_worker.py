@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -309,6 +310,106 @@ async def test_race_under_reject_the_central_record_wins(
         assert a.stats().conflicts == 1
         assert await central_value(reader, "k") == "b again"
     assert len(seen) == 1  # the callback is b's alone
+
+
+async def test_under_reject_writes_made_during_the_refused_flush_are_reported_replaced(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """Found by the failover race (tests/faults): the central record replaces the writes made
+    while the refused flush ran too, and the conflict used to name only the flushed row, so
+    the latest acknowledged write vanished without a report naming it."""
+    seen: list[ConflictInfo] = []
+    a = await open_store(triggerer_id="a")
+    b = await open_store(triggerer_id="b", on_conflict=seen.append)
+    await a.set(OWNER, "k", "from a")
+    await b.set(OWNER, "k", "b1")
+    await a.flush()
+    worker = worker_of(b)
+    rows = worker.collect_dirty()
+    await b.set(OWNER, "k", "b2")  # acknowledged while the flush is in flight
+    worker.mark_clean(await worker.write_batch(rows))
+    assert await b.get(OWNER, "k") == "from a"
+    assert [(i.winner, i.local_version, json_of(i.local_data), json_of(i.central_data))
+            for i in seen] == [("central", 2, "b2", "from a")]
+    assert (b.stats().conflicts, b.stats().dirty_keys) == (1, 0)
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader, "k") == "from a"
+
+
+async def crashed_after_a_flush_outran_its_commit(
+    open_store: StoreFactory, tmp_path: Path, policy: str, *, clean: bool,
+) -> Path:
+    """A cache file as a SIGKILL leaves it when a flush took two versions (v2, v3: 110, 120)
+    whose local commit never came: the file holds v1 = 100 (its mark-clean committed when
+    `clean`, else still dirty), the central DB v3 = 120, both by triggerer "t"."""
+    a = await open_store(triggerer_id="t", memory_window=3600, conflict_policy=policy)
+    await a.set(OWNER, "wm", 100)  # committed locally
+    await a.flush()
+    if clean:
+        await a._require_cache().sync_now()  # the mark-clean reaches the file
+    await a.set(OWNER, "wm", 110, durability="memory")  # not committed locally...
+    await a.set(OWNER, "wm", 120, durability="memory")
+    await a.flush()  # ...but in the central DB: v3 = 120
+    crashed = tmp_path / "crashed.db"
+    for suffix in ("", "-wal"):
+        source = Path(f"{a.settings.resolved_cache_path}{suffix}")
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy(source, f"{crashed}{suffix}")
+    return crashed
+
+
+async def central_wm(central_url: str) -> tuple[Any, int]:
+    async with central_reader(central_url) as reader:
+        row = await central_row(reader, "wm")
+    assert row is not None
+    return orjson.loads(row.data or b""), row.version
+
+
+@pytest.mark.parametrize(("policy", "after_restart", "kept"), [
+    ("reject", 105, 105), ("max", 130, 130), ("max", 105, 120)])
+async def test_a_write_acknowledged_after_a_crash_is_not_replaced_by_the_lost_chain(
+    open_store: StoreFactory, central_url: str, tmp_path: Path, policy: str,
+    after_restart: int, kept: int,
+) -> None:
+    """Found while building the crash harness (tests/faults): after the restart the file is
+    at v1, the central DB at v3 by the same writer (a flush outran the local commit of two
+    versions). The restarted store's acknowledged write (its v2) was replaced by the lost v3
+    at the next flush, silently. The newer write now stays, unless under max it would lower
+    the value (then it is a conflict, as any write lowering a max value)."""
+    crashed = await crashed_after_a_flush_outran_its_commit(
+        open_store, tmp_path, policy, clean=True)
+    b = await open_store(triggerer_id="t", cache_path=crashed, conflict_policy=policy)
+    assert await b.get(OWNER, "wm") == 100
+    assert await b.set(OWNER, "wm", after_restart) == 2  # acknowledged: in b's file
+    report = await b.flush()
+    assert await b.get(OWNER, "wm") == kept
+    assert report.conflicts == (0 if kept == after_restart else 1)
+    assert await central_wm(central_url) == ((kept, 4) if kept == after_restart else (kept, 3))
+
+
+@pytest.mark.parametrize(("policy", "after_restart", "kept"), [
+    ("reject", 105, 105), ("max", 130, 130), ("max", 105, 120)])
+async def test_a_write_made_while_a_leftover_row_meets_the_lost_chain_stays(
+    open_store: StoreFactory, central_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    policy: str, after_restart: int, kept: int,
+) -> None:
+    """The same crash, the file's v1 still dirty: the restart's flush of that leftover row
+    rightly takes central's v3, but a write acknowledged while that flush ran was replaced
+    with it. It now goes out next, based on v3."""
+    crashed = await crashed_after_a_flush_outran_its_commit(
+        open_store, tmp_path, policy, clean=False)
+    monkeypatch.setattr(SyncWorker, "kick", lambda self: None)  # flushes step by step here
+    b = await open_store(triggerer_id="t", cache_path=crashed, conflict_policy=policy)
+    worker = worker_of(b)
+    rows = worker.collect_dirty()
+    assert [(r.key, r.version, r.base_version) for r in rows] == [("wm", 1, 0)]
+    assert await b.set(OWNER, "wm", after_restart) == 2  # acknowledged during the flush
+    worker.mark_clean(await worker.write_batch(rows))
+    assert await b.get(OWNER, "wm") == after_restart
+    report = await b.flush()
+    assert await b.get(OWNER, "wm") == kept
+    assert report.conflicts == (0 if kept == after_restart else 1)
+    assert await central_wm(central_url) == ((kept, 4) if kept == after_restart else (kept, 3))
 
 
 async def test_race_under_last_writer_wins_the_later_flush_wins(

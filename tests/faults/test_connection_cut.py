@@ -65,7 +65,7 @@ async def test_backends_terminated_mid_flush_lose_and_duplicate_nothing(
     held = sum(r["n"] for r in rows if r["value"] == str(ROUNDS - 1) and r["version"] == ROUNDS)
     fault_tally.add("backends terminated mid-flush", killed)
     fault_tally.add("acknowledged writes checked", KEYS * ROUNDS)
-    fault_tally.lost("local (connection cuts)", KEYS - held)
+    fault_tally.lost("local, through connection cuts", KEYS - held)
     assert [(r["value"], r["version"], r["n"]) for r in rows] == [
         (str(ROUNDS - 1), ROUNDS, KEYS)]
     print(f"\nconnection cuts: {killed} backends terminated, {failed_flushes} flushes failed "

@@ -1,13 +1,22 @@
-"""The process `test_crash.py` kills: run as ``python tests/crash_writer.py <mode> ...``.
+"""The processes the crash harness (`harness.py`) kills: ``python crash_writer.py <mode> ...``.
 
 ``store`` mode
     Opens a `StateStore` and runs a hot loop of increasing integer writes over many owners and
     keys from concurrent writer coroutines (each key belongs to one coroutine, so a key's values
-    are acknowledged in increasing order). It first reads every key's current value and prints
+    are acknowledged in increasing order, and a value always equals the version it was written
+    at when the key starts from nothing). It first reads every key's current value and prints
     ``READY <pid>``; then after each acknowledged ``await store.set(...)`` it writes one line
     ``<owner> <key> <value> <version> <monotonic time>`` to stdout with a single ``os.write``
     (atomic on a pipe, so a SIGKILL never leaves half a line, and unbuffered, so every line
     written was acknowledged before the kill).
+
+``zygote`` mode
+    A fork server for many ``store`` runs: it imports the library once (about a second of
+    imports a fresh interpreter pays each round), then for each JSON line of `store` options it
+    reads on stdin forks a child that runs the store loop above on the shared stdout, waits for
+    it to die, and writes ``EXIT <pid> <wait status>``. The child is a real process of its own
+    (its own memory, file descriptors, SQLite and PostgreSQL connections); the parent of the
+    test kills it by pid. Every line the child wrote precedes its ``EXIT`` line.
 
 ``first-open`` mode
     Crash points of a cache's very first open: for each n it forks a child that opens a new
@@ -19,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +75,48 @@ async def run_store(args: argparse.Namespace) -> None:
                     await asyncio.sleep(args.pace)
 
     await asyncio.gather(*(writer(keys[w::args.writers]) for w in range(args.writers)))
+
+
+STORE_DEFAULTS: dict[str, Any] = {
+    "triggerer_id": "crash-triggerer", "durability": "local", "flush_interval": 0.1,
+    "local_sync": "full", "memory_window": 0.05, "owners": 50, "keys": 4, "writers": 25,
+    "pace": 0.0,
+}
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--central-url", required=True)
+    parser.add_argument("--cache-path", required=True)
+    for name, default in STORE_DEFAULTS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+
+
+# -- zygote mode ------------------------------------------------------------------------------
+
+
+def run_zygote() -> None:
+    # import everything a store run needs once, before forking: each fork starts at once
+    import aiosqlite  # noqa: F401
+    import asyncpg  # noqa: F401
+    import sqlalchemy.dialects.postgresql.asyncpg
+    import sqlalchemy.dialects.sqlite.aiosqlite  # noqa: F401
+
+    import localstate.store  # noqa: F401
+    import sync.central_store  # noqa: F401
+
+    for line in sys.stdin:
+        options = {**STORE_DEFAULTS, **json.loads(line)}
+        pid = os.fork()
+        if pid == 0:  # the child: no event loop or thread runs in the zygote, so this is safe
+            code = 0
+            try:
+                asyncio.run(run_store(argparse.Namespace(**options)))
+            except BaseException as exc:
+                os.write(2, f"store run failed: {exc!r}\n".encode())
+                code = 1
+            os._exit(code)
+        _pid, status = os.waitpid(pid, 0)
+        os.write(1, f"EXIT {pid} {status}\n".encode())
 
 
 # -- first-open mode --------------------------------------------------------------------------
@@ -128,24 +181,16 @@ def run_first_open(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     modes = parser.add_subparsers(dest="mode", required=True)
-    store = modes.add_parser("store")
-    store.add_argument("--central-url", required=True)
-    store.add_argument("--cache-path", required=True)
-    store.add_argument("--triggerer-id", required=True)
-    store.add_argument("--durability", default="local")
-    store.add_argument("--flush-interval", type=float, default=0.1)
-    store.add_argument("--local-sync", default="full")
-    store.add_argument("--memory-window", type=float, default=0.05)
-    store.add_argument("--owners", type=int, default=50)
-    store.add_argument("--keys", type=int, default=4)
-    store.add_argument("--writers", type=int, default=25)
-    store.add_argument("--pace", type=float, default=0.0)
+    add_store_arguments(modes.add_parser("store"))
+    modes.add_parser("zygote")
     first = modes.add_parser("first-open")
     first.add_argument("--folder", required=True)
     first.add_argument("--max-statements", type=int, default=30)
     args = parser.parse_args()
     if args.mode == "store":
         asyncio.run(run_store(args))
+    elif args.mode == "zygote":
+        run_zygote()
     else:
         run_first_open(args)
 

@@ -1,0 +1,135 @@
+"""Every write the central DB ever took, recorded by the database itself.
+
+`install` puts a trigger on ``localstate_state_variable`` (PostgreSQL and SQLite) that appends
+each row an INSERT or UPDATE leaves, ``(owner, key, value, version, prev_version, updated_by)``,
+to ``fault_history`` under an increasing id. A write the flush's fence refused changes no row,
+so it leaves no history. For one key, row locks (PostgreSQL) or the database write lock
+(SQLite) serialize the writes, so the ids of a key's rows are in the order the writes took
+effect: the evidence the fault tests check monotonic watermarks and reported conflicts against,
+without trusting the store's own counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from localstate.codec import decode
+from localstate.entry import StateKey
+from sync.central_store import CentralStore
+
+__all__ = ["HistoryRow", "by_key", "install", "read", "regressions"]
+
+_PG_INSTALL = """
+CREATE TABLE fault_history (
+    id bigserial PRIMARY KEY, owner text NOT NULL, "key" text NOT NULL, value text,
+    version bigint NOT NULL, prev_version bigint NOT NULL, updated_by text NOT NULL);
+CREATE FUNCTION fault_history_append() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fault_history (owner, "key", value, version, prev_version, updated_by)
+    VALUES (NEW.owner, NEW."key", NEW.value, NEW.version, NEW.prev_version, NEW.updated_by);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER fault_history_append AFTER INSERT OR UPDATE ON localstate_state_variable
+    FOR EACH ROW EXECUTE FUNCTION fault_history_append();
+"""
+_SQLITE_INSTALL = [
+    'CREATE TABLE fault_history (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, '
+    '"key" TEXT NOT NULL, value TEXT, version INTEGER NOT NULL, prev_version INTEGER NOT NULL, '
+    "updated_by TEXT NOT NULL)",
+] + [
+    f"CREATE TRIGGER fault_history_{event.lower()} AFTER {event} ON localstate_state_variable "
+    'BEGIN INSERT INTO fault_history (owner, "key", value, version, prev_version, updated_by) '
+    'VALUES (NEW.owner, NEW."key", NEW.value, NEW.version, NEW.prev_version, NEW.updated_by); '
+    "END"
+    for event in ("INSERT", "UPDATE")
+]
+_SELECT = (
+    'SELECT id, owner, "key", value, version, prev_version, updated_by FROM fault_history '
+    "ORDER BY id"
+)
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    id: int
+    owner: str
+    key: str
+    value: str | None  # JSON text; None: a deletion
+    version: int
+    prev_version: int
+    updated_by: str
+
+    @property
+    def decoded(self) -> Any:
+        return None if self.value is None else decode(self.value)
+
+
+def _sqlite_path(url: str) -> str:
+    database = make_url(url).database
+    assert database, url
+    return database
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def install(url: str) -> None:
+    """Create the central schema (as a store's open would) and the history trigger."""
+    await (await CentralStore.open(url)).close()
+    if make_url(url).get_backend_name() == "sqlite":
+        with contextlib.closing(sqlite3.connect(_sqlite_path(url))) as conn, conn:
+            for statement in _SQLITE_INSTALL:
+                conn.execute(statement)
+        return
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        await conn.execute(_PG_INSTALL)
+    finally:
+        await conn.close()
+
+
+async def read(url: str) -> list[HistoryRow]:
+    """Every row the central table ever held, in the order the writes took effect."""
+    if make_url(url).get_backend_name() == "sqlite":
+        with contextlib.closing(sqlite3.connect(_sqlite_path(url), timeout=30)) as conn:
+            return [HistoryRow(*row) for row in conn.execute(_SELECT)]
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        return [HistoryRow(*row) for row in await conn.fetch(_SELECT)]
+    finally:
+        await conn.close()
+
+
+def by_key(history: list[HistoryRow]) -> dict[StateKey, list[HistoryRow]]:
+    keyed: dict[StateKey, list[HistoryRow]] = defaultdict(list)
+    for row in history:
+        keyed[row.owner, row.key].append(row)
+    return dict(keyed)
+
+
+def regressions(history: list[HistoryRow], *, values: bool) -> list[str]:
+    """Where a key's central version went down, or (`values`) its value went down.
+
+    A version may repeat only as a replay: the same writer rewriting its own version (a flush
+    that committed but whose mark-clean a crash lost, sent again by the restarted process).
+    """
+    found: list[str] = []
+    for k, rows in by_key(history).items():
+        for before, after in itertools.pairwise(rows):
+            replay = after.version == before.version and after.updated_by == before.updated_by
+            if after.version <= before.version and not replay:
+                found.append(f"{k}: version {before.version} -> {after.version} "
+                             f"(history ids {before.id}, {after.id})")
+            if values and after.decoded < before.decoded:
+                found.append(f"{k}: value {before.value} -> {after.value} by "
+                             f"{after.updated_by} (history ids {before.id}, {after.id})")
+    return found
