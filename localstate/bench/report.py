@@ -153,11 +153,12 @@ def summary(result: dict[str, Any]) -> str:
         direct, local = by.get("direct"), by.get("local")
         if not direct or not local or not direct["sets_per_s"]:
             continue
-        txn_ratio = (direct["central_txns"] / local["central_txns"]
-                     if local["central_txns"] else float("inf"))
+        fewer = (f"{direct['central_txns'] / local['central_txns']:,.0f}x fewer database "
+                 "transactions" if local["central_txns"] else
+                 f"no database transaction in the run (direct: {direct['central_txns']:,})")
         line = (f"with {k:,} trigger{'s' if k != 1 else ''}, local-first (local durability) "
                 f"took {local['sets_per_s'] / direct['sets_per_s']:,.0f}x the updates of direct "
-                f"writes with {txn_ratio:,.0f}x fewer database transactions")
+                f"writes with {fewer}")
         memory = by.get("memory")
         if memory:
             line += (f"; memory durability {memory['sets_per_s'] / direct['sets_per_s']:,.0f}x")
