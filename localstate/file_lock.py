@@ -80,8 +80,15 @@ class CacheFileLock:
                 "since": time.time(),
             }
         )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, stamp, 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, stamp, 0)
+        except OSError as exc:
+            # The holder line only feeds the error a second process gets; the flock is what
+            # excludes it. A restart on a full disk (ENOSPC) still opens its cache: reads and
+            # flushes work, and each local commit says the disk is full.
+            log.warning("cannot write the holder of %s (%s); holding the lock anyway",
+                        self.lock_path, exc.strerror)
         self._fd = fd
 
     def release(self) -> None:
