@@ -9,6 +9,7 @@ from localstate.config import Settings
 from localstate.errors import (
     CacheCorrupt,
     CacheError,
+    CacheFull,
     CacheLocked,
     CachePathNotWritable,
     CacheWriteFailed,
@@ -36,6 +37,7 @@ __all__ = [
     "UNSET",
     "CacheCorrupt",
     "CacheError",
+    "CacheFull",
     "CacheLocked",
     "CachePathNotWritable",
     "CacheWriteFailed",
