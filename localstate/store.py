@@ -16,7 +16,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
@@ -24,6 +24,7 @@ from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
     CentralError,
     InvalidInput,
+    InvalidName,
     LocalStateError,
     StoreClosed,
     VersionConflict,
@@ -222,7 +223,10 @@ class StateStore:
         """The value of ``(owner, key)``, or `default` when it has none."""
         if self._closed:
             raise self._closed_error()
-        e = self._entries.get((owner, key))
+        try:
+            e = self._entries.get((owner, key))
+        except TypeError:  # an unhashable owner or key (a list, say): no name at all
+            _refuse_names(owner, key)
         if e is not None:
             self._hits += 1
             data = e.data
@@ -299,7 +303,10 @@ class StateStore:
 
     async def _known(self, k: StateKey) -> Entry | None:
         """The entry of `k`, reading through to the central DB on a miss."""
-        e = self._entries.get(k)
+        try:
+            e = self._entries.get(k)
+        except TypeError:
+            _refuse_names(*k)
         if e is not None:
             return e
         check_name("owner", k[0])
@@ -338,7 +345,10 @@ class StateStore:
         k = (owner, key)
         if self._direct:
             return await self._set_direct(k, data, durability)
-        e = self._entries.get(k)
+        try:
+            e = self._entries.get(k)
+        except TypeError:
+            _refuse_names(owner, key)
         if e is None:
             e = await self._first_write(k)
         version = self._apply(
@@ -368,7 +378,11 @@ class StateStore:
                 "compare_and_set needs the local cache (enabled=True): direct mode writes "
                 "unconditionally"
             )
-        e = self._entries.get(k) or await self._first_write(k)
+        try:
+            found = self._entries.get(k)
+        except TypeError:
+            _refuse_names(owner, key)
+        e = found if found is not None else await self._first_write(k)
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -392,7 +406,11 @@ class StateStore:
                 return False
             await self._set_direct(k, None, durability)
             return True
-        e = self._entries.get(k) or await self._first_write(k)
+        try:
+            found = self._entries.get(k)
+        except TypeError:
+            _refuse_names(owner, key)
+        e = found if found is not None else await self._first_write(k)
         if e.data is None:
             return False
         await self._write(k, e, None, None, durability)
@@ -566,6 +584,14 @@ class StateStore:
 
 
 _T = TypeVar("_T")
+
+
+def _refuse_names(owner: object, key: object) -> NoReturn:
+    """Raise the `InvalidName` for names a dict lookup refused (unhashable, so not str)."""
+    check_name("owner", owner)
+    check_name("key", key)
+    raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
+                      f"{type(key).__name__}")
 
 
 def _opened(part: _T | None) -> _T:
