@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import getpass
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -309,12 +310,26 @@ def _cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_value(text: str) -> Any:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_value(text: object) -> Any:
+    if not isinstance(text, str):
+        # argparse of Python 3.11 hands a positional given as a lone "--" (after the "--" that
+        # ends the options) over as an empty list
+        raise InvalidInput("the value is not valid JSON ('--' is not JSON); quote strings as "
+                           "JSON does: '\"--\"'")
     if text == "-":
         text = sys.stdin.read()
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        # The standard library's parser, not orjson's: orjson reads an integer beyond 64 bits
+        # as a float, so `set o k 123456789012345678901234567890` stored 1.2345678901234568e+29
+        # without a word. Read exactly, such an integer is refused by encode() as over 64 bits.
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidInput("the value is nested too deeply to be stored") from None
+    except ValueError as exc:  # json.JSONDecodeError, NaN and Infinity, a 5,000-digit integer
         raise InvalidInput(
             f"the value is not valid JSON ({exc}); quote strings as JSON does: '\"text\"'"
         ) from None
