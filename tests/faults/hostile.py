@@ -17,6 +17,7 @@ import json
 import math
 import re
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -34,7 +35,9 @@ __all__ = [
     "FIXED",
     "NON_STR_NAMES",
     "RELAXED",
+    "Row",
     "as_json",
+    "central_row",
     "cli_value_texts",
     "event_loop",
     "integrity",
@@ -43,7 +46,7 @@ __all__ = [
     "names",
     "parse_json_text",
     "same_json",
-    "tally",
+    "settle",
     "valid_names",
     "valid_values",
     "value_problem",
@@ -72,6 +75,17 @@ def integrity(path: Path) -> str:
         return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
+Row = tuple[str | None, int]  # a central record: (value JSON text, None for a tombstone; version)
+
+
+def central_row(db: Path, owner: str, key: str) -> Row | None:
+    """One record of an embedded central DB, read apart from the code under test."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        found = conn.execute("SELECT value, version FROM localstate_state_variable "
+                             "WHERE owner = ? AND key = ?", (owner, key)).fetchone()
+    return None if found is None else (found[0], int(found[1]))
+
+
 @contextlib.contextmanager
 def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
     """A loop of the test's own: Hypothesis calls the example function synchronously."""
@@ -83,13 +97,22 @@ def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
         loop.close()
 
 
-def tally(fault_tally: FaultTally, surface: str, tried: int, refused: int, lost: int) -> None:
-    """Record a surface's run in the fault suite's closing summary: inputs tried, refusals
-    checked to have written nothing, and writes found lost or partial."""
+def settle(fault_tally: FaultTally, surface: str, outcomes: Counter[str], *, examples: int,
+           write: str, others: tuple[str, ...], lost: int = 0) -> None:
+    """Record a surface's run in the fault suite's closing summary (inputs tried, refusals
+    checked to have written nothing, writes found lost or partial), and check that the run
+    exercised both answers: refusals and `write` each at least a tenth of the examples, and
+    each of `others` at least once."""
+    tried = sum(outcomes.values())
     fault_tally.add("inputs tried", tried)
     fault_tally.add(f"inputs tried ({surface})", tried)
-    fault_tally.add("refused inputs checked to change nothing", refused)
+    fault_tally.add("refused inputs checked to change nothing", outcomes["refused"])
     fault_tally.lost(f"hostile input ({surface}): lost or partial writes", lost)
+    assert tried >= examples, outcomes
+    assert outcomes["refused"] >= tried // 10, outcomes
+    assert outcomes[write] >= tried // 10, outcomes
+    for op in others:
+        assert outcomes[op] > 0, outcomes
 
 
 # -- the oracle ------------------------------------------------------------------------------
