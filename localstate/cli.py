@@ -269,8 +269,17 @@ def _row_dict(row: CentralRow) -> dict[str, Any]:
             "updated_by": row.updated_by}
 
 
+def _json(obj: Any, *, indent: bool = False) -> str:
+    """`obj` as JSON text. A stored value may be nested as deep as orjson allows (254); inside
+    a record it is one level deeper, which orjson refuses, so the standard library writes it."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_INDENT_2 if indent else None).decode()
+    except TypeError:
+        return json.dumps(obj, indent=2 if indent else None, ensure_ascii=False)
+
+
 def _print_json(obj: Any) -> None:
-    print(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+    print(_json(obj, indent=True))
 
 
 def _print_record(row: CentralRow) -> None:
@@ -410,7 +419,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 if args.json:
                     for row in rows:
                         sys.stdout.write(("\n  " if not shown else ",\n  ")
-                                         + orjson.dumps(_row_dict(row)).decode())
+                                         + _json(_row_dict(row)))
                         shown += 1
                     continue
                 cells = [[r.owner, r.key, str(r.version), _human_time(r.updated_at),

@@ -44,6 +44,7 @@ __all__ = [
     "json_text",
     "name_ok",
     "names",
+    "nested",
     "parse_json_text",
     "same_json",
     "settle",
@@ -245,6 +246,14 @@ SCALARS: Final = st.one_of(
     st.none(), st.booleans(), st.integers(), st.sampled_from(_EDGE_INTS), st.floats(),
     st.text(ANY_CHAR, max_size=20),
 )
+
+
+def nested(depth: int) -> list[Any]:
+    """An empty list inside lists: `depth` containers in all."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def _nest(depth: int, shape: str, leaf: Any) -> Any:

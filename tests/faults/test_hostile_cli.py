@@ -191,6 +191,9 @@ def test_cli_gives_exit_2_3_4_or_round_trips(cli_central: tuple[str, Path],
     @example(case=CliCase("set", *FIXED, "123456789012345678901234567890", "", None))
     @example(case=CliCase("set", *FIXED, "--", "", None))
     @example(case=CliCase("set", *FIXED, "1", "", "99999999999999999999999"))
+    # and a value nested as deep as may be stored (254) crashed `--json` after writing it
+    @example(case=CliCase("set", *FIXED, "[" * 254 + "]" * 254, "", None))
+    @example(case=CliCase("get", *FIXED, "", "", None))
     def one(case: CliCase) -> None:
         outcomes[check_cli_case(case, url, db)] += 1
 

@@ -34,6 +34,7 @@ from hostile import (
     integrity,
     name_ok,
     names,
+    nested,
     same_json,
     settle,
     valid_names,
@@ -251,6 +252,9 @@ def test_python_api_gives_typed_errors_or_round_trips(
             @example(case=PyCase("delete", {}, "key", None, None, "current"))
             @example(case=PyCase("cas", ["owner"], "key", 1, None, 0))
             @example(case=PyCase("set", *FIXED, 1, [], "current"))
+            # the deepest value that may be stored, and one level more
+            @example(case=PyCase("set", *FIXED, nested(254), None, "current"))
+            @example(case=PyCase("set", *FIXED, nested(255), None, "current"))
             def one(case: PyCase) -> None:
                 outcomes[loop.run_until_complete(run_python_case(store, model, case))] += 1
 

@@ -250,6 +250,11 @@ def test_rest_api_gives_4xx_json_or_round_trips(served: tuple[Served, Any],
     @example(case=RestCase("PUT", segment(FIXED[0]), segment("/"), (FIXED[0], "/"),
                            b'{"value": 1}', "application/json"))
     @example(case=RestCase("GET", segment("\n"), "k", ("\n", "k"), b"", "application/json"))
+    # the deepest value that may be stored, and its answer one level deeper
+    @example(case=RestCase("PUT", segment(FIXED[0]), segment(FIXED[1]), FIXED,
+                           b'{"value": ' + b"[" * 254 + b"]" * 254 + b"}", "application/json"))
+    @example(case=RestCase("GET", segment(FIXED[0]), segment(FIXED[1]), FIXED, b"",
+                           "application/json"))
     def one(case: RestCase) -> None:
         outcomes[loop.run_until_complete(check_rest_case(api, case))] += 1
 
