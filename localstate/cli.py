@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import getpass
 import ipaddress
 import json
@@ -750,6 +751,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0 if asyncio.run(go()) else EXIT_ERROR
 
 
+@functools.cache  # 5 ms of argparse set-up; a caller running many commands in one process
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localstate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
