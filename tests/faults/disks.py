@@ -12,20 +12,39 @@ Root ignores permission bits, so a read-only folder for root is a read-only bind
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Final
 
 from localstate import StateStore
 
-__all__ = ["CAN_MOUNT", "PageLimitDisk", "ReadOnlyFolder", "TmpfsDisk"]
+__all__ = ["CAN_MOUNT", "PageLimitDisk", "ReadOnlyFolder", "TmpfsDisk", "files_under", "integrity",
+           "sha256"]
 
 #: mounting needs root; the suite runs as root in CI and in this project's sandbox
 CAN_MOUNT: Final = os.geteuid() == 0
 
 _CHUNKS: Final = (1 << 20, 4096, 1)  # big writes first, then every last block and byte
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def files_under(root: Path) -> dict[Path, str]:
+    """The sha256 of every regular file under `root`: what a fault must leave as it was."""
+    return {p: sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def integrity(path: Path) -> str:
+    """SQLite's own check of a whole database file: "ok" or what is wrong."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
 def _run(*argv: str) -> None:

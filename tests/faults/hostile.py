@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
+from disks import integrity
 from fault_tally import FaultTally
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
@@ -68,12 +69,6 @@ _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 #: and deeply nested values, which are the point
 RELAXED: Final = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                   HealthCheck.data_too_large, HealthCheck.large_base_example]
-
-
-def integrity(path: Path) -> str:
-    """SQLite's own check of a whole database file: "ok" or what is wrong."""
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
 Row = tuple[str | None, int]  # a central record: (value JSON text, None for a tombstone; version)
