@@ -218,7 +218,9 @@ BAD_FILES: dict[str, tuple[Maker, type[LocalStateError], str, str]] = {
     "newer-schema": (_newer_schema, SchemaError, f"schema version {SCHEMA_VERSION + 1}",
                      "upgrade localstate, or move the file aside"),
     "read-only-folder": (_read_only_folder, CachePathNotWritable,
-                         "Read-only file system" if CAN_MOUNT else "Permission denied",
+                         # root: EROFS from the bind mount; otherwise the lock file or
+                         # SQLite's -wal file cannot be created, which both messages open with
+                         "Read-only file system" if CAN_MOUNT else "cannot",
                          WRITABLE),
     "held-by-live-process": (_held_by_live_process, CacheLocked,
                              "in use by another live process", "stop that process"),
