@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import getpass
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -268,8 +270,17 @@ def _row_dict(row: CentralRow) -> dict[str, Any]:
             "updated_by": row.updated_by}
 
 
+def _json(obj: Any, *, indent: bool = False) -> str:
+    """`obj` as JSON text. A stored value may be nested as deep as orjson allows (254); inside
+    a record it is one level deeper, which orjson refuses, so the standard library writes it."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_INDENT_2 if indent else None).decode()
+    except TypeError:
+        return json.dumps(obj, indent=2 if indent else None, ensure_ascii=False)
+
+
 def _print_json(obj: Any) -> None:
-    print(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+    print(_json(obj, indent=True))
 
 
 def _print_record(row: CentralRow) -> None:
@@ -309,12 +320,26 @@ def _cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_value(text: str) -> Any:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_value(text: object) -> Any:
+    if not isinstance(text, str):
+        # argparse of Python 3.11 hands a positional given as a lone "--" (after the "--" that
+        # ends the options) over as an empty list
+        raise InvalidInput("the value is not valid JSON ('--' is not JSON); quote strings as "
+                           "JSON does: '\"--\"'")
     if text == "-":
         text = sys.stdin.read()
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        # The standard library's parser, not orjson's: orjson reads an integer beyond 64 bits
+        # as a float, so `set o k 123456789012345678901234567890` stored 1.2345678901234568e+29
+        # without a word. Read exactly, such an integer is refused by encode() as over 64 bits.
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidInput("the value is nested too deeply to be stored") from None
+    except ValueError as exc:  # json.JSONDecodeError, NaN and Infinity, a 5,000-digit integer
         raise InvalidInput(
             f"the value is not valid JSON ({exc}); quote strings as JSON does: '\"text\"'"
         ) from None
@@ -395,7 +420,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 if args.json:
                     for row in rows:
                         sys.stdout.write(("\n  " if not shown else ",\n  ")
-                                         + orjson.dumps(_row_dict(row)).decode())
+                                         + _json(_row_dict(row)))
                         shown += 1
                     continue
                 cells = [[r.owner, r.key, str(r.version), _human_time(r.updated_at),
@@ -726,6 +751,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0 if asyncio.run(go()) else EXIT_ERROR
 
 
+@functools.cache  # 5 ms of argparse set-up; a caller running many commands in one process
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localstate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

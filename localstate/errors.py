@@ -12,7 +12,8 @@
     ├── CacheError                     the local cache file
     │   ├── CacheLocked                another live process holds the file
     │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache
-    │   ├── CacheWriteFailed           a local commit failed (disk full, I/O error)
+    │   ├── CacheWriteFailed           a local commit failed (I/O error, ...)
+    │   │   └── CacheFull                  the disk (or filesystem) holding the cache is full
     │   └── CachePathNotWritable       the folder or file cannot be created or written
     ├── SchemaError                    a local or central schema newer than this code
     ├── AccessDenied                   the REST API refused the token (401 or 403; `status`)
@@ -29,6 +30,7 @@ __all__ = [
     "AccessDenied",
     "CacheCorrupt",
     "CacheError",
+    "CacheFull",
     "CacheLocked",
     "CachePathNotWritable",
     "CacheWriteFailed",
@@ -111,6 +113,10 @@ class CacheCorrupt(CacheError):
 
 class CacheWriteFailed(CacheError):
     """A local commit failed; the write stays staged and is retried."""
+
+
+class CacheFull(CacheWriteFailed):
+    """The filesystem holding the cache is full: free space there, or move the cache."""
 
 
 class CachePathNotWritable(CacheError):

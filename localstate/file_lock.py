@@ -48,8 +48,9 @@ class CacheFileLock:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise CachePathNotWritable(
-                f"cannot create the lock file {self.lock_path}: {exc.strerror}; "
-                "make the cache folder writable or set cache_dir to a writable folder",
+                f"cannot create the lock file {self.lock_path} of the local cache "
+                f"{self.cache_path}: {exc.strerror}; make the cache folder writable or set "
+                "cache_dir to a writable folder",
                 path=str(self.cache_path),
             ) from exc
         try:
@@ -66,7 +67,10 @@ class CacheFileLock:
         except OSError as exc:
             os.close(fd)
             raise CachePathNotWritable(
-                f"cannot lock {self.lock_path}: {exc.strerror}", path=str(self.cache_path)
+                f"cannot lock {self.lock_path} of the local cache {self.cache_path}: "
+                f"{exc.strerror}; keep the cache on a local filesystem that supports flock "
+                "(set cache_dir)",
+                path=str(self.cache_path),
             ) from exc
         previous = _read_holder(fd)
         if previous != "unknown holder":
@@ -80,8 +84,15 @@ class CacheFileLock:
                 "since": time.time(),
             }
         )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, stamp, 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, stamp, 0)
+        except OSError as exc:
+            # The holder line only feeds the error a second process gets; the flock is what
+            # excludes it. On a full disk (ENOSPC) the SQLite open that follows says what is
+            # wrong (CacheFull), naming the cache file rather than its lock.
+            log.warning("cannot write the holder of %s (%s); holding the lock anyway",
+                        self.lock_path, exc.strerror)
         self._fd = fd
 
     def release(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import warnings
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
     CacheCorrupt,
     CacheError,
+    CacheFull,
     CachePathNotWritable,
     CacheWriteFailed,
     SchemaError,
@@ -70,6 +72,13 @@ CREATE TABLE state (
 """
 UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
 _PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
+# The way on after a failed commit, for the messages of CacheWriteFailed and CacheFull.
+_KEPT: Final = (
+    "Writes not yet committed are kept in memory and retried every 0.1 s; a set that raised "
+    "this is not acknowledged until a retry commits it"
+)
+# Below this many free bytes a filesystem counts as full (an I/O error there is ENOSPC).
+_NEARLY_FULL: Final = 64 * 1024
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
 
@@ -132,10 +141,11 @@ class LocalCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            blocker = _file_in_the_way(self.path.parent)
+            why = exc.strerror if blocker is None else f"{blocker} is a file, not a folder"
             raise CachePathNotWritable(
                 f"cannot create the cache folder {self.path.parent} for the local cache "
-                f"{self.path}: {exc.strerror}; set cache_dir (or cache_path) to a writable "
-                "folder",
+                f"{self.path}: {why}; set cache_dir (or cache_path) to a writable folder",
                 path=str(self.path),
             ) from exc
         self._lock.acquire()
@@ -262,13 +272,26 @@ class LocalCache:
                 "writable, or set cache_dir to a writable folder",
                 path=path,
             )
-        if "disk is full" in text or "disk I/O" in text or "database or disk is full" in text:
-            return CacheWriteFailed(
-                f"the local cache {path} could not {doing}: {text}; free disk space: staged "
-                "writes are kept in memory and retried",
+        # what became of the writes: only a failed commit has any in hand
+        kept = f" {_KEPT}" if doing == "commit" else ""
+        # SQLITE_FULL says "database or disk is full"; a full disk met while SQLite extends
+        # its -shm file (an open, say) only says "disk I/O error": ask the filesystem
+        if "disk is full" in text or ("disk I/O" in text and _no_space_left(self.path)):
+            return CacheFull(
+                f"the local cache {path} could not {doing}: the disk holding it is full "
+                f"({text}); free space on that filesystem, or set cache_dir (or cache_path) to "
+                f"a folder on another disk.{kept}",
                 path=path,
             )
-        return CacheWriteFailed(f"the local cache {path} could not {doing}: {text}", path=path)
+        if "disk I/O" in text:
+            return CacheWriteFailed(
+                f"the local cache {path} could not {doing}: {text}; check that disk (the "
+                f"kernel log says why) or set cache_dir to a folder on a healthy local disk."
+                f"{kept}",
+                path=path,
+            )
+        return CacheWriteFailed(f"the local cache {path} could not {doing}: {text}.{kept}",
+                                path=path)
 
     async def close(self) -> None:
         """Commit what is staged, stop the writer and close the file. Safe to call twice."""
@@ -412,11 +435,16 @@ class LocalCache:
                         await conn.rollback()
                     raise
         except CacheError as exc:
+            # once per distinct failure: a full disk is retried every _RETRY_DELAY and would
+            # log ten warnings a second until space returns
+            if self.last_error is None or str(self.last_error) != str(exc):
+                log.warning("%s", exc)
             self.last_error = exc
-            log.warning("%s", exc)
             return exc
         self.commits += 1
         self.rows_committed += len(staged)
+        if self.last_error is not None:
+            log.warning("the local cache %s commits again", self.path)
         self.last_error = None
         return None
 
@@ -430,6 +458,23 @@ class LocalCache:
         if self._conn is None:
             raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
         return self._conn
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The nearest existing ancestor of `folder` (itself included) when it is not a folder."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def _no_space_left(path: Path) -> bool:
+    """Whether the filesystem holding `path` has (almost) no block left for it."""
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < _NEARLY_FULL
 
 
 def _immutable(data: str | None) -> Any:

@@ -101,7 +101,7 @@ def check_name(kind: str, name: object) -> str:
 
 def check_durability(durability: object) -> Durability:
     """Return `durability` if it names a mode, else raise `InvalidInput` listing the modes."""
-    if durability not in DURABILITIES:
+    if not isinstance(durability, str) or durability not in DURABILITIES:  # [] is unhashable
         raise InvalidInput(
             f"durability must be one of {sorted(DURABILITIES)}, not {durability!r}"
         )

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings, config_file_path
@@ -26,6 +26,7 @@ from localstate.errors import (
     CentralError,
     CentralUnavailable,
     InvalidInput,
+    InvalidName,
     LocalStateError,
     StoreClosed,
     VersionConflict,
@@ -263,7 +264,10 @@ class StateStore:
         """The value of ``(owner, key)``, or `default` when it has none."""
         if self._closed:
             raise self._closed_error()
-        e = self._entries.get((owner, key))
+        try:
+            e = self._entries.get((owner, key))
+        except TypeError:  # an unhashable owner or key (a list, say): no name at all
+            _refuse_names(owner, key)
         if e is not None:
             self._hits += 1
             data = e.data
@@ -348,7 +352,10 @@ class StateStore:
 
     async def _known(self, k: StateKey) -> Entry | None:
         """The entry of `k`, reading through to the central DB on a miss."""
-        e = self._entries.get(k)
+        try:
+            e = self._entries.get(k)
+        except TypeError:
+            _refuse_names(*k)
         if e is not None:
             return e
         check_name("owner", k[0])
@@ -385,7 +392,10 @@ class StateStore:
         elif durability != "memory" and durability != "local" and durability != "central":
             check_durability(durability)  # raises, before anything is written
         k = (owner, key)
-        e = None if self._direct else self._entries.get(k)
+        try:
+            e = None if self._direct else self._entries.get(k)
+        except TypeError:  # an unhashable owner or key (a list, say)
+            _refuse_names(owner, key)
         if e is None:
             return await self._set_slow(k, data, value, durability)
         version = self._apply(
@@ -432,7 +442,11 @@ class StateStore:
                 "compare_and_set needs the local cache (enabled=True): direct mode writes "
                 "unconditionally"
             )
-        e = self._entries.get(k) or await self._first_write(k)
+        try:
+            found = self._entries.get(k)
+        except TypeError:
+            _refuse_names(owner, key)
+        e = found if found is not None else await self._first_write(k)
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -459,7 +473,11 @@ class StateStore:
                 return False
             await self._set_direct(k, None, durability)
             return True
-        e = self._entries.get(k) or await self._first_write(k)
+        try:
+            found = self._entries.get(k)
+        except TypeError:
+            _refuse_names(owner, key)
+        e = found if found is not None else await self._first_write(k)
         if e.data is None:
             return False
         await self._write(k, e, None, None, durability)
@@ -729,6 +747,14 @@ class StateStore:
 
 
 _T = TypeVar("_T")
+
+
+def _refuse_names(owner: object, key: object) -> NoReturn:
+    """Raise the `InvalidName` for names a dict lookup refused (unhashable, so not str)."""
+    check_name("owner", owner)
+    check_name("key", key)
+    raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
+                      f"{type(key).__name__}")
 
 
 def _opened(part: _T | None) -> _T:

@@ -21,7 +21,13 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from localstate.entry import StateKey
-from localstate.errors import CentralError, CentralUnavailable, LocalStateError, VersionConflict
+from localstate.errors import (
+    CentralError,
+    CentralUnavailable,
+    InvalidInput,
+    LocalStateError,
+    VersionConflict,
+)
 from sync.conflicts import ConflictPolicy, PolicyMap
 from sync.dialects import UpsertRow, batch_sql_for
 from sync.rows import CentralRow, DirtyRow, FlushOutcome
@@ -31,6 +37,7 @@ __all__ = ["CentralStore", "async_url"]
 
 log = logging.getLogger(__name__)
 
+_MAX_VERSION = 2**63 - 1  # versions are BIGINT columns
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 
 
@@ -175,10 +182,12 @@ class CentralStore:
         whose cache still holds the old version finds out at its next flush (the fence), as
         with any other writer.
         """
-        if isinstance(expected_version, bool) or not isinstance(expected_version, int) or (
-            expected_version < 0
+        if isinstance(expected_version, bool) or not isinstance(expected_version, int) or not (
+            0 <= expected_version <= _MAX_VERSION
         ):
-            raise ValueError(f"expected_version must be an int >= 0, not {expected_version!r}")
+            # beyond 64 bits the drivers raise OverflowError (a crash, not an answer)
+            raise InvalidInput(f"expected_version must be an int from 0 to {_MAX_VERSION}, "
+                               f"not {expected_version!r}")
         t = state_variable.c
         when = datetime.fromtimestamp(
             updated_at if updated_at is not None else datetime.now(timezone.utc).timestamp(),

@@ -1,4 +1,7 @@
-"""`LocalCache` on its own: real SQLite files, a real second process for the lock.
+"""`LocalCache` on its own: real SQLite files.
+
+Files a cache cannot use (garbage, truncated, foreign, newer schema, read-only, held by a live
+process) are in the fault suite, `tests/faults/test_disk_faults.py`.
 
 The file is always checked from the outside too, with a separate `sqlite3` connection: what a
 test asserts is what a restart (or the CLI) would find on disk, not what the cache believes.
@@ -9,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import os
 import random
-import signal
 import sqlite3
-import sys
 import time
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,10 @@ import pytest
 from localstate.codec import encode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
-    CacheCorrupt,
     CacheError,
     CacheLocked,
-    CachePathNotWritable,
     CacheWriteFailed,
-    LocalStateError,
-    SchemaError,
 )
-from localstate.file_lock import CacheFileLock
 from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION, LocalCache
 
 OWNER_ID = "triggerer-test"
@@ -59,26 +54,6 @@ def read_rows(path: Path) -> dict[StateKey, DiskRow]:
 def pragma(path: Path, name: str) -> Any:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         return conn.execute(f"PRAGMA {name}").fetchone()[0]
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def files_under(root: Path) -> dict[Path, str]:
-    """The sha256 of every regular file under `root`."""
-    return {p: sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def truncate(path: Path, fraction: float) -> int:
-    """Cut `path` to `fraction` of its length; return the length it had."""
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * fraction)])
-    return len(data)
-
-
-def write_garbage(path: Path) -> None:
-    path.write_bytes(random.Random(1234).randbytes(64 * 1024))
 
 
 async def open_cache(path: Path, **options: Any) -> LocalCache:
@@ -408,125 +383,6 @@ async def test_close_commits_what_is_staged(tmp_path: Path) -> None:
     assert read_rows(path) == {("o", "k"): ('"last"', 9, 0)}
 
 
-# -- files that are not (usable) caches ---------------------------------------------------------
-
-
-async def _garbage(path: Path) -> None:
-    write_garbage(path)
-
-
-async def _truncated(path: Path) -> None:
-    await closed_cache_with_rows(path, 300)
-    size = truncate(path, 0.6)
-    assert size > 16 * 4096  # many pages, so the cut loses real b-tree pages
-
-
-async def _foreign(path: Path) -> None:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute("CREATE TABLE foo (x INTEGER)")
-        conn.execute("INSERT INTO foo VALUES (1)")
-        conn.commit()
-    assert pragma(path, "application_id") == 0
-
-
-async def _foreign_application_id(path: Path) -> None:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute("PRAGMA application_id=305419896")  # another program's id, no tables
-        conn.execute("PRAGMA user_version=1")
-
-
-async def _newer_schema(path: Path) -> None:
-    await closed_cache_with_rows(path, 20)
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    assert pragma(path, "user_version") == SCHEMA_VERSION + 1
-
-
-BAD_FILES: dict[str, tuple[Callable[[Path], Awaitable[None]], type[LocalStateError], str]] = {
-    "garbage": (_garbage, CacheCorrupt, "not a database"),
-    "truncated": (_truncated, CacheCorrupt, "malformed"),
-    "foreign-sqlite-db": (_foreign, CacheCorrupt, "not a localstate cache"),
-    "foreign-application-id": (_foreign_application_id, CacheCorrupt, "not a localstate cache"),
-    "newer-schema": (_newer_schema, SchemaError, f"schema version {SCHEMA_VERSION + 1}"),
-}
-
-
-@pytest.mark.parametrize("kind", sorted(BAD_FILES))
-async def test_bad_file_is_refused_and_left_untouched(tmp_path: Path, kind: str) -> None:
-    make, error, text = BAD_FILES[kind]
-    path = tmp_path / f"{kind}.db"
-    await make(path)
-    before = sha256(path)
-    with pytest.raises(error) as info:
-        await open_cache(path)
-    message = str(info.value)
-    assert str(path) in message
-    assert text in message
-    if isinstance(info.value, CacheError):
-        assert info.value.path == str(path)
-    assert sha256(path) == before, "the refused file was modified"
-    # the failed open let go of the lock, so it is not "in use" by us now
-    lock = CacheFileLock(path, owner_id="probe")
-    lock.acquire()
-    lock.release()
-    # and the refusal is stable: a second attempt says the same
-    with pytest.raises(error):
-        await open_cache(path)
-    assert sha256(path) == before
-
-
-async def _parent_is_a_file(tmp_path: Path) -> Path:
-    blocker = tmp_path / "afile"
-    blocker.write_bytes(b"a regular file, not a folder")
-    return blocker / "x.db"
-
-
-async def _parent_is_a_file_deeper(tmp_path: Path) -> Path:
-    blocker = tmp_path / "afile"
-    blocker.write_bytes(b"a regular file, not a folder")
-    return blocker / "sub" / "x.db"
-
-
-async def _cache_is_a_folder(tmp_path: Path) -> Path:
-    path = tmp_path / "cache.db"
-    path.mkdir()
-    (path / "keep").write_bytes(b"inside")
-    return path
-
-
-async def _lock_is_a_folder(tmp_path: Path) -> Path:
-    path = tmp_path / "cache.db"
-    await closed_cache_with_rows(path, 5)
-    lock = path.with_name(path.name + ".lock")
-    lock.unlink()
-    lock.mkdir()
-    return path
-
-
-# These tests run as root, and root ignores permission bits: a chmod 0o555 folder would not
-# stop the cache. Each case below fails on the *type* of a file (ENOTDIR, EISDIR), which the
-# kernel refuses to root and to everyone else alike, so the test means the same for any user.
-UNWRITABLE: dict[str, Callable[[Path], Awaitable[Path]]] = {
-    "parent-is-a-file": _parent_is_a_file,
-    "parent-of-parent-is-a-file": _parent_is_a_file_deeper,
-    "cache-path-is-a-folder": _cache_is_a_folder,
-    "lock-path-is-a-folder": _lock_is_a_folder,
-}
-
-
-@pytest.mark.parametrize("kind", sorted(UNWRITABLE))
-async def test_unwritable_path_raises_cache_path_not_writable(tmp_path: Path, kind: str) -> None:
-    path = await UNWRITABLE[kind](tmp_path)
-    before = files_under(tmp_path)
-    with pytest.raises(CachePathNotWritable) as info:
-        await open_cache(path)
-    assert str(path) in str(info.value)
-    assert info.value.path == str(path)
-    after = files_under(tmp_path)
-    # (the lock file beside the cache path may have been created: that is the lock's own)
-    assert {p: after.get(p) for p in before} == before, "a file was modified or removed"
-
-
 # -- locking ------------------------------------------------------------------------------------
 
 
@@ -550,48 +406,3 @@ async def test_second_cache_in_same_process_is_locked_out(tmp_path: Path) -> Non
         assert set(await second.load()) == {("o", "k")}
     finally:
         await second.close()
-
-
-_HOLDER_SCRIPT = """
-import asyncio, pathlib, sys
-from localstate.local_cache import LocalCache
-
-async def main():
-    cache = await LocalCache.open(pathlib.Path(sys.argv[1]), owner_id="holder-process")
-    print("READY", flush=True)
-    await asyncio.sleep(3600)
-
-asyncio.run(main())
-"""
-
-
-async def test_live_process_holds_lock_until_killed(tmp_path: Path) -> None:
-    path = tmp_path / "cache.db"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER_SCRIPT, str(path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line == b"READY\n", line
-        with pytest.raises(CacheLocked) as info:
-            await open_cache(path)
-        message = str(info.value)
-        assert f"pid {proc.pid}" in message
-        assert "'holder-process'" in message
-        assert str(path) in message
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGKILL)
-        _out, err = await proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, err.decode()
-    # the kernel dropped the dead process's flock: the cache is taken over
-    cache = await open_cache(path)
-    try:
-        with pytest.raises(CacheLocked, match=f"pid {os.getpid()}"):
-            await open_cache(path)  # and the lock file now names us
-        await cache.commit(("o", "k"), make_entry(1, 1))
-    finally:
-        await cache.close()
-    assert read_rows(path) == {("o", "k"): ("1", 1, 0)}

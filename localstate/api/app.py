@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from localstate import __version__
 from localstate.api.auth import Authorizer
 from localstate.api.errors import error_response, install_error_handlers
+from localstate.api.paths import STATE_PATH
 from localstate.api.routes import build_router
 from localstate.api.ui import build_ui_router
 from localstate.config import ApiToken, Settings
@@ -35,6 +36,8 @@ from localstate.store import StateStore
 from sync.central_store import CentralStore
 
 __all__ = ["create_app"]
+
+_STATE_PATH = STATE_PATH.encode()
 
 
 class BodyLimit:
@@ -70,6 +73,27 @@ class BodyLimit:
             return msg
 
         await self.app(scope, limited, send)
+
+
+class RawStatePath:
+    """Route ``/api/v1/state/{owner}/{key}`` on the raw, still percent-encoded path.
+
+    Routing runs on the decoded path, where a ``%2F`` inside a name is a ``/`` like the one
+    between owner and key: a key ending in ``/`` then matched no route and Starlette redirected
+    the request (307) to another state variable's URL, and a name holding a newline matched no
+    route either (the route's pattern stops at one). The routes take the names from the raw path
+    anyway (`localstate.api.paths.state_name`), so routing on it changes nothing else.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if isinstance(raw, bytes) and raw.startswith(_STATE_PATH):
+            with contextlib.suppress(UnicodeDecodeError):  # not ASCII: state_name says 400
+                scope = {**scope, "path": raw.split(b"?", 1)[0].decode("ascii")}
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -118,4 +142,5 @@ def create_app(
     app.include_router(build_ui_router())
     # value limit, room for JSON whitespace and escapes, and the body's own fields
     app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024)
+    app.add_middleware(RawStatePath)
     return app
