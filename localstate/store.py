@@ -444,8 +444,8 @@ class StateStore:
             )
         try:
             found = self._entries.get(k)
-        except TypeError:
-            _refuse_names(owner, key)
+        except TypeError:  # an unhashable owner or key (a list, say)
+            _refuse_names(*k)
         e = found if found is not None else await self._first_write(k)
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
@@ -475,8 +475,8 @@ class StateStore:
             return True
         try:
             found = self._entries.get(k)
-        except TypeError:
-            _refuse_names(owner, key)
+        except TypeError:  # an unhashable owner or key (a list, say)
+            _refuse_names(*k)
         e = found if found is not None else await self._first_write(k)
         if e.data is None:
             return False
