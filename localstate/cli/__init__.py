@@ -66,6 +66,15 @@ __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_USAGE", "NotFo
 
 Handler = Callable[[argparse.Namespace], int]
 
+# The exit code each error ends in, and the word its message starts with. The first match
+# wins, so a subclass stands before its base.
+_ERROR_EXITS: tuple[tuple[type[LocalStateError], str, int], ...] = (
+    (VersionConflict, "conflict", EXIT_CONFLICT),
+    (NotFound, "not found", EXIT_NOT_FOUND),
+    (InvalidInput, "error", EXIT_USAGE),
+    (LocalStateError, "error", EXIT_ERROR),
+)
+
 
 @functools.cache  # 5 ms of argparse set-up; a caller running many commands in one process
 def build_parser() -> argparse.ArgumentParser:
@@ -170,18 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except VersionConflict as exc:
-        print(f"conflict: {exc}", file=sys.stderr)
-        return EXIT_CONFLICT
-    except NotFound as exc:
-        print(f"not found: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    except InvalidInput as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except LocalStateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        prefix, code = next((prefix, code) for kind, prefix, code in _ERROR_EXITS
+                            if isinstance(exc, kind))
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
