@@ -1,0 +1,70 @@
+"""The cache files on this host: where they are, who holds each, and what each holds, read
+without taking their lock (their triggerers may be running)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from localstate.config import Settings
+
+__all__ = ["cache_files", "cache_folder", "cache_summary"]
+
+
+def cache_folder(settings: Settings) -> Path:
+    return settings.cache_dir or settings.home / "localstate"
+
+
+def cache_files(settings: Settings) -> list[Path]:
+    found = set(cache_folder(settings).glob("*.db"))
+    if settings.resolved_cache_path.is_file():
+        found.add(settings.resolved_cache_path)
+    return sorted(found)
+
+
+def _holder(path: Path) -> dict[str, Any]:
+    lock = path.with_name(path.name + ".lock")
+    try:
+        info = orjson.loads(lock.read_bytes() or b"null")
+    except (OSError, orjson.JSONDecodeError):
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        return {"held_by": None, "running": False}
+    pid, host = info["pid"], info.get("host")
+    running: bool | None = None  # unknown: another host
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+            running = True
+        except ProcessLookupError:
+            running = False
+        except PermissionError:
+            running = True
+    return {"held_by": f"pid {pid} on {host}", "running": running}
+
+
+def cache_summary(path: Path) -> dict[str, Any]:
+    """Who holds the cache file at `path`, its rows, how many are not flushed yet and the oldest
+    of those; or, for a file that is not a readable cache, an ``error`` saying why."""
+    from localstate.local_cache import APPLICATION_ID
+
+    out: dict[str, Any] = {"path": str(path), **_holder(path)}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                return {**out, "error": "not a localstate cache file"}
+            rows, dirty, oldest = conn.execute(
+                "SELECT count(*), coalesce(sum(version != synced_version), 0), "
+                "min(CASE WHEN version != synced_version THEN updated_at END) FROM state"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return {**out, "error": f"cannot read it: {exc}"}
+    return {**out, "rows": rows, "dirty": dirty, "oldest_unflushed_at": oldest}

@@ -1,0 +1,37 @@
+"""db upgrade: create or upgrade the central DB's tables."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from localstate.config import Settings
+from localstate.errors import LocalStateError
+
+__all__ = ["cmd_db_upgrade"]
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from sync.central_store import make_engine
+    from sync.schema import LATEST_VERSION, upgrade
+
+    url = args.central_url or Settings.resolve().resolved_central_url
+
+    async def go() -> list[str]:
+        engine = make_engine(url)
+        try:
+            return [f"{m.version}: {m.description}" for m in await upgrade(engine)]
+        finally:
+            await engine.dispose()
+
+    try:
+        applied = asyncio.run(go())
+    except LocalStateError:
+        raise
+    except Exception as exc:  # a driver error before the store's own wrapping
+        raise LocalStateError(f"cannot upgrade {url}: {exc}") from exc
+    for line in applied:
+        print(f"applied migration {line}")
+    print(f"central schema is at version {LATEST_VERSION}"
+          + (" (already up to date)" if not applied else ""))
+    return 0

@@ -1,0 +1,213 @@
+"""get, set, delete and ls: the state commands, which work on the central DB directly (a
+triggerer's cache file is locked by the process that owns it), and how they print a record."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from localstate.cli._central import open_central, settings_for
+from localstate.cli._exit_codes import NotFound
+from localstate.cli._printing import human_time, json_text, print_json
+from localstate.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from sync.rows import CentralRow
+
+__all__ = ["cmd_delete", "cmd_get", "cmd_ls", "cmd_set"]
+
+
+def _cli_id() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"[:250]
+
+
+def _named(owner: str, key: str) -> str:
+    return f"owner {owner!r} key {key!r}"
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def _row_dict(row: CentralRow) -> dict[str, Any]:
+    return {"owner": row.owner, "key": row.key,
+            "value": None if row.data is None else orjson.loads(row.data),
+            "version": row.version, "updated_at": _iso(row.updated_at),
+            "updated_by": row.updated_by}
+
+
+def _print_record(row: CentralRow) -> None:
+    value = orjson.loads(row.data) if row.data is not None else None
+    pairs = [("owner", row.owner), ("key", row.key), ("version", str(row.version)),
+             ("updated_at", human_time(row.updated_at)), ("updated_by", row.updated_by)]
+    for name, text in pairs:
+        print(f"{name:<11} {text}")
+    if isinstance(value, dict | list) and value:
+        print("value")
+        print(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(f"{'value':<11} {orjson.dumps(value).decode()}")
+
+
+def _checked_names(args: argparse.Namespace) -> tuple[str, str]:
+    from localstate.model import check_name
+
+    return check_name("owner", args.owner), check_name("key", args.key)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    owner, key = _checked_names(args)
+    settings = settings_for(args)
+
+    async def go() -> CentralRow | None:
+        async with open_central(settings) as central:
+            return (await central.read_many([(owner, key)])).get((owner, key))
+
+    row = asyncio.run(go())
+    if row is None or row.data is None:
+        raise NotFound(f"{_named(owner, key)} has no value")
+    if args.json:
+        print_json(_row_dict(row))
+    else:
+        _print_record(row)
+    return 0
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_value(text: object) -> Any:
+    if not isinstance(text, str):
+        # argparse of Python 3.11 hands a positional given as a lone "--" (after the "--" that
+        # ends the options) over as an empty list
+        raise InvalidInput("the value is not valid JSON ('--' is not JSON); quote strings as "
+                           "JSON does: '\"--\"'")
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        # The standard library's parser, not orjson's: orjson reads an integer beyond 64 bits
+        # as a float, so `set o k 123456789012345678901234567890` stored 1.2345678901234568e+29
+        # without a word. Read exactly, such an integer is refused by encode() as over 64 bits.
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidInput("the value is nested too deeply to be stored") from None
+    except ValueError as exc:  # json.JSONDecodeError, NaN and Infinity, a 5,000-digit integer
+        raise InvalidInput(
+            f"the value is not valid JSON ({exc}); quote strings as JSON does: '\"text\"'"
+        ) from None
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    from localstate.codec import encode
+
+    owner, key = _checked_names(args)
+    settings = settings_for(args)
+    data = encode(_read_value(args.value), settings.max_value_bytes)
+
+    async def go() -> CentralRow:
+        async with open_central(settings) as central:
+            if args.expected_version is None:
+                return await central.write_direct(owner, key, data, updated_at=time.time(),
+                                                  updated_by=_cli_id())
+            return await central.write_if_version(owner, key, data, args.expected_version,
+                                                  updated_by=_cli_id())
+
+    row = asyncio.run(go())
+    if args.json:
+        print_json(_row_dict(row))
+    else:
+        print(f"set {_named(owner, key)}: version {row.version}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    owner, key = _checked_names(args)
+    settings = settings_for(args)
+
+    async def go() -> CentralRow:
+        async with open_central(settings) as central:
+            if args.expected_version is not None:
+                return await central.write_if_version(owner, key, None, args.expected_version,
+                                                      updated_by=_cli_id())
+            current = (await central.read_many([(owner, key)])).get((owner, key))
+            if current is None or current.data is None:
+                raise NotFound(f"{_named(owner, key)} has no value to delete")
+            return await central.write_direct(owner, key, None, updated_at=time.time(),
+                                              updated_by=_cli_id())
+
+    row = asyncio.run(go())
+    if args.json:
+        print_json({"owner": owner, "key": key, "deleted": True, "version": row.version})
+    else:
+        print(f"deleted {_named(owner, key)} (version {row.version} is its tombstone)")
+    return 0
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+_LS_COLUMNS = (("OWNER", 40), ("KEY", 30), ("VERSION", 8), ("UPDATED_AT", 23),
+               ("UPDATED_BY", 24), ("VALUE", 60))
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    settings = settings_for(args)
+    page_size = 500
+
+    async def go() -> int:
+        shown = 0
+        widths: list[int] | None = None
+        if args.json:
+            sys.stdout.write("[")
+        async with open_central(settings) as central:
+            after: tuple[str, str] | None = None
+            while args.limit is None or shown < args.limit:
+                want = page_size if args.limit is None else min(page_size, args.limit - shown)
+                rows = await central.list_rows(owner_prefix=args.owner or "", after=after,
+                                               limit=want)
+                if not rows:
+                    break
+                after = (rows[-1].owner, rows[-1].key)
+                if args.json:
+                    for row in rows:
+                        sys.stdout.write(("\n  " if not shown else ",\n  ")
+                                         + json_text(_row_dict(row)))
+                        shown += 1
+                    continue
+                cells = [[r.owner, r.key, str(r.version), human_time(r.updated_at),
+                          r.updated_by, r.data or "null"] for r in rows]
+                if widths is None:  # from the first page, each within its cap
+                    widths = [min(cap, max(len(name), *(len(c[i]) for c in cells)))
+                              for i, (name, cap) in enumerate(_LS_COLUMNS)]
+                    print("  ".join(f"{name:<{w}}" for (name, _), w in
+                                    zip(_LS_COLUMNS, widths, strict=True)).rstrip())
+                for c in cells:
+                    print("  ".join(f"{_cut(text, w):<{w}}" for text, w in
+                                    zip(c, widths, strict=True)).rstrip())
+                shown += len(rows)
+                if len(rows) < want:
+                    break
+        if args.json:
+            sys.stdout.write("\n]\n" if shown else "]\n")
+        else:
+            scope = f" with owners starting with {args.owner!r}" if args.owner else ""
+            print(f"({shown} state variable{'s' if shown != 1 else ''}{scope})")
+        return shown
+
+    asyncio.run(go())
+    return 0
