@@ -106,6 +106,21 @@ def fault_tally() -> FaultTally:
     return _FAULT_TALLY
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # under pytest-xdist each worker has its own tally: it travels to the controller with the
+    # worker's output, and the controller prints the sum
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fault_tally"] = _FAULT_TALLY.as_dict()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    data = getattr(node, "workeroutput", {}).get("fault_tally")
+    if data:
+        _FAULT_TALLY.merge(data)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     lines = _FAULT_TALLY.lines()
     if lines:

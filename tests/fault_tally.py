@@ -28,6 +28,17 @@ class FaultTally:
         """Record that checking `promise` (a durability mode, or a surface) found `n` lost."""
         self.losses[promise] = self.losses.get(promise, 0) + n
 
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        """The counts as plain data (a pytest-xdist worker sends them to the controller)."""
+        return {"tried": dict(self.tried), "losses": dict(self.losses)}
+
+    def merge(self, data: dict[str, dict[str, int]]) -> None:
+        """Add the counts of another process's tally (`as_dict`)."""
+        for what, n in data.get("tried", {}).items():
+            self.add(what, n)
+        for promise, n in data.get("losses", {}).items():
+            self.lost(promise, n)
+
     def lines(self) -> list[str]:
         out = [f"{what}: {n:,}" for what, n in sorted(self.tried.items())]
         out += [f"lost ({promise}): {n:,}" for promise, n in sorted(self.losses.items())]
