@@ -16,15 +16,14 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Container, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from localstate.central_reads import first_write_entry, known_entry, load_owner
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
 from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
 from localstate.errors import (
-    CentralError,
     InvalidInput,
-    InvalidName,
     LocalStateError,
     StoreClosed,
     VersionConflict,
@@ -33,13 +32,18 @@ from localstate.local_cache import LocalCache
 from localstate.metrics import MetricsReporter
 from localstate.mode_gate import ModeGate
 from localstate.mode_switch import apply_live_settings
-from localstate.model import Durability, Record, check_durability, check_name
+from localstate.model import (
+    Durability,
+    Record,
+    check_durability,
+    check_name,
+    refuse_unhashable_names,
+)
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import open_parts, release, require_open
 from sync.central_store import CentralStore
 from sync.conflicts import PolicyMap
 from sync.read_through import ReadThrough
-from sync.rows import CentralRow
 from sync.sink_thread import ThreadedSink
 from sync.sinks import Sink
 from sync.worker import ConflictInfo, FlushReport, SyncWorker
@@ -186,7 +190,7 @@ class StateStore:
         try:
             e = self._entries.get((owner, key))
         except TypeError:  # an unhashable owner or key (a list, say): no name at all
-            _refuse_names(owner, key)
+            refuse_unhashable_names(owner, key)
         if e is not None:
             self._hits += 1
             data = e.data
@@ -196,7 +200,7 @@ class StateStore:
             return obj if obj is not NOT_DECODED else decode(data)
         self._misses += 1
         async with self._gate.call():
-            e = await self._known((owner, key))
+            e = await known_entry(self, (owner, key))
         if e is None or e.data is None:
             return default
         return e.obj if e.obj is not NOT_DECODED else decode(e.data)
@@ -207,7 +211,7 @@ class StateStore:
             raise self._closed_error()
         keys = list(keys)
         async with self._gate.call():
-            found = await asyncio.gather(*(self._known((owner, k)) for k in keys))
+            found = await asyncio.gather(*(known_entry(self, (owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
             for k, e in zip(keys, found, strict=True)
@@ -219,7 +223,7 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
-            e = await self._known((owner, key))
+            e = await known_entry(self, (owner, key))
             if e is None or e.data is None:
                 return None
             return record_of((owner, key), e, self._conflicted())
@@ -253,52 +257,7 @@ class StateStore:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():
-            return await self._load(owner)
-
-    async def _load(self, owner: str) -> int:
-        rows = await self._require_sink().read_owner(owner)
-        if self._direct:
-            return sum(1 for r in rows if r.data is not None)
-        for row in rows:
-            k = (row.owner, row.key)
-            self._absent.pop(k, None)
-            e = self._entries.get(k)
-            if e is None:
-                e = self._entries[k] = entry_from_row(row)
-            elif e.dirty or e.version == row.version:
-                continue
-            else:
-                SyncWorker._adopt(e, row)
-            self._stage(k, e)
-        return sum(1 for r in rows if r.data is not None)
-
-    async def _known(self, k: StateKey) -> Entry | None:
-        """The entry of `k`, reading through to the central DB on a miss."""
-        try:
-            e = self._entries.get(k)
-        except TypeError:
-            _refuse_names(*k)
-        if e is not None:
-            return e
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        if self._direct:
-            row = (await self._require_sink().read_many([k])).get(k)
-            return None if row is None else entry_from_row(row)
-        expiry = self._absent.get(k)
-        if expiry is not None and expiry > time.monotonic():
-            return None
-        row = await self._require_reader().fetch(k)
-        e = self._entries.get(k)  # another coroutine may have filled it meanwhile
-        if e is not None:
-            return e
-        if row is None:
-            self._absent[k] = time.monotonic() + self.settings.absent_ttl
-            return None
-        self._absent.pop(k, None)
-        e = self._entries[k] = entry_from_row(row)
-        self._stage(k, e)
-        return e
+            return await load_owner(self, owner)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -317,7 +276,7 @@ class StateStore:
         try:
             e = None if self._direct else self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(owner, key)
+            refuse_unhashable_names(owner, key)
         if e is None:
             return await self._set_slow(k, data, value, durability)
         version = self._apply(
@@ -333,7 +292,7 @@ class StateStore:
         async with self._gate.call():
             if self._direct:
                 return await self._set_direct(k, data, durability)
-            e = self._entries.get(k) or await self._first_write(k)
+            e = self._entries.get(k) or await first_write_entry(self, k)
             return await self._write(
                 k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
             )
@@ -367,8 +326,8 @@ class StateStore:
         try:
             found = self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(*k)
-        e = found if found is not None else await self._first_write(k)
+            refuse_unhashable_names(*k)
+        e = found if found is not None else await first_write_entry(self, k)
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -390,7 +349,7 @@ class StateStore:
 
     async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
         if self._direct:
-            e = await self._known(k)
+            e = await known_entry(self, k)
             if e is None or e.data is None:
                 return False
             await self._set_direct(k, None, durability)
@@ -398,35 +357,12 @@ class StateStore:
         try:
             found = self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(*k)
-        e = found if found is not None else await self._first_write(k)
+            refuse_unhashable_names(*k)
+        e = found if found is not None else await first_write_entry(self, k)
         if e.data is None:
             return False
         await self._write(k, e, None, None, durability)
         return True
-
-    async def _first_write(self, k: StateKey) -> Entry:
-        """A new entry for a key this store has not seen, based on the central record."""
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        row: CentralRow | None = None
-        expiry = self._absent.get(k)
-        if expiry is None or expiry <= time.monotonic():
-            try:
-                row = await self._require_reader().fetch(k)
-            except CentralError as exc:
-                # write anyway: the flush fences on "no central record" and the conflict
-                # policy settles it if there was one
-                log.warning("cannot read %s/%s from the central DB before writing it (%s); "
-                            "writing locally", k[0], k[1], exc)
-        e = self._entries.get(k)
-        if e is None:
-            e = self._entries[k] = (
-                entry_from_row(row) if row is not None
-                else Entry(None, None, 0, 0.0, self.triggerer_id, 0)
-            )
-        self._absent.pop(k, None)
-        return e
 
     def _apply(
         self, k: StateKey, e: Entry, data: str | None, obj: Any, durability: Durability
@@ -558,11 +494,3 @@ class StateStore:
 
     def _require_cache(self) -> LocalCache:
         return require_open(self._cache)
-
-
-def _refuse_names(owner: object, key: object) -> NoReturn:
-    """Raise the `InvalidName` for names a dict lookup refused (unhashable, so not str)."""
-    check_name("owner", owner)
-    check_name("key", key)
-    raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
-                      f"{type(key).__name__}")
