@@ -1,5 +1,8 @@
 """`Entry`: the in-memory state of one state variable, shared by the store, cache and worker.
 
+Also its conversions: an entry from a central row, the tombstone that purges one from the local
+file, and the public `Record` of one.
+
 The store's map holds one `Entry` per ``(owner, key)``; the local cache writes entries, the sync
 worker flushes them. An entry is *dirty* while the central DB does not hold its version
 (``version != synced_version``).
@@ -7,9 +10,16 @@ worker flushes them. An entry is *dirty* while the central DB does not hold its 
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Container
+from typing import TYPE_CHECKING, Any, Final
 
-__all__ = ["NOT_DECODED", "Entry", "StateKey"]
+from localstate.codec import IMMUTABLE_TYPES, decode
+from localstate.model import FlushState, Record, epoch_to_datetime
+
+if TYPE_CHECKING:
+    from sync.rows import CentralRow
+
+__all__ = ["NOT_DECODED", "Entry", "StateKey", "entry_from_row", "purged", "record_of"]
 
 StateKey = tuple[str, str]
 
@@ -52,3 +62,34 @@ class Entry:
             f"Entry(version={self.version}, synced={self.synced_version}, "
             f"deleted={self.data is None}, by={self.updated_by!r})"
         )
+
+
+def entry_from_row(row: CentralRow) -> Entry:
+    """A clean entry holding the central row `row` (a tombstone when it is a deletion)."""
+    obj: Any = None
+    if row.data is not None:
+        value = decode(row.data)
+        obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+    return Entry(row.data, obj, row.version, row.updated_at, row.updated_by, row.version)
+
+
+def purged(e: Entry) -> Entry:
+    """A clean tombstone of `e`: staged, it removes the row from the local file."""
+    return Entry(None, None, e.version, e.updated_at, e.updated_by, e.version)
+
+
+def record_of(k: StateKey, e: Entry, conflicted: Container[StateKey]) -> Record:
+    """The public record of `k` held in `e` (which has a value); `conflicted`: the sync
+    worker's keys whose last flush lost a conflict."""
+    if e.dirty:
+        state = FlushState.DIRTY
+    elif k in conflicted:
+        state = FlushState.CONFLICT
+    else:
+        state = FlushState.FLUSHED
+    assert e.data is not None
+    return Record(
+        owner=k[0], key=k[1], value=decode(e.data), version=e.version,
+        updated_at=epoch_to_datetime(e.updated_at), updated_by=e.updated_by,
+        flush_state=state, central_version=e.synced_version,
+    )

@@ -12,7 +12,7 @@ import enum
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NoReturn
 
 from localstate.errors import InvalidInput, InvalidName
 
@@ -27,6 +27,7 @@ __all__ = [
     "check_durability",
     "check_name",
     "epoch_to_datetime",
+    "refuse_unhashable_names",
 ]
 
 MAX_NAME_LENGTH: Final = 250
@@ -106,6 +107,14 @@ def check_durability(durability: object) -> Durability:
             f"durability must be one of {sorted(DURABILITIES)}, not {durability!r}"
         )
     return durability  # type: ignore[return-value]
+
+
+def refuse_unhashable_names(owner: object, key: object) -> NoReturn:
+    """Raise the `InvalidName` for names a dict lookup refused (unhashable, so not str)."""
+    check_name("owner", owner)
+    check_name("key", key)
+    raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
+                      f"{type(key).__name__}")
 
 
 def epoch_to_datetime(ts: float) -> datetime:

@@ -10,43 +10,40 @@ call goes straight to the central DB, one transaction per `set`, as Airflow's ow
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from localstate.central_reads import first_write_entry, known_entry, load_owner
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
-from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings, config_file_path
-from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate.config import Settings
+from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
 from localstate.errors import (
-    CentralError,
-    CentralUnavailable,
     InvalidInput,
-    InvalidName,
     LocalStateError,
     StoreClosed,
     VersionConflict,
 )
 from localstate.local_cache import LocalCache
-from localstate.metrics import MetricsReporter, start_reporter
+from localstate.metrics import MetricsReporter
 from localstate.mode_gate import ModeGate
+from localstate.mode_switch import apply_live_settings
 from localstate.model import (
     Durability,
-    FlushState,
     Record,
     check_durability,
     check_name,
-    epoch_to_datetime,
+    refuse_unhashable_names,
 )
-from localstate.stats import StoreStats
+from localstate.stats import StoreStats, store_stats
+from localstate.store_parts import open_parts, release, require_open
 from sync.central_store import CentralStore
 from sync.conflicts import PolicyMap
 from sync.read_through import ReadThrough
-from sync.rows import CentralRow
 from sync.sink_thread import ThreadedSink
 from sync.sinks import Sink
 from sync.worker import ConflictInfo, FlushReport, SyncWorker
@@ -59,13 +56,6 @@ __all__ = ["StateStore"]
 
 log = logging.getLogger(__name__)
 _now = time.time
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class StateStore:
@@ -138,11 +128,11 @@ class StateStore:
     @classmethod
     async def open(cls, **kwargs: Any) -> StateStore:
         store = cls(**kwargs)
-        await store._open()
+        await open_parts(store)
         return store
 
     async def __aenter__(self) -> StateStore:
-        await self._open()
+        await open_parts(self)
         return self
 
     async def __aexit__(
@@ -150,65 +140,6 @@ class StateStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-    async def _open(self) -> None:
-        if self._opened:
-            if self._closed:
-                raise StoreClosed("this store was closed; open a new StateStore")
-            return
-        s = self.settings
-        try:
-            if self._sink is None:
-                self._sink = await _open_central(s)
-            self._reader = ReadThrough(self._sink)
-            if not self._direct:
-                await self._start_cache(s, keep_clean=True)
-        except BaseException:
-            await self._release()
-            raise
-        self._opened = True
-        self._metrics = start_reporter(self)
-        if s.watch_config:
-            from localstate.reload import ConfigWatcher
-
-            self._watcher = ConfigWatcher(self, config_file_path())
-            try:
-                await self._watcher.start()
-            except BaseException:
-                await self.close()
-                raise
-
-    async def _start_cache(self, s: Settings, *, keep_clean: bool) -> None:
-        """Open the local cache, load it into memory and start the sync worker.
-
-        `keep_clean=False` (the cache turned on at run time) keeps only the writes the central
-        DB lacks: a clean row may be older than what was written centrally meanwhile, so it
-        is dropped (from the file too) and read through when asked for.
-        """
-        self._cache = cache = await LocalCache.open(
-            s.resolved_cache_path,
-            owner_id=self.triggerer_id,
-            local_sync="normal" if s.local_sync == "normal" else "full",
-            memory_window=s.memory_window,
-        )
-        entries = await cache.load()
-        if not keep_clean:
-            stale = {k: e for k, e in entries.items() if not e.dirty}
-            cache.stage_many({k: _purged(e) for k, e in stale.items()})
-            entries = {k: e for k, e in entries.items() if e.dirty}
-        self._entries = entries
-        self._dirty = {k: e.updated_at for k, e in entries.items() if e.dirty}
-        self._worker = SyncWorker(
-            entries=self._entries, dirty=self._dirty, cache=cache,
-            sink=self._require_sink(), policies=self._policies,
-            flush_interval=s.flush_interval, max_batch=s.max_batch,
-            on_conflict=self._on_conflict,
-        )
-        self._worker.start()
-        if self._dirty:
-            log.info("%d writes not yet in the central DB found in %s; flushing",
-                     len(self._dirty), cache.path)
-            self._worker.kick()
 
     async def close(self) -> None:
         """Flush what can be flushed within ``close_timeout``, then close. Safe twice."""
@@ -223,15 +154,7 @@ class StateStore:
                 await self._worker.stop(self.settings.close_timeout)
             if self._metrics is not None:
                 await self._metrics.stop()  # the last report: what the final flush did
-            await self._release()
-
-    async def _release(self) -> None:
-        if self._cache is not None:
-            await self._cache.close()
-        if self._reader is not None:
-            await self._reader.close()
-        if self._sink is not None and self._owns_sink:
-            await self._sink.close()
+            await release(self)
 
     @property
     def closed(self) -> bool:
@@ -267,7 +190,7 @@ class StateStore:
         try:
             e = self._entries.get((owner, key))
         except TypeError:  # an unhashable owner or key (a list, say): no name at all
-            _refuse_names(owner, key)
+            refuse_unhashable_names(owner, key)
         if e is not None:
             self._hits += 1
             data = e.data
@@ -277,7 +200,7 @@ class StateStore:
             return obj if obj is not NOT_DECODED else decode(data)
         self._misses += 1
         async with self._gate.call():
-            e = await self._known((owner, key))
+            e = await known_entry(self, (owner, key))
         if e is None or e.data is None:
             return default
         return e.obj if e.obj is not NOT_DECODED else decode(e.data)
@@ -288,7 +211,7 @@ class StateStore:
             raise self._closed_error()
         keys = list(keys)
         async with self._gate.call():
-            found = await asyncio.gather(*(self._known((owner, k)) for k in keys))
+            found = await asyncio.gather(*(known_entry(self, (owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
             for k, e in zip(keys, found, strict=True)
@@ -300,10 +223,10 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
-            e = await self._known((owner, key))
+            e = await known_entry(self, (owner, key))
             if e is None or e.data is None:
                 return None
-            return self._record((owner, key), e)
+            return record_of((owner, key), e, self._conflicted())
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
@@ -313,11 +236,14 @@ class StateStore:
         async with self._gate.call():  # not held while the caller iterates
             if self._direct:
                 rows = await self._require_sink().read_owner(owner)
-                records = [self._record((r.owner, r.key), _entry_from(r))
+                conflicted = self._conflicted()
+                records = [record_of((r.owner, r.key), entry_from_row(r), conflicted)
                            for r in rows if r.data is not None]
             else:
                 snapshot = [(k, e) for k, e in self._entries.items() if k[0] == owner]
-                records = [self._record(k, e) for k, e in sorted(snapshot) if e.data is not None]
+                conflicted = self._conflicted()
+                records = [record_of(k, e, conflicted)
+                           for k, e in sorted(snapshot) if e.data is not None]
         for record in records:
             yield record
 
@@ -331,52 +257,7 @@ class StateStore:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():
-            return await self._load(owner)
-
-    async def _load(self, owner: str) -> int:
-        rows = await self._require_sink().read_owner(owner)
-        if self._direct:
-            return sum(1 for r in rows if r.data is not None)
-        for row in rows:
-            k = (row.owner, row.key)
-            self._absent.pop(k, None)
-            e = self._entries.get(k)
-            if e is None:
-                e = self._entries[k] = _entry_from(row)
-            elif e.dirty or e.version == row.version:
-                continue
-            else:
-                SyncWorker._adopt(e, row)
-            self._stage(k, e)
-        return sum(1 for r in rows if r.data is not None)
-
-    async def _known(self, k: StateKey) -> Entry | None:
-        """The entry of `k`, reading through to the central DB on a miss."""
-        try:
-            e = self._entries.get(k)
-        except TypeError:
-            _refuse_names(*k)
-        if e is not None:
-            return e
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        if self._direct:
-            row = (await self._require_sink().read_many([k])).get(k)
-            return None if row is None else _entry_from(row)
-        expiry = self._absent.get(k)
-        if expiry is not None and expiry > time.monotonic():
-            return None
-        row = await self._require_reader().fetch(k)
-        e = self._entries.get(k)  # another coroutine may have filled it meanwhile
-        if e is not None:
-            return e
-        if row is None:
-            self._absent[k] = time.monotonic() + self.settings.absent_ttl
-            return None
-        self._absent.pop(k, None)
-        e = self._entries[k] = _entry_from(row)
-        self._stage(k, e)
-        return e
+            return await load_owner(self, owner)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -395,7 +276,7 @@ class StateStore:
         try:
             e = None if self._direct else self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(owner, key)
+            refuse_unhashable_names(owner, key)
         if e is None:
             return await self._set_slow(k, data, value, durability)
         version = self._apply(
@@ -411,7 +292,7 @@ class StateStore:
         async with self._gate.call():
             if self._direct:
                 return await self._set_direct(k, data, durability)
-            e = self._entries.get(k) or await self._first_write(k)
+            e = self._entries.get(k) or await first_write_entry(self, k)
             return await self._write(
                 k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
             )
@@ -445,8 +326,8 @@ class StateStore:
         try:
             found = self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(*k)
-        e = found if found is not None else await self._first_write(k)
+            refuse_unhashable_names(*k)
+        e = found if found is not None else await first_write_entry(self, k)
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -468,7 +349,7 @@ class StateStore:
 
     async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
         if self._direct:
-            e = await self._known(k)
+            e = await known_entry(self, k)
             if e is None or e.data is None:
                 return False
             await self._set_direct(k, None, durability)
@@ -476,35 +357,12 @@ class StateStore:
         try:
             found = self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
-            _refuse_names(*k)
-        e = found if found is not None else await self._first_write(k)
+            refuse_unhashable_names(*k)
+        e = found if found is not None else await first_write_entry(self, k)
         if e.data is None:
             return False
         await self._write(k, e, None, None, durability)
         return True
-
-    async def _first_write(self, k: StateKey) -> Entry:
-        """A new entry for a key this store has not seen, based on the central record."""
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        row: CentralRow | None = None
-        expiry = self._absent.get(k)
-        if expiry is None or expiry <= time.monotonic():
-            try:
-                row = await self._require_reader().fetch(k)
-            except CentralError as exc:
-                # write anyway: the flush fences on "no central record" and the conflict
-                # policy settles it if there was one
-                log.warning("cannot read %s/%s from the central DB before writing it (%s); "
-                            "writing locally", k[0], k[1], exc)
-        e = self._entries.get(k)
-        if e is None:
-            e = self._entries[k] = (
-                _entry_from(row) if row is not None
-                else Entry(None, None, 0, 0.0, self.triggerer_id, 0)
-            )
-        self._absent.pop(k, None)
-        return e
 
     def _apply(
         self, k: StateKey, e: Entry, data: str | None, obj: Any, durability: Durability
@@ -607,108 +465,10 @@ class StateStore:
         if not self._opened:
             raise LocalStateError("open the store before reconfiguring it")
         async with self._reconfiguring:  # one at a time: each compares with the one before
-            return await self._reconfigure(settings)
-
-    async def _reconfigure(self, settings: Settings) -> tuple[str, ...]:
-        current = self.settings
-        changed = tuple(n for n in LIVE_SETTINGS if getattr(settings, n) != getattr(current, n))
-        later = [n for n in SETTING_NAMES
-                 if n not in LIVE_SETTINGS and getattr(settings, n) != getattr(current, n)]
-        if later:
-            log.warning("setting(s) %s changed; they apply when the store next starts (live: "
-                        "%s)", ", ".join(later), ", ".join(LIVE_SETTINGS))
-        if not changed:
-            return ()
-        new = dataclasses.replace(
-            current, **{n: getattr(settings, n) for n in changed},
-            sources={**current.sources,
-                     **{n: settings.sources.get(n, "default") for n in changed}},
-        )
-        toggle = new.enabled == self._direct
-        async with self._gate.switch() if toggle else self._gate.exclusive():
-            if self._closed:
-                raise self._closed_error()
-            if toggle and new.enabled:
-                await self._go_local(new)
-            elif toggle:
-                await self._go_direct()
-            self._durability = new.durability
-            self._max_batch = new.max_batch
-            if self._worker is not None:
-                self._worker.retune(flush_interval=new.flush_interval, max_batch=new.max_batch)
-            self.settings = new
-        log.info("applied %s", ", ".join(f"{n}={getattr(new, n)!r}" for n in changed))
-        return changed
-
-    async def _go_local(self, s: Settings) -> None:
-        """Direct mode to local-first (within a gate switch: no call is in progress)."""
-        try:
-            await self._start_cache(s, keep_clean=False)
-        except BaseException:
-            worker, cache = self._worker, self._cache
-            self._worker = self._cache = None
-            self._entries, self._dirty = {}, {}
-            if worker is not None:
-                await worker.stop(0)
-            if cache is not None:
-                await cache.close()
-            raise
-        self._absent.clear()
-        self._direct = False
-
-    async def _go_direct(self) -> None:
-        """Local-first to direct mode: flush everything first (within a gate switch)."""
-        worker, cache = self._require_worker(), self._require_cache()
-        self._direct = True  # from here every call, hot path included, waits at the gate
-        timeout = self.settings.close_timeout
-        try:
-            await asyncio.wait_for(self._drain(worker), timeout)
-        except BaseException as exc:
-            self._direct = False  # stay local-first: nothing was lost, nothing changed
-            if isinstance(exc, asyncio.TimeoutError):
-                raise CentralUnavailable(
-                    f"could not flush {len(self._dirty)} dirty keys to {worker.sink.url} "
-                    f"within {timeout:g} s (close_timeout) to turn the cache off; it stays on"
-                ) from None
-            raise
-        await worker.stop(timeout)  # nothing is dirty: this only ends its loop
-        # The central DB holds every row now: empty the file, so that turning the cache on
-        # again (or the next start) cannot serve a value written centrally meanwhile.
-        cache.stage_many({k: _purged(e) for k, e in self._entries.items()})
-        await cache.close()
-        self._worker = self._cache = None
-        self._entries, self._dirty = {}, {}
-        self._absent.clear()
-
-    async def _drain(self, worker: SyncWorker) -> None:
-        while self._dirty:
-            await worker.flush()
+            return await apply_live_settings(self, settings)
 
     def stats(self) -> StoreStats:
-        w, c, sink = self._worker, self._cache, self._sink
-        now = time.time()
-        oldest = min(self._dirty.values(), default=None)
-        lags = list(w.lags) if w is not None else []
-        last_error = (w.last_error if w is not None else None) or (
-            c.last_error if c is not None else None)
-        return StoreStats(
-            sets=self._sets, gets=self._hits + self._misses, cache_hits=self._hits,
-            read_through_queries=self._reader.queries if self._reader is not None else 0,
-            local_commits=c.commits if c else 0, local_rows=c.rows_committed if c else 0,
-            rows_per_commit=(c.rows_committed / c.commits) if c and c.commits else 0.0,
-            dirty_keys=len(self._dirty),
-            oldest_unflushed_s=0.0 if oldest is None else max(0.0, now - oldest),
-            flushes=w.flushes if w else 0,
-            central_transactions=sink.transactions if sink else 0,
-            central_rows=sink.rows_written if sink else 0,
-            conflicts=w.conflicts if w else 0,
-            central_errors=w.central_errors if w else 0,
-            last_flush_at=w.last_flush_at if w else None,
-            flush_lag_p50_s=_percentile(lags, 0.5), flush_lag_p99_s=_percentile(lags, 0.99),
-            last_error=None if last_error is None else str(last_error),
-            keys_in_memory=len(self._entries), cache_enabled=not self._direct,
-            config_error=self._watcher.last_error if self._watcher is not None else None,
-        )
+        return store_stats(self)
 
     def variable(self, key: str, *, owner: str) -> StateVariable:
         """A handle on one state variable: ``await sv.get()``, ``await sv.set(v)``."""
@@ -718,76 +478,19 @@ class StateStore:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _record(self, k: StateKey, e: Entry) -> Record:
+    def _conflicted(self) -> Container[StateKey]:
+        """The keys whose last flush lost a conflict (none without a sync worker)."""
         w = self._worker
-        if e.dirty:
-            state = FlushState.DIRTY
-        elif w is not None and k in w.conflicted:
-            state = FlushState.CONFLICT
-        else:
-            state = FlushState.FLUSHED
-        assert e.data is not None
-        return Record(
-            owner=k[0], key=k[1], value=decode(e.data), version=e.version,
-            updated_at=epoch_to_datetime(e.updated_at), updated_by=e.updated_by,
-            flush_state=state, central_version=e.synced_version,
-        )
+        return w.conflicted if w is not None else frozenset()
 
     def _require_sink(self) -> Sink:
-        return _opened(self._sink)
+        return require_open(self._sink)
 
     def _require_reader(self) -> ReadThrough:
-        return _opened(self._reader)
+        return require_open(self._reader)
 
     def _require_worker(self) -> SyncWorker:
-        return _opened(self._worker)
+        return require_open(self._worker)
 
     def _require_cache(self) -> LocalCache:
-        return _opened(self._cache)
-
-
-_T = TypeVar("_T")
-
-
-def _refuse_names(owner: object, key: object) -> NoReturn:
-    """Raise the `InvalidName` for names a dict lookup refused (unhashable, so not str)."""
-    check_name("owner", owner)
-    check_name("key", key)
-    raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
-                      f"{type(key).__name__}")
-
-
-def _opened(part: _T | None) -> _T:
-    """A part of the store that exists once it is open (and, for the cache, enabled)."""
-    if part is None:
-        raise LocalStateError(
-            "the store is not open (use `await StateStore.open(...)`), or this call needs the "
-            "local cache (enabled=True)"
-        )
-    return part
-
-
-async def _open_central(s: Settings) -> Sink:
-    if s.sink == "airflow":
-        # Airflow's state store through the triggerer's accessors: they talk over the trigger
-        # loop's comms, so this sink runs on the loop the store was opened on, not a thread
-        from sync.airflow_sink import process_sink
-
-        return process_sink()
-    url, upgrade = s.resolved_central_url, s.upgrade_schema
-    if s.central_thread:
-        return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
-    return await CentralStore.open(url, upgrade_schema=upgrade)
-
-
-def _purged(e: Entry) -> Entry:
-    """A clean tombstone of `e`: staged, it removes the row from the local file."""
-    return Entry(None, None, e.version, e.updated_at, e.updated_by, e.version)
-
-
-def _entry_from(row: CentralRow) -> Entry:
-    obj: Any = None
-    if row.data is not None:
-        value = decode(row.data)
-        obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-    return Entry(row.data, obj, row.version, row.updated_at, row.updated_by, row.version)
+        return require_open(self._cache)
