@@ -467,11 +467,15 @@ class Settings:
         return self.triggerer_id or default_triggerer_id()
 
     @property
+    def resolved_cache_dir(self) -> Path:
+        """The folder of this host's cache files (each triggerer's `<id>.db`)."""
+        return self.cache_dir or self.home / "localstate"
+
+    @property
     def resolved_cache_path(self) -> Path:
         if self.cache_path is not None:
             return self.cache_path
-        folder = self.cache_dir or self.home / "localstate"
-        return folder / f"{self.resolved_triggerer_id}.db"
+        return self.resolved_cache_dir / f"{self.resolved_triggerer_id}.db"
 
     @property
     def resolved_central_url(self) -> str:

@@ -17,7 +17,7 @@ __all__ = ["cache_files", "cache_folder", "cache_summary"]
 
 
 def cache_folder(settings: Settings) -> Path:
-    return settings.cache_dir or settings.home / "localstate"
+    return settings.resolved_cache_dir
 
 
 def cache_files(settings: Settings) -> list[Path]:
