@@ -27,10 +27,9 @@ from typing import Any
 
 import asyncpg
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+from localstate.testing.postgres_server import PostgresServer
 
-from postgres_server import PostgresServer  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 DAG = '''

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from sqlalchemy import event
 from localstate import StateStore
 from localstate.bench import BenchConfig, run_scenario
 from localstate.bench.baselines import central_bulk_upsert, flush_rows_per_s
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 
 async def _median_bulk(url: str, n: int, rounds: int, method: str) -> float:
@@ -139,8 +138,7 @@ def main() -> None:
         server = None
         url = args.central_url
         if url is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-            from postgres_server import PostgresServer
+            from localstate.testing.postgres_server import PostgresServer
 
             server = PostgresServer(folder / "pg")
             server.start()

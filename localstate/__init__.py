@@ -9,7 +9,8 @@ the REST API server: `localstate.client.StateClient` / `AsyncStateClient` (the `
 extra, httpx).
 """
 
-from localstate.blocking import BlockingStateStore
+from typing import TYPE_CHECKING, Any
+
 from localstate.config import LIVE_SETTINGS, Settings
 from localstate.errors import (
     AccessDenied,
@@ -33,10 +34,36 @@ from localstate.errors import (
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
-from localstate.reload import ConfigWatcher
-from localstate.stats import StoreStats
-from localstate.store import StateStore
-from localstate.variable import StateVariable
+
+if TYPE_CHECKING:
+    from localstate.blocking import BlockingStateStore
+    from localstate.reload import ConfigWatcher
+    from localstate.stats import StoreStats
+    from localstate.store import StateStore
+    from localstate.variable import StateVariable
+
+# The store and what is built on it load on first use, not with the package: importing a lower
+# layer (`localstate.errors`, `localstate.codec`, `localstate.sync.conflicts`, ...) runs this
+# file first, and it must not pull in the store, which imports `localstate.sync` back.
+_LAZY = {
+    "BlockingStateStore": "localstate.blocking",
+    "ConfigWatcher": "localstate.reload",
+    "StoreStats": "localstate.stats",
+    "StateStore": "localstate.store",
+    "StateVariable": "localstate.variable",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'localstate' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

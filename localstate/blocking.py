@@ -37,8 +37,8 @@ from localstate.errors import LocalStateError, StoreClosed
 from localstate.model import Durability, Record
 from localstate.stats import StoreStats
 from localstate.store import StateStore
+from localstate.sync.worker import FlushReport
 from localstate.variable import _ClassOrInstance
-from sync.worker import FlushReport
 
 __all__ = ["BlockingStateStore", "StateVariable"]
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from localstate.entry import Entry, StateKey, entry_from_row
 from localstate.errors import CentralError
 from localstate.model import check_name, refuse_unhashable_names
-from sync.rows import CentralRow
-from sync.worker import SyncWorker
+from localstate.sync.rows import CentralRow
+from localstate.sync.worker import SyncWorker
 
 if TYPE_CHECKING:
     from localstate.store import StateStore

@@ -17,7 +17,7 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.model import FlushState, Record, epoch_to_datetime
 
 if TYPE_CHECKING:
-    from sync.rows import CentralRow
+    from localstate.sync.rows import CentralRow
 
 __all__ = ["NOT_DECODED", "Entry", "StateKey", "entry_from_row", "purged", "record_of"]
 

@@ -17,7 +17,7 @@ from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
 from localstate.entry import purged
 from localstate.errors import CentralUnavailable
 from localstate.store_parts import start_cache
-from sync.worker import SyncWorker
+from localstate.sync.worker import SyncWorker
 
 if TYPE_CHECKING:
     from localstate.store import StateStore

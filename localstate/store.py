@@ -41,12 +41,12 @@ from localstate.model import (
 )
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import open_parts, release, require_open
-from sync.central_store import CentralStore
-from sync.conflicts import PolicyMap
-from sync.read_through import ReadThrough
-from sync.sink_thread import ThreadedSink
-from sync.sinks import Sink
-from sync.worker import ConflictInfo, FlushReport, SyncWorker
+from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.read_through import ReadThrough
+from localstate.sync.sink_thread import ThreadedSink
+from localstate.sync.sinks import Sink
+from localstate.sync.worker import ConflictInfo, FlushReport, SyncWorker
 
 if TYPE_CHECKING:
     from localstate.reload import ConfigWatcher

@@ -16,11 +16,11 @@ from localstate.entry import purged
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
 from localstate.metrics import start_reporter
-from sync.central_store import CentralStore
-from sync.read_through import ReadThrough
-from sync.sink_thread import ThreadedSink
-from sync.sinks import Sink
-from sync.worker import SyncWorker
+from localstate.sync.central_store import CentralStore
+from localstate.sync.read_through import ReadThrough
+from localstate.sync.sink_thread import ThreadedSink
+from localstate.sync.sinks import Sink
+from localstate.sync.worker import SyncWorker
 
 if TYPE_CHECKING:
     from localstate.store import StateStore
@@ -110,7 +110,7 @@ async def open_central(s: Settings) -> Sink:
     if s.sink == "airflow":
         # Airflow's state store through the triggerer's accessors: they talk over the trigger
         # loop's comms, so this sink runs on the loop the store was opened on, not a thread
-        from sync.airflow_sink import process_sink
+        from localstate.sync.airflow_sink import process_sink
 
         return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema

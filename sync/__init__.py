@@ -1,23 +1,6 @@
-"""sync: the central metadata DB (schema, sinks) and the worker that flushes to it."""
+"""localstate.sync: the central metadata DB (schema, sinks) and the worker that flushes to it.
 
-from sync.central_store import CentralStore
-from sync.conflicts import ConflictPolicy, PolicyMap
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.schema import LATEST_VERSION, upgrade
-from sync.sinks import Sink
-from sync.worker import ConflictInfo, FlushReport, SyncWorker
-
-__all__ = [
-    "LATEST_VERSION",
-    "CentralRow",
-    "CentralStore",
-    "ConflictInfo",
-    "ConflictPolicy",
-    "DirtyRow",
-    "FlushOutcome",
-    "FlushReport",
-    "PolicyMap",
-    "Sink",
-    "SyncWorker",
-    "upgrade",
-]
+Installed as `localstate.sync` (the folder `sync/` at the top of the repository). Import the
+modules themselves (`localstate.sync.central_store`, `localstate.sync.worker`, ...): this file
+imports nothing, so that importing any one of them loads only what it needs.
+"""

@@ -13,7 +13,7 @@ Owners map to accessors through an `AccessorRegistry` that the trigger mixin
 no accessor yet (its trigger has not started in this process) stays dirty until one registers.
 
 The accessors talk over the trigger loop's comms, so this sink runs on that loop: the store
-uses it directly, never through `sync.sink_thread.ThreadedSink`.
+uses it directly, never through `localstate.sync.sink_thread.ThreadedSink`.
 
 Fencing: Airflow's table has no version column, so a write cannot be made conditional on the
 record it was based on. Under a ``max`` policy the sink reads the stored value first and skips
@@ -36,8 +36,8 @@ from typing import Any, Final, Protocol
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
 from localstate.errors import CentralUnavailable
-from sync.conflicts import PolicyMap
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
 
@@ -79,7 +79,7 @@ class AccessorRegistry:
 
 
 class AirflowSink:
-    """A `sync.sinks.Sink` over Airflow's asset state store accessors."""
+    """A `localstate.sync.sinks.Sink` over Airflow's asset state store accessors."""
 
     url = "airflow:asset_state_store"
 

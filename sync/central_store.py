@@ -1,8 +1,8 @@
 """`CentralStore`: the central metadata DB through SQLAlchemy 2 async (PostgreSQL or SQLite).
 
-One code path for both dialects; the SQL that differs lives in `sync.dialects`. Every driver
-error is wrapped: an unreachable or failing database is `CentralUnavailable`, anything else
-`CentralError`, with the driver's exception as the cause.
+One code path for both dialects; the SQL that differs lives in `localstate.sync.dialects`.
+Every driver error is wrapped: an unreachable or failing database is `CentralUnavailable`,
+anything else `CentralError`, with the driver's exception as the cause.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from localstate.errors import (
     LocalStateError,
     VersionConflict,
 )
-from sync.conflicts import ConflictPolicy, PolicyMap
-from sync.dialects import UpsertRow, batch_sql_for
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.schema import require_current, state_variable, upgrade
+from localstate.sync.conflicts import ConflictPolicy, PolicyMap
+from localstate.sync.dialects import UpsertRow, batch_sql_for
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.schema import require_current, state_variable, upgrade
 
 __all__ = ["CentralStore", "async_url"]
 

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from localstate.codec import decode
 from localstate.errors import ConfigError
-from sync.rows import CentralRow, DirtyRow
+from localstate.sync.rows import CentralRow, DirtyRow
 
 __all__ = ["ConflictPolicy", "PolicyMap"]
 

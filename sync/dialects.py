@@ -27,7 +27,7 @@ import orjson
 from sqlalchemy import TextClause, text
 
 from localstate.entry import StateKey
-from sync.schema import STATE_TABLE
+from localstate.sync.schema import STATE_TABLE
 
 __all__ = ["BatchSql", "batch_sql_for"]
 

@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 
 from localstate.entry import StateKey
-from sync.futures import mark_retrieved
-from sync.rows import CentralRow
-from sync.sinks import Sink
+from localstate.sync.futures import mark_retrieved
+from localstate.sync.rows import CentralRow
+from localstate.sync.sinks import Sink
 
 __all__ = ["ReadThrough"]
 

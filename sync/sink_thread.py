@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from localstate.entry import StateKey
-from sync.conflicts import PolicyMap
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.sinks import Sink
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.sinks import Sink
 
 __all__ = ["ThreadedSink"]
 

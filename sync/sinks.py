@@ -1,8 +1,8 @@
 """`Sink`: where the sync worker sends flushes and where read-through reads.
 
-`sync.central_store.CentralStore` (localstate's own table, PostgreSQL or SQLite) is the sink
-this package ships; the Airflow integration adds one that goes through Airflow's state store.
-A sink takes coalesced batches: one call per flush batch, never one per ``set``.
+`localstate.sync.central_store.CentralStore` (localstate's own table, PostgreSQL or SQLite) is
+the sink this package ships; the Airflow integration adds one that goes through Airflow's state
+store. A sink takes coalesced batches: one call per flush batch, never one per ``set``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from localstate.entry import StateKey
-from sync.conflicts import PolicyMap
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = ["Sink"]
 

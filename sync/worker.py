@@ -31,11 +31,11 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
-from sync.backoff import Backoff
-from sync.conflicts import PolicyMap
-from sync.futures import mark_retrieved
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.sinks import Sink
+from localstate.sync.backoff import Backoff
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.futures import mark_retrieved
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.sinks import Sink
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from fault_tally import FaultTally
-from postgres_server import PostgresServer
 
 from localstate import StateStore
+from localstate.testing.postgres_server import PostgresServer
 
 BACKENDS = ["sqlite", "postgresql"]
 _db_names = itertools.count(1)

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from localstate import StateStore
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 
 class StatementLog:

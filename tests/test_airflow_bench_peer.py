@@ -9,9 +9,9 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from postgres_server import PostgresServer
 
 from localstate.bench.airflow_peer import measure_metastore_aset
+from localstate.testing.postgres_server import PostgresServer
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 

@@ -35,9 +35,9 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
-from postgres_server import PostgresServer
 
 from localstate.config import default_triggerer_id
+from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -19,9 +19,9 @@ import pytest_asyncio
 from localstate import StateStore
 from localstate.config import Settings
 from localstate.errors import CentralUnavailable, ConfigError
-from sync.airflow_sink import AirflowSink, process_sink
-from sync.conflicts import PolicyMap
-from sync.rows import DirtyRow
+from localstate.sync.airflow_sink import AirflowSink, process_sink
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import DirtyRow
 
 OWNER = "asset_watcher:orders"
 

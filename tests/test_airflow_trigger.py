@@ -26,9 +26,9 @@ from conftest import StoreFactory
 from localstate import StateStore
 from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
 from localstate.errors import LocalStateError
+from localstate.sync.airflow_sink import AirflowSink, process_sink
+from localstate.sync.central_store import CentralStore
 from localstate.variable import StateVariable
-from sync.airflow_sink import AirflowSink, process_sink
-from sync.central_store import CentralStore
 
 
 class CountingTrigger(StateEnabledTrigger, BaseEventTrigger):

@@ -24,7 +24,7 @@ from localstate import (
 )
 from localstate.blocking import BlockingStateStore, StateVariable
 from localstate.model import Durability
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 THREADS = 8
 SETS = 150

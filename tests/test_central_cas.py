@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from localstate import VersionConflict
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 
 @pytest_asyncio.fixture

@@ -17,16 +17,16 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
-from postgres_server import PostgresServer
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
-from sync.central_store import CentralStore, make_engine
-from sync.conflicts import PolicyMap
-from sync.rows import CentralRow, DirtyRow, FlushOutcome
-from sync.schema import FILLFACTOR, LATEST_VERSION, STATE_TABLE, schema_table, upgrade
+from localstate.sync.central_store import CentralStore, make_engine
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.schema import FILLFACTOR, LATEST_VERSION, STATE_TABLE, schema_table, upgrade
+from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 _DELETED: Any = object()

@@ -9,9 +9,10 @@ import socket
 from collections.abc import Iterator
 
 import asyncpg
-import postgres_server
 import pytest
-from postgres_server import PostgresServer, find_postgres_binaries
+
+from localstate.testing import postgres_server
+from localstate.testing.postgres_server import PostgresServer, find_postgres_binaries
 
 pytestmark = pytest.mark.postgres
 

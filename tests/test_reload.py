@@ -20,12 +20,12 @@ import orjson
 import pytest
 import pytest_asyncio
 from conftest import StoreFactory
-from postgres_server import PostgresServer
 
 from localstate import ConfigError, Settings, StateStore
 from localstate.model import Durability
 from localstate.reload import ConfigWatcher
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
+from localstate.testing.postgres_server import PostgresServer
 
 RELOAD_TIMEOUT = 15.0  # generous: inotify answers in milliseconds, but the machine is shared
 

@@ -27,7 +27,6 @@ import pytest
 from conftest import StoreFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from postgres_server import PostgresServer
 from statement_log import StatementLog, rows_carried
 
 from localstate import (
@@ -37,9 +36,10 @@ from localstate import (
     WriteRejected,
 )
 from localstate.local_cache import LocalCache
-from sync.central_store import CentralStore
-from sync.rows import CentralRow
-from sync.worker import ConflictInfo, SyncWorker
+from localstate.sync.central_store import CentralStore
+from localstate.sync.rows import CentralRow
+from localstate.sync.worker import ConflictInfo, SyncWorker
+from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 

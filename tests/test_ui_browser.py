@@ -19,7 +19,7 @@ from playwright.async_api import Dialog, Page, async_playwright, expect
 
 from localstate import Settings
 from localstate.api import create_app
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

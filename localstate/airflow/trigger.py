@@ -44,8 +44,8 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 from localstate.errors import LocalStateError
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
+from localstate.sync.airflow_sink import process_sink
 from localstate.variable import StateVariable
-from sync.airflow_sink import process_sink
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 

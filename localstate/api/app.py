@@ -33,7 +33,7 @@ from localstate.api.routes import build_router
 from localstate.api.ui import build_ui_router
 from localstate.config import ApiToken, Settings
 from localstate.store import StateStore
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 __all__ = ["create_app"]
 

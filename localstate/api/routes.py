@@ -40,7 +40,7 @@ from localstate.entry import StateKey
 from localstate.errors import VersionConflict
 from localstate.model import FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 __all__ = ["RateMeter", "build_router"]
 

@@ -21,7 +21,7 @@ from localstate.codec import decode
 from localstate.entry import Entry, StateKey
 from localstate.model import FlushState, epoch_to_datetime
 from localstate.store import StateStore
-from sync.rows import CentralRow
+from localstate.sync.rows import CentralRow
 
 __all__ = ["Item", "item_from_row", "local_override", "local_overrides"]
 

@@ -21,7 +21,7 @@ from localstate.bench.baselines import (
 from localstate.bench.progress import Progress
 from localstate.bench.runner import BenchConfig, BenchRow, rss_mb, run_scenario
 from localstate.errors import LocalStateError
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 __all__ = ["print_table", "run_bench", "summary", "write_json", "write_plot"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from localstate.config import Settings
 
 if TYPE_CHECKING:
-    from sync.central_store import CentralStore
+    from localstate.sync.central_store import CentralStore
 
 __all__ = ["open_central", "settings_for"]
 
@@ -23,7 +23,7 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 @contextlib.asynccontextmanager
 async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
-    from sync.central_store import CentralStore
+    from localstate.sync.central_store import CentralStore
 
     central = await CentralStore.open(settings.resolved_central_url,
                                       upgrade_schema=settings.upgrade_schema)

@@ -12,8 +12,8 @@ __all__ = ["cmd_db_upgrade"]
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from sync.central_store import make_engine
-    from sync.schema import LATEST_VERSION, upgrade
+    from localstate.sync.central_store import make_engine
+    from localstate.sync.schema import LATEST_VERSION, upgrade
 
     url = args.central_url or Settings.resolve().resolved_central_url
 

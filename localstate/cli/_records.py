@@ -21,7 +21,7 @@ from localstate.cli._printing import human_time, json_text, print_json
 from localstate.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from sync.rows import CentralRow
+    from localstate.sync.rows import CentralRow
 
 __all__ = ["cmd_delete", "cmd_get", "cmd_ls", "cmd_set"]
 

@@ -16,7 +16,7 @@ from localstate.cli._printing import human_time, print_json
 from localstate.errors import CentralError
 
 if TYPE_CHECKING:
-    from sync.central_store import CentralStore
+    from localstate.sync.central_store import CentralStore
 
 __all__ = ["cmd_status"]
 
@@ -46,7 +46,7 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     from sqlalchemy import case, func, select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from sync.schema import current_version, state_variable
+    from localstate.sync.schema import current_version, state_variable
 
     t = state_variable.c
     totals = select(func.count(), func.count(func.distinct(t.owner)),

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from localstate.codec import decode
 from localstate.entry import StateKey
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 __all__ = ["HistoryRow", "by_key", "install", "read", "regressions"]
 

@@ -101,8 +101,8 @@ def run_zygote() -> None:
     import sqlalchemy.dialects.postgresql.asyncpg
     import sqlalchemy.dialects.sqlite.aiosqlite  # noqa: F401
 
-    import localstate.store  # noqa: F401
-    import sync.central_store  # noqa: F401
+    import localstate.store
+    import localstate.sync.central_store  # noqa: F401
 
     for line in sys.stdin:
         options = {**STORE_DEFAULTS, **json.loads(line)}

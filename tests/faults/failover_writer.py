@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from localstate import StateStore
-from sync.worker import ConflictInfo
+from localstate.sync.worker import ConflictInfo
 
 KEYS = ("watermark", "cursor")
 

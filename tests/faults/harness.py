@@ -38,7 +38,7 @@ from localstate import StateStore
 from localstate.codec import decode
 from localstate.entry import StateKey
 from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 __all__ = [
     "CRASH_WRITER",

@@ -22,9 +22,9 @@ from pathlib import Path
 import asyncpg
 import orjson
 from fault_tally import FaultTally
-from postgres_server import PostgresServer
 
 from localstate import CentralUnavailable, StateStore
+from localstate.testing.postgres_server import PostgresServer
 
 OWNERS, KEYS = 20, 10
 FLUSH_INTERVAL = 1.0

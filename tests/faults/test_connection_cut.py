@@ -13,9 +13,9 @@ from pathlib import Path
 
 import asyncpg
 from fault_tally import FaultTally
-from postgres_server import PostgresServer
 
 from localstate import CentralError, StateStore
+from localstate.testing.postgres_server import PostgresServer
 
 KEYS = 20_000
 ROUNDS = 3

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from localstate import StateStore
 from localstate.api import create_app
 from localstate.codec import DEFAULT_MAX_VALUE_BYTES
-from sync.central_store import CentralStore
+from localstate.sync.central_store import CentralStore
 
 EXAMPLES: Final = 2_000
 BODY_LIMIT: Final = 4 * DEFAULT_MAX_VALUE_BYTES + 64 * 1024  # create_app's BodyLimit

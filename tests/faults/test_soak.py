@@ -25,7 +25,8 @@ from pathlib import Path
 
 import asyncpg
 from fault_tally import FaultTally
-from postgres_server import PostgresServer
+
+from localstate.testing.postgres_server import PostgresServer
 
 WRITER = Path(__file__).with_name("soak_writer.py")
 TRIGGERS = 1000
