@@ -318,11 +318,12 @@ class StateStore:
     async def _compare_and_set(self, k: StateKey, value: Any, data: str, expected_version: int,
                                durability: Durability | None) -> int:
         owner, key = k
-        if self._direct:
-            raise InvalidInput(
-                "compare_and_set needs the local cache (enabled=True): direct mode writes "
-                "unconditionally"
-            )
+        if self._direct:  # one conditional statement on the central DB
+            self._count_direct_write(k, durability)
+            row = await self._require_sink().write_if_version(
+                owner, key, data, expected_version, updated_by=self.triggerer_id,
+                updated_at=_now())
+            return row.version
         try:
             found = self._entries.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
@@ -420,14 +421,18 @@ class StateStore:
         version = self._apply(k, e, data, obj, mode)
         return await self._persist(k, e, version, mode)
 
-    async def _set_direct(
-        self, k: StateKey, data: str | None, durability: Durability | None
-    ) -> int:
+    def _count_direct_write(self, k: StateKey, durability: Durability | None) -> None:
+        """Check a direct write's names and durability (nothing in memory checks them here)."""
         check_name("owner", k[0])
         check_name("key", k[1])
         if durability is not None:
             check_durability(durability)
         self._sets += 1
+
+    async def _set_direct(
+        self, k: StateKey, data: str | None, durability: Durability | None
+    ) -> int:
+        self._count_direct_write(k, durability)
         row = await self._require_sink().write_direct(
             k[0], k[1], data, updated_at=time.time(), updated_by=self.triggerer_id
         )

@@ -35,7 +35,7 @@ from typing import Any, Final, Protocol
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
-from localstate.errors import CentralUnavailable
+from localstate.errors import CentralUnavailable, ConfigError
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
@@ -218,6 +218,16 @@ class AirflowSink:
         for accessor in accessors:
             await self._put(accessor, key, data)
         return CentralRow(owner, key, data, _READ_VERSION, updated_at, updated_by)
+
+    async def write_if_version(
+        self, owner: str, key: str, data: str | None, expected_version: int, *,
+        updated_by: str, updated_at: float | None = None,
+    ) -> CentralRow:
+        raise ConfigError(
+            f"compare_and_set of {owner}/{key} with the cache off needs a central DB that keeps "
+            "versions: Airflow's asset state store has none (sink = airflow). Turn the cache on "
+            "(enabled = true), or use sink = sql"
+        )
 
     async def close(self) -> None:
         """Nothing to release: the accessors belong to the triggerer."""

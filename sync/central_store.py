@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from localstate.entry import StateKey
 from localstate.errors import (
@@ -30,23 +29,16 @@ from localstate.errors import (
 )
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import UpsertRow, batch_sql_for
+from localstate.sync.driver_errors import is_unreachable
+from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.schema import require_current, state_variable, upgrade
 
-__all__ = ["CentralStore", "async_url"]
+__all__ = ["CentralStore"]
 
 log = logging.getLogger(__name__)
 
 _MAX_VERSION = 2**63 - 1  # versions are BIGINT columns
-_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-
-
-def async_url(url: str) -> str:
-    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://` -> `+asyncpg`."""
-    parsed = make_url(url)
-    if "+" not in parsed.drivername and parsed.drivername in _ASYNC_DRIVERS:
-        parsed = parsed.set(drivername=_ASYNC_DRIVERS[parsed.drivername])
-    return parsed.render_as_string(hide_password=False)
 
 
 def _epoch(value: datetime | str) -> float:
@@ -102,9 +94,7 @@ class CentralStore:
         except LocalStateError:
             raise
         except (DBAPIError, OSError, TimeoutError) as exc:
-            unreachable = not isinstance(exc, DBAPIError) or exc.connection_invalidated or (
-                _looks_unreachable(exc)
-            )
+            unreachable = is_unreachable(exc)
             cls = CentralUnavailable if unreachable else CentralError
             raise cls(
                 f"central DB {self.url} failed to {doing}: {_short(exc)}"
@@ -387,53 +377,6 @@ def _next_version(version: int, base: int) -> int:
     """The central version of a write of local `version` replacing central version `base`:
     above both chains."""
     return version if version > base else base + 1
-
-
-def make_engine(url: str) -> AsyncEngine:
-    """An async engine for the central DB, set up for this workload."""
-    full = async_url(url)
-    parsed = make_url(full)
-    if parsed.get_backend_name() == "sqlite":
-        engine = create_async_engine(full, connect_args={"timeout": 30})
-        _configure_sqlite(engine)
-        return engine
-    # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
-    # pool_timeout: with the cache off, thousands of triggers may queue for a connection.
-    return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                               pool_timeout=60)
-
-
-def _configure_sqlite(engine: AsyncEngine) -> None:
-    """WAL plus BEGIN IMMEDIATE for every transaction.
-
-    pysqlite's own implicit BEGIN is deferred: a flush that reads before it writes would try to
-    upgrade its read lock and fail with SQLITE_BUSY when another process wrote meanwhile (busy
-    timeouts do not apply to that). Taking the write lock up front makes concurrent triggerers
-    queue instead (the recipe in SQLAlchemy's pysqlite documentation).
-    """
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.close()
-
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _looks_unreachable(exc: DBAPIError) -> bool:
-    text_ = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
-    return any(
-        marker in text_
-        for marker in (
-            "connection", "connect", "terminat", "shutdown", "closed", "refused",
-            "database is locked", "timeout", "cannot", "admin",
-        )
-    )
 
 
 def _short(exc: BaseException) -> str:

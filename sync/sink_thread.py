@@ -89,6 +89,14 @@ class ThreadedSink:
             owner, key, data, updated_at=updated_at, updated_by=updated_by,
         ))
 
+    async def write_if_version(
+        self, owner: str, key: str, data: str | None, expected_version: int, *,
+        updated_by: str, updated_at: float | None = None,
+    ) -> CentralRow:
+        return await self._call(self.inner.write_if_version(
+            owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
+        ))
+
     async def close(self) -> None:
         """Close the wrapped sink on its loop, then stop the thread. Safe twice."""
         if self._loop.is_closed():

@@ -45,4 +45,12 @@ class Sink(Protocol):
     ) -> CentralRow:
         """One write in its own transaction (the cache-off path)."""
 
+    async def write_if_version(
+        self, owner: str, key: str, data: str | None, expected_version: int, *,
+        updated_by: str, updated_at: float | None = None,
+    ) -> CentralRow:
+        """One conditional write in its own transaction (a compare-and-set with the cache off):
+        written only if the central record is at `expected_version` (0: it has no value),
+        else `VersionConflict`."""
+
     async def close(self) -> None: ...

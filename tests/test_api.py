@@ -17,7 +17,8 @@ from fastapi import FastAPI
 from localstate import Settings, StateStore
 from localstate.api import create_app
 from localstate.api.routes import RateMeter
-from localstate.sync.central_store import CentralStore, make_engine
+from localstate.sync.central_store import CentralStore
+from localstate.sync.engine import make_engine
 
 RW_ALL = "rw-all-0123456789abcdef"
 RW_DAG = "rw-dag-0123456789abcdef"

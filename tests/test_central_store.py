@@ -22,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
-from localstate.sync.central_store import CentralStore, make_engine
+from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.schema import FILLFACTOR, LATEST_VERSION, STATE_TABLE, schema_table, upgrade
 from localstate.testing.postgres_server import PostgresServer

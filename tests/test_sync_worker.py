@@ -32,7 +32,9 @@ from statement_log import StatementLog, rows_carried
 from localstate import (
     CentralUnavailable,
     FlushState,
+    InvalidInput,
     StateStore,
+    VersionConflict,
     WriteRejected,
 )
 from localstate.local_cache import LocalCache
@@ -880,6 +882,45 @@ async def test_direct_mode_is_one_central_transaction_per_set(
     assert (await store.flush()).rows == 0
     assert await store.delete(OWNER, "j")
     assert await store.get(OWNER, "j") is None
+
+
+async def test_direct_mode_compare_and_set_is_one_conditional_statement(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(enabled=False)
+    other = await open_store(enabled=False, triggerer_id="other")
+    with StatementLog(store).watching() as log:
+        assert await store.compare_and_set(OWNER, "k", "a", expected_version=0) == 1
+    assert log.commits == 1
+    with pytest.raises(VersionConflict) as caught:
+        await store.compare_and_set(OWNER, "k", "b", expected_version=0)
+    assert (caught.value.expected, caught.value.actual) == (0, 1)
+    assert await other.compare_and_set(OWNER, "k", "c", expected_version=1) == 2
+    with pytest.raises(VersionConflict) as caught:  # the other store's write is seen at once
+        await store.compare_and_set(OWNER, "k", "d", expected_version=1)
+    assert (caught.value.expected, caught.value.actual) == (1, 2)
+    assert await store.compare_and_set(OWNER, "k", "e", expected_version=2) == 3
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader, "k") == "e"
+    assert await store.delete(OWNER, "k")
+    assert await store.compare_and_set(OWNER, "k", "f", expected_version=0) == 5  # tombstone
+    with pytest.raises(InvalidInput, match="expected_version"):
+        await store.compare_and_set(OWNER, "k", "g", expected_version=2**64)
+    assert await store.get(OWNER, "k") == "f"
+
+
+async def test_compare_and_set_survives_the_cache_toggle_both_ways(
+    open_store: StoreFactory,
+) -> None:
+    store = await open_store()
+    assert await store.compare_and_set(OWNER, "k", 1, expected_version=0) == 1
+    await store.reconfigure(store.settings.replace(enabled=False))
+    assert await store.compare_and_set(OWNER, "k", 2, expected_version=1) == 2
+    await store.reconfigure(store.settings.replace(enabled=True))
+    assert await store.compare_and_set(OWNER, "k", 3, expected_version=2) == 3
+    with pytest.raises(VersionConflict):
+        await store.compare_and_set(OWNER, "k", 4, expected_version=2)
+    assert await store.get(OWNER, "k") == 3
 
 
 def rows_carried_direct(parameters: Any) -> int:

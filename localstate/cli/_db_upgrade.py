@@ -12,7 +12,7 @@ __all__ = ["cmd_db_upgrade"]
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from localstate.sync.central_store import make_engine
+    from localstate.sync.engine import make_engine
     from localstate.sync.schema import LATEST_VERSION, upgrade
 
     url = args.central_url or Settings.resolve().resolved_central_url

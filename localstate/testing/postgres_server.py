@@ -310,8 +310,13 @@ class PostgresServer:
         if first_start:
             self.psql(f"CREATE DATABASE {_quote_ident(self._dbname)}", dbname="postgres")
 
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the server (pg_ctl -m smart|fast|immediate). Safe to call repeatedly."""
+    def stop(self, mode: str = "fast", *, wait: bool = True) -> None:
+        """Stop the server (pg_ctl -m smart|fast|immediate). Safe to call repeatedly.
+
+        ``wait=False`` returns once the shutdown has begun: a smart shutdown then waits for
+        the open sessions to end while refusing new ones ("the database system is shutting
+        down").
+        """
         if mode not in _STOP_MODES:
             raise ValueError(f"stop mode must be one of {sorted(_STOP_MODES)}, not {mode!r}")
         if not self._initialized or not self.is_running():
@@ -324,12 +329,10 @@ class PostgresServer:
                 str(self.data_dir),
                 "-m",
                 mode,
-                "-w",
-                "-t",
-                str(_START_TIMEOUT_S),
+                *(("-w", "-t", str(_START_TIMEOUT_S)) if wait else ("-W",)),
             ]
         )
-        if result.returncode != 0 and self.is_running():
+        if result.returncode != 0 and (not wait or self.is_running()):
             raise RuntimeError(self._failure("pg_ctl stop failed", result))
 
     def restart(self, mode: str = "fast") -> None:

@@ -1,0 +1,123 @@
+"""The async SQLAlchemy engine for the central DB: which URLs work, which driver, which set-up.
+
+A central URL is checked before any connection is tried, so a wrong one is a `ConfigError` that
+names the setting and the way out, never a driver's own exception: an unsupported dialect, a
+driver that is not installed, or an embedded SQLite file in a folder that does not exist. The
+folder of the embedded default (``$AIRFLOW_HOME``) is created, as Airflow creates it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from localstate.config import airflow_home
+from localstate.errors import ConfigError
+
+__all__ = ["SUPPORTED_DIALECTS", "async_url", "make_engine"]
+
+#: dialect -> (its async driver, the Python module of that driver, the extra that installs it)
+_DRIVERS: Final = {
+    "sqlite": ("sqlite+aiosqlite", "aiosqlite", None),
+    "postgresql": ("postgresql+asyncpg", "asyncpg", "postgres"),
+}
+SUPPORTED_DIALECTS: Final = tuple(_DRIVERS)
+
+
+def async_url(url: str) -> str:
+    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://` -> `+asyncpg`.
+
+    Raises `ConfigError` for a URL this store cannot use (see the module's docstring).
+    """
+    parsed = _checked(url)
+    if "+" not in parsed.drivername:
+        parsed = parsed.set(drivername=_DRIVERS[parsed.get_backend_name()][0])
+    return parsed.render_as_string(hide_password=False)
+
+
+def _checked(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"central_url {url!r} is not a database URL ({exc}); use e.g. "
+                          "postgresql://user:password@host/airflow or sqlite:////path/to.db"
+                          ) from None
+    shown = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend not in _DRIVERS:
+        raise ConfigError(
+            f"central_url {shown}: the {backend!r} dialect is not supported as the central DB; "
+            f"supported: {', '.join(SUPPORTED_DIALECTS)}"
+        )
+    driver = parsed.get_driver_name()
+    _, module, extra = _DRIVERS[backend]
+    if "+" in parsed.drivername and driver != module:
+        raise ConfigError(
+            f"central_url {shown}: the {driver!r} driver is not supported for {backend}; use "
+            f"{backend}+{module}:// (or plain {backend}://)"
+        )
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"central_url {shown} needs the {module} driver, which is not installed: "
+            f"pip install 'localstate[{extra}]'"
+        )
+    if backend == "sqlite" and parsed.database and parsed.database != ":memory:":
+        _require_folder(Path(parsed.database), shown)
+    return parsed
+
+
+def _require_folder(db_file: Path, shown: str) -> None:
+    folder = db_file.expanduser().absolute().parent
+    if folder.is_dir():
+        return
+    if folder == airflow_home().absolute():
+        folder.mkdir(parents=True, exist_ok=True)  # $AIRFLOW_HOME, as Airflow creates it
+        return
+    raise ConfigError(
+        f"central_url {shown}: the folder {folder} of the SQLite file does not exist; create "
+        "it, or set central_url to a file in an existing folder"
+    )
+
+
+def make_engine(url: str) -> AsyncEngine:
+    """An async engine for the central DB, set up for this workload."""
+    full = async_url(url)
+    parsed = make_url(full)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_async_engine(full, connect_args={"timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
+    # pool_timeout: with the cache off, thousands of triggers may queue for a connection.
+    return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                               pool_timeout=60)
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    """WAL plus BEGIN IMMEDIATE for every transaction.
+
+    pysqlite's own implicit BEGIN is deferred: a flush that reads before it writes would try to
+    upgrade its read lock and fail with SQLITE_BUSY when another process wrote meanwhile (busy
+    timeouts do not apply to that). Taking the write lock up front makes concurrent triggerers
+    queue instead (the recipe in SQLAlchemy's pysqlite documentation).
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+

@@ -1,0 +1,55 @@
+"""Central URLs: a wrong one is a `ConfigError` naming the setting and the way out, before any
+connection is tried; the embedded default creates `$AIRFLOW_HOME` as Airflow does."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from localstate import ConfigError, StateStore
+from localstate.sync.engine import async_url
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("mysql+aiomysql://airflow:pw@db/airflow", "the 'mysql' dialect is not supported"),
+    ("mssql+pyodbc://sa@db/airflow", "the 'mssql' dialect is not supported"),
+    ("oracle://u@h/db", "supported: sqlite, postgresql"),
+    ("postgresql+psycopg2://u@h/db", "use postgresql+asyncpg://"),
+    ("not a url", "is not a database URL"),
+])
+async def test_an_unusable_central_url_is_a_config_error(url: str, says: str, tmp_path: Path
+                                                         ) -> None:
+    with pytest.raises(ConfigError, match="central_url") as caught:
+        await StateStore.open(cache_path=tmp_path / "c.db", central_url=url)
+    assert says in str(caught.value)
+    assert "pw" not in str(caught.value)  # the password is never shown
+
+
+async def test_the_embedded_default_creates_a_missing_airflow_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "does" / "not" / "exist"
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+    async with StateStore(triggerer_id="t") as store:
+        await store.set("o", "k", 1, durability="central")
+        assert await store.get("o", "k") == 1
+    assert (home / "localstate-central.db").is_file()
+
+
+async def test_a_sqlite_file_in_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ConfigError, match=re.escape(f"the folder {missing} of the SQLite file")):
+        await StateStore.open(cache_path=tmp_path / "c.db",
+                              central_url=f"sqlite:///{missing / 'central.db'}")
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(("url", "full"), [
+    ("sqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+    ("postgresql://u:pw@h:5/db", "postgresql+asyncpg://u:pw@h:5/db"),
+    ("postgresql+asyncpg://u@h/db", "postgresql+asyncpg://u@h/db"),
+])
+def test_async_url_picks_the_async_driver(url: str, full: str) -> None:
+    assert async_url(url) == full
