@@ -369,6 +369,8 @@ _SPECS: Final[dict[str, _Spec]] = {
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
+#: each setting's default, written once (in `_SPECS`); `Settings` takes its field defaults here
+_DEFAULTS: Final[dict[str, Any]] = {name: spec.default for name, spec in _SPECS.items()}
 #: the settings a running store takes on without a restart (`StateStore.reconfigure`)
 LIVE_SETTINGS: Final = ("enabled", "flush_interval", "max_batch", "durability")
 
@@ -381,35 +383,38 @@ def setting_specs() -> dict[str, tuple[Any, str, bool]]:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved settings of one store. Build with `Settings.resolve()`."""
+    """The resolved settings of one store. Build with `Settings.resolve()`.
 
-    enabled: bool = True
-    cache_dir: Path | None = None
-    cache_path: Path | None = None
-    central_url: str | None = None
-    triggerer_id: str | None = None
-    durability: Durability = "local"
-    flush_interval: float = 1.0
-    max_batch: int = 10_000
-    max_value_bytes: int = 64 * 1024
-    conflict_policy: str | dict[str, str] = "reject"
-    local_sync: str = "full"
-    memory_window: float = 0.05
-    central_timeout: float = 30.0
-    close_timeout: float = 10.0
-    absent_ttl: float = 5.0
-    upgrade_schema: bool = True
-    sink: str = "sql"
-    central_thread: bool = True
-    api_tokens: tuple[ApiToken, ...] = ()
-    api_host: str = "127.0.0.1"
-    api_port: int = 8686
-    statsd_host: str | None = None
-    statsd_port: int = 8125
-    statsd_prefix: str = "localstate"
-    otel: bool = False
-    metrics_interval: float = 10.0
-    watch_config: bool = False
+    One field per entry of `_SPECS`, in the same order, its default taken from there.
+    """
+
+    enabled: bool = _DEFAULTS["enabled"]
+    cache_dir: Path | None = _DEFAULTS["cache_dir"]
+    cache_path: Path | None = _DEFAULTS["cache_path"]
+    central_url: str | None = _DEFAULTS["central_url"]
+    triggerer_id: str | None = _DEFAULTS["triggerer_id"]
+    durability: Durability = _DEFAULTS["durability"]
+    flush_interval: float = _DEFAULTS["flush_interval"]
+    max_batch: int = _DEFAULTS["max_batch"]
+    max_value_bytes: int = _DEFAULTS["max_value_bytes"]
+    conflict_policy: str | dict[str, str] = _DEFAULTS["conflict_policy"]
+    local_sync: str = _DEFAULTS["local_sync"]
+    memory_window: float = _DEFAULTS["memory_window"]
+    central_timeout: float = _DEFAULTS["central_timeout"]
+    close_timeout: float = _DEFAULTS["close_timeout"]
+    absent_ttl: float = _DEFAULTS["absent_ttl"]
+    upgrade_schema: bool = _DEFAULTS["upgrade_schema"]
+    sink: str = _DEFAULTS["sink"]
+    central_thread: bool = _DEFAULTS["central_thread"]
+    api_tokens: tuple[ApiToken, ...] = _DEFAULTS["api_tokens"]
+    api_host: str = _DEFAULTS["api_host"]
+    api_port: int = _DEFAULTS["api_port"]
+    statsd_host: str | None = _DEFAULTS["statsd_host"]
+    statsd_port: int = _DEFAULTS["statsd_port"]
+    statsd_prefix: str = _DEFAULTS["statsd_prefix"]
+    otel: bool = _DEFAULTS["otel"]
+    metrics_interval: float = _DEFAULTS["metrics_interval"]
+    watch_config: bool = _DEFAULTS["watch_config"]
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     home: Path = field(default_factory=airflow_home, compare=False)

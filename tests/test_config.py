@@ -280,3 +280,14 @@ def test_good_values_in_their_text_forms(tmp_path: Path, name: str, raw: str,
                                          expected: object) -> None:
     write_cfg(tmp_path, f"[localstate]\n{name} = {raw}\n")
     assert getattr(Settings.resolve(environ={"AIRFLOW_HOME": str(tmp_path)}), name) == expected
+
+
+def test_settings_fields_are_the_specs_in_order_with_their_defaults() -> None:
+    import dataclasses
+
+    from localstate.config import SETTING_NAMES, setting_specs
+
+    named = [f for f in dataclasses.fields(Settings) if f.name not in ("sources", "home")]
+    assert [f.name for f in named] == list(SETTING_NAMES)
+    assert {f.name: f.default for f in named} == {
+        name: default for name, (default, _help, _secret) in setting_specs().items()}
