@@ -26,7 +26,7 @@ from localstate.errors import LocalStateError
 from localstate.model import Durability, Record
 from localstate.store import StateStore
 
-__all__ = ["StateVariable"]
+__all__ = ["StateVariable", "process_store"]
 
 _PC = ParamSpec("_PC")
 _RC = TypeVar("_RC")
@@ -77,6 +77,12 @@ class _DefaultStore:
             if cls.store is None or cls.store.closed:
                 cls.store = await StateStore.open()
         return cls.store
+
+
+async def process_store() -> StateStore:
+    """The process's default store (`StateVariable.configure`, else opened from the settings
+    once, on first use): the one opener of it for class-level calls and Airflow triggers."""
+    return await _DefaultStore.get()
 
 
 async def _class_get(key: str, *, owner: str, default: Any = None) -> Any:

@@ -34,7 +34,6 @@ import functools
 import hashlib
 import json
 import logging
-import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, ClassVar, Final, TypeVar, cast
 
@@ -45,7 +44,7 @@ from localstate.errors import LocalStateError
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
-from localstate.variable import StateVariable
+from localstate.variable import StateVariable, process_store
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 
@@ -53,9 +52,6 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ASSET_PREFIX: Final = "asset_watcher:"
-_OPEN_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def asset_owner(name: str) -> str:
@@ -79,17 +75,7 @@ def trigger_owner(classpath: str, kwargs: dict[str, Any]) -> str:
 
 async def trigger_store() -> StateStore:
     """The process's store (`StateVariable`'s default), opened from the settings once."""
-    store = StateVariable.default_store()
-    if store is not None and not store.closed:
-        return store
-    loop = asyncio.get_running_loop()
-    lock = _OPEN_LOCKS.setdefault(loop, asyncio.Lock())
-    async with lock:
-        store = StateVariable.default_store()
-        if store is None or store.closed:
-            store = await StateStore.open()
-            StateVariable.configure(store)
-    return store
+    return await process_store()
 
 
 def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
