@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,7 +58,11 @@ def _central_row(row: Sequence[Any]) -> CentralRow:
 
 
 class CentralStore:
-    """The central table, read and written in batches. Open with `await CentralStore.open()`."""
+    """The central table, read and written in batches.
+
+    ``store = await CentralStore.open(url)`` ... ``await store.close()``, or
+    ``async with CentralStore.open(url) as store:`` (closed on the way out).
+    """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -70,7 +74,13 @@ class CentralStore:
         self.rows_written = 0
 
     @classmethod
-    async def open(cls, url: str, *, upgrade_schema: bool = True) -> CentralStore:
+    def open(cls, url: str, *, upgrade_schema: bool = True) -> _Opening:
+        """Open the central DB at `url` (migrating it when `upgrade_schema`): await it, or use
+        it as an async context manager."""
+        return _Opening(cls._open(url, upgrade_schema=upgrade_schema))
+
+    @classmethod
+    async def _open(cls, url: str, *, upgrade_schema: bool) -> CentralStore:
         engine = make_engine(url)
         store = cls(engine)
         try:
@@ -85,7 +95,14 @@ class CentralStore:
         return store
 
     async def close(self) -> None:
+        """Release the connections. Safe twice."""
         await self.engine.dispose()
+
+    async def __aenter__(self) -> CentralStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     @contextlib.asynccontextmanager
     async def _errors(self, doing: str) -> AsyncIterator[None]:
@@ -371,6 +388,26 @@ class CentralStore:
             k: v for k, v in intended.items()
             if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
         }
+
+
+class _Opening:
+    """`CentralStore.open(...)`: awaitable (the open store) and an async context manager
+    (the open store, closed on exit), as ``aiosqlite.connect`` is."""
+
+    def __init__(self, opening: Coroutine[Any, Any, CentralStore]) -> None:
+        self._opening = opening
+        self._store: CentralStore | None = None
+
+    def __await__(self) -> Generator[Any, None, CentralStore]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> CentralStore:
+        self._store = await self._opening
+        return self._store
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._store is not None:
+            await self._store.close()
 
 
 def _next_version(version: int, base: int) -> int:

@@ -458,3 +458,17 @@ async def test_a_batch_of_1000_rows_is_one_insert_in_one_transaction(
             text(f"SELECT sum(CAST(value AS INTEGER)) FROM {STATE_TABLE}"))).scalar_one()
     assert count == 1000
     assert total == sum(i + 1 for i in range(1000))
+
+
+async def test_open_is_an_async_context_manager_that_closes(central_url: str) -> None:
+    async with CentralStore.open(central_url) as central:
+        row = await central.write_direct("o", "k", '"v"', updated_at=1.0, updated_by="t")
+        assert row.version == 1
+        pool = central.engine.pool
+        assert pool.checkedin() >= 1  # a connection was made and returned to the pool
+    assert pool.checkedin() == 0  # disposed on the way out
+    again = await CentralStore.open(central_url)  # and awaitable, as before
+    try:
+        assert (await again.read_many([("o", "k")]))[("o", "k")].data == '"v"'
+    finally:
+        await again.close()
