@@ -19,8 +19,8 @@ row per written row cost more than the write.
 
 Order: owners and keys are ordered and compared byte-wise (their UTF-8 bytes) on every
 backend, never by the database's default collation, which in a real installation is a
-language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B``, punctuation ignored at first)
-and differs from one database to the next. Keyset pagination is only correct when the SQL
+language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B`` < ``b``, and
+``asset:294`` < ``Asset/039``) and differs from one database to the next. Keyset pagination is only correct when the SQL
 ``ORDER BY``, the cursor's ``>`` and Python's ``sorted()`` agree; UTF-8 byte order is
 code-point order, which is how Python compares ``str`` (names hold no lone surrogates:
 `localstate.model.check_name` refuses them), so Python needs no key function.
@@ -67,7 +67,13 @@ class BatchSql:
     bytewise_collation: str
 
     def bytewise(self, column: ColumnElement[str]) -> ColumnElement[str]:
-        """`column` compared and ordered byte-wise, whatever the database's own collation."""
+        """`column` compared and ordered byte-wise, whatever the database's own collation.
+
+        Equality needs none: a PostgreSQL database's default collation is deterministic
+        (equal only when byte-equal), SQLite's is BINARY. A MySQL dialect must declare the
+        columns binary (``utf8mb4_bin``): its default collation is case-insensitive, which
+        would make ``Asset`` and ``asset`` one primary key.
+        """
         return column.collate(self.bytewise_collation)
 
     def timestamp(self, ts: float) -> Any:

@@ -404,8 +404,8 @@ class PostgresServer:
 
         Without ``locale`` the database orders text as the cluster does: byte-wise (``C``,
         initdb ran with ``--no-locale``). With a language tag such as ``"en-US"`` it orders
-        text as that language does, as most real installations do (``a`` < ``B``,
-        punctuation weighed last): through ICU where the server has it (PostgreSQL 15+
+        text as that language does, as most real installations do (``a`` < ``B`` < ``b``):
+        through ICU where the server has it (PostgreSQL 15+
         built with ICU, as Debian's and the PGDG packages are; ICU needs no system locale),
         else through the system's libc locale (``en_US.UTF-8``), when it is installed.
         Neither: a RuntimeError saying how to get one.
