@@ -20,10 +20,11 @@ row per written row cost more than the write.
 Order: owners and keys are ordered and compared byte-wise (their UTF-8 bytes) on every
 backend, never by the database's default collation, which in a real installation is a
 language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B`` < ``b``, and
-``asset:294`` < ``Asset/039``) and differs from one database to the next. Keyset pagination is only correct when the SQL
-``ORDER BY``, the cursor's ``>`` and Python's ``sorted()`` agree; UTF-8 byte order is
-code-point order, which is how Python compares ``str`` (names hold no lone surrogates:
-`localstate.model.check_name` refuses them), so Python needs no key function.
+``asset:294`` < ``Asset/039``) and differs from one database to the next. Keyset pagination
+is only correct when the SQL ``ORDER BY``, the cursor's ``>`` and Python's ``sorted()``
+agree; UTF-8 byte order is code-point order, which is how Python compares ``str`` (names
+hold no lone surrogates: `localstate.model.check_name` refuses them), so Python needs no key
+function.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
-from sqlalchemy import func, inspect, select, text
 from conftest import collations
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
