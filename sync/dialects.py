@@ -64,8 +64,9 @@ class BatchSql:
     #: one unconditional write (the cache-off path): params owner, key, value, at, by
     direct_upsert: TextClause
 
-    #: the collation that compares text by its UTF-8 bytes (MySQL's would be utf8mb4_bin)
-    bytewise_collation: str
+    #: the collation that compares text by its UTF-8 bytes (MySQL's would be utf8mb4_bin);
+    #: None where owner and key compare byte-wise in every database of the dialect already
+    bytewise_collation: str | None
 
     def bytewise(self, column: ColumnElement[str]) -> ColumnElement[str]:
         """`column` compared and ordered byte-wise, whatever the database's own collation.
@@ -75,6 +76,8 @@ class BatchSql:
         columns binary (``utf8mb4_bin``): its default collation is case-insensitive, which
         would make ``Asset`` and ``asset`` one primary key.
         """
+        if self.bytewise_collation is None:
+            return column
         return column.collate(self.bytewise_collation)
 
     def timestamp(self, ts: float) -> Any:
@@ -128,7 +131,11 @@ class _PostgresSql(BatchSql):
 
 
 class _SqliteSql(BatchSql):
-    bytewise_collation = "BINARY"  # SQLite's default, named so that no column's can differ
+    # The columns are BINARY (declared without COLLATE; SQLite has no database-wide default to
+    # change that), and so is every comparison with them. Naming it would only cost: SQLite
+    # seeks `(owner, key) > (?, ?)` in the primary key only without an explicit COLLATE
+    # (with one: a scan of the whole index for each page).
+    bytewise_collation = None
     _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
     # "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join
     upsert = text(
