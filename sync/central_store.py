@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Seque
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -28,7 +28,7 @@ from localstate.errors import (
     VersionConflict,
 )
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
-from localstate.sync.dialects import UpsertRow, batch_sql_for
+from localstate.sync.dialects import UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
@@ -140,17 +140,26 @@ class CentralStore:
         self, *, owner_prefix: str = "", after: StateKey | None = None, limit: int = 100,
         include_deleted: bool = False,
     ) -> list[CentralRow]:
-        """Rows in (owner, key) order, starting after `after` (cursor pagination)."""
+        """Rows whose owner starts with `owner_prefix` (literally: no character is special),
+        in byte-wise (owner, key) order, starting after `after` (cursor pagination).
+
+        Byte-wise whatever the database's collation (see `localstate.sync.dialects`), so a
+        caller may continue after any row it was given, and merge or sort rows with Python's
+        `sorted()`, and find the same order.
+        """
         t = state_variable.c
+        owner, key = self._sql.bytewise(t.owner), self._sql.bytewise(t.key)
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by)
         if owner_prefix:
-            escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            query = query.where(t.owner.like(escaped + "%", escape="\\"))
+            query = query.where(owner >= owner_prefix)
+            bound = prefix_upper_bound(owner_prefix)
+            if bound is not None:
+                query = query.where(owner < bound)
         if after is not None:
-            query = query.where((t.owner > after[0]) | ((t.owner == after[0]) & (t.key > after[1])))
+            query = query.where(tuple_(owner, key) > tuple_(after[0], after[1]))
         if not include_deleted:
             query = query.where(t.value.is_not(None))
-        query = query.order_by(t.owner, t.key).limit(limit)
+        query = query.order_by(owner, key).limit(limit)
         async with self._errors("list"), self.engine.connect() as conn:
             return [_central_row(r) for r in await conn.execute(query)]
 

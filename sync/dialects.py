@@ -1,4 +1,5 @@
-"""The only dialect-specific SQL: a many-row conditional upsert and a many-key lookup.
+"""The only dialect-specific SQL: a many-row conditional upsert, a many-key lookup, and the
+byte-wise collation that every ordered or range read over owner and key uses.
 
 Both dialects get one statement with a fixed number of parameters however many rows it carries,
 so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
@@ -15,6 +16,15 @@ mark-clean was lost in a crash: replaying it is harmless). Rows the ``WHERE`` re
 not counted in the statement's row count; when it falls short, the caller looks up which rows
 they were (the conflicts). No RETURNING: on the common path (no conflict) decoding one returned
 row per written row cost more than the write.
+
+Order: owners and keys are ordered and compared byte-wise (their UTF-8 bytes) on every
+backend, never by the database's default collation, which in a real installation is a
+language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B`` < ``b``, and
+``asset:294`` < ``Asset/039``) and differs from one database to the next. Keyset pagination
+is only correct when the SQL ``ORDER BY``, the cursor's ``>`` and Python's ``sorted()``
+agree; UTF-8 byte order is code-point order, which is how Python compares ``str`` (names
+hold no lone surrogates: `localstate.model.check_name` refuses them), so Python needs no key
+function.
 """
 
 from __future__ import annotations
@@ -24,12 +34,12 @@ from datetime import datetime, timezone
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import TextClause, text
+from sqlalchemy import ColumnElement, TextClause, text
 
 from localstate.entry import StateKey
 from localstate.sync.schema import STATE_TABLE
 
-__all__ = ["BatchSql", "batch_sql_for"]
+__all__ = ["BatchSql", "batch_sql_for", "prefix_upper_bound"]
 
 _SET: Final = (
     'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
@@ -54,6 +64,22 @@ class BatchSql:
     #: one unconditional write (the cache-off path): params owner, key, value, at, by
     direct_upsert: TextClause
 
+    #: the collation that compares text by its UTF-8 bytes (MySQL's would be utf8mb4_bin);
+    #: None where owner and key compare byte-wise in every database of the dialect already
+    bytewise_collation: str | None
+
+    def bytewise(self, column: ColumnElement[str]) -> ColumnElement[str]:
+        """`column` compared and ordered byte-wise, whatever the database's own collation.
+
+        Equality needs none: a PostgreSQL database's default collation is deterministic
+        (equal only when byte-equal), SQLite's is BINARY. A MySQL dialect must declare the
+        columns binary (``utf8mb4_bin``): its default collation is case-insensitive, which
+        would make ``Asset`` and ``asset`` one primary key.
+        """
+        if self.bytewise_collation is None:
+            return column
+        return column.collate(self.bytewise_collation)
+
     def timestamp(self, ts: float) -> Any:
         """A POSIX time as this dialect's driver takes `updated_at`."""
         raise NotImplementedError
@@ -66,6 +92,7 @@ class BatchSql:
 
 
 class _PostgresSql(BatchSql):
+    bytewise_collation = "C"
     # The rows travel as one JSON array, spread out by jsonb_array_elements, as on SQLite.
     # Measured against one array per column through unnest (10,000 rows): 15-20 % less time,
     # since asyncpg checks and encodes every element of seven arrays in Python, while one
@@ -104,6 +131,11 @@ class _PostgresSql(BatchSql):
 
 
 class _SqliteSql(BatchSql):
+    # The columns are BINARY (declared without COLLATE; SQLite has no database-wide default to
+    # change that), and so is every comparison with them. Naming it would only cost: SQLite
+    # seeks `(owner, key) > (?, ?)` in the primary key only without an explicit COLLATE
+    # (with one: a scan of the whole index for each page).
+    bytewise_collation = None
     _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
     # "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join
     upsert = text(
@@ -138,6 +170,27 @@ class _SqliteSql(BatchSql):
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"keys": orjson.dumps(keys).decode()}
+
+
+_MAX_CODE_POINT: Final = 0x10FFFF
+_SURROGATES: Final = range(0xD800, 0xE000)
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix`, in byte-wise order.
+
+    So ``prefix <= s < bound`` (byte-wise) holds exactly for the `s` starting with `prefix`:
+    a prefix filter as a range, which an index on the column serves and in which no
+    character is special (a ``LIKE`` pattern has ``%``, ``_`` and its escape character).
+    None when no string is above them all (`prefix` is only U+10FFFF characters).
+    """
+    kept = prefix.rstrip(chr(_MAX_CODE_POINT))
+    if not kept:
+        return None
+    nxt = ord(kept[-1]) + 1
+    if nxt in _SURROGATES:  # not encodable: the next character is the first after them
+        nxt = _SURROGATES.stop
+    return kept[:-1] + chr(nxt)
 
 
 _BY_DIALECT: Final[dict[str, BatchSql]] = {"postgresql": _PostgresSql(), "sqlite": _SqliteSql()}

@@ -1,7 +1,8 @@
 """Shared fixtures: a real PostgreSQL server for the session, real SQLite files per test.
 
 Every central test takes `central_url`, parametrized over both backends, so each runs on the
-embedded SQLite default and on PostgreSQL without being written twice.
+embedded SQLite default and on PostgreSQL without being written twice. Tests marked
+`@collations` run on a third: a PostgreSQL database that orders text as en-US (ICU) does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from localstate import StateStore
 from localstate.testing.postgres_server import PostgresServer
 
 BACKENDS = ["sqlite", "postgresql"]
+#: PostgreSQL databases by the locale they order text in: None is the cluster's C (byte-wise)
+PG_LOCALES: dict[str, str | None] = {"postgresql": None, "postgresql-en-US": "en-US"}
+#: the backends of a test whose result hangs on how the database orders text (listings,
+#: cursors, prefix filters): PostgreSQL also on a database that orders as real installations
+#: do (ICU en-US: 'a' < 'B', punctuation weighed last); apply with `@collations`
+COLLATION_BACKENDS = [*BACKENDS, "postgresql-en-US"]
+collations = pytest.mark.parametrize("backend", COLLATION_BACKENDS, indirect=True)
 _db_names = itertools.count(1)
 
 
@@ -64,7 +72,8 @@ def central_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     if backend == "sqlite":
         return sqlite_url(tmp_path / "central.db")
     server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.create_database(f"central_{os.getpid()}_{next(_db_names)}")
+    return server.create_database(f"central_{os.getpid()}_{next(_db_names)}",
+                                  locale=PG_LOCALES[backend])
 
 
 StoreFactory = Callable[..., Awaitable[StateStore]]

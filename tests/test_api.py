@@ -11,7 +11,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import StoreFactory
+from conftest import StoreFactory, collations
 from fastapi import FastAPI
 
 from localstate import Settings, StateStore
@@ -203,10 +203,13 @@ async def seed(api: Api, names: list[tuple[str, str]]) -> None:
     await writer.flush()
 
 
+#: byte-wise order (sorted() on str) is the listing's on every backend, whatever the database's
+#: collation: upper case before lower, punctuation by its code
 SEEDED = sorted([
     ("asset_watcher:a", "watermark"), ("asset_watcher:b", "watermark"),
     ("asset_watcher:b", "cursor"), ("asset_watcherX", "k"), ("dag:etl/load", "cursor"),
-    ("dag:etl/load", "offset"), ("dag:x_y", "k"), ("dag:x%y", "k"), ("trigger:t", "k"),
+    ("dag:etl/load", "offset"), ("dag:x_y", "k"), ("dag:x%y", "k"), ("dag:x\\y", "k"),
+    ("dag:X", "K"), ("dag:X", "k"), ("Asset_watcher:c", "k"), ("trigger:t", "k"),
 ])
 
 
@@ -229,6 +232,7 @@ async def list_all(api: Api, token: str = RW_ALL, **params: Any) -> list[tuple[s
             return seen
 
 
+@collations
 @pytest.mark.parametrize("limit", [1, 2, 4, 100])
 async def test_list_pages_through_everything_in_order(api: Api, limit: int) -> None:
     await seed(api, SEEDED)
@@ -246,19 +250,24 @@ async def test_list_pages_are_the_size_asked(api: Api) -> None:
     assert r.json()["next_cursor"] is None
 
 
-@pytest.mark.parametrize(
-    ("prefix", "expected"),
-    [("asset_watcher:", [k for k in SEEDED if k[0].startswith("asset_watcher:")]),
-     ("dag:x_", [("dag:x_y", "k")]),  # '_' and '%' are literal, not LIKE wildcards
-     ("dag:x%", [("dag:x%y", "k")]),
-     ("nothing", [])],
-)
-async def test_list_filters_by_owner_prefix(api: Api, prefix: str,
-                                            expected: list[tuple[str, str]]) -> None:
+#: owner_prefix -> what it lists: '_', '%' and '\\' are literal, not LIKE wildcards; case counts
+PREFIX_CASES = [
+    ("asset_watcher:", [k for k in SEEDED if k[0].startswith("asset_watcher:")]),
+    ("dag:x_", [("dag:x_y", "k")]), ("dag:x%", [("dag:x%y", "k")]),
+    ("dag:x\\", [("dag:x\\y", "k")]), ("%", []), ("_", []), ("\\", []),
+    ("Asset", [("Asset_watcher:c", "k")]), ("dag:X", [("dag:X", "K"), ("dag:X", "k")]),
+    ("dag:x", [("dag:x%y", "k"), ("dag:x\\y", "k"), ("dag:x_y", "k")]), ("nothing", []),
+]
+
+
+@collations
+async def test_list_filters_by_owner_prefix(api: Api) -> None:
     await seed(api, SEEDED)
-    assert await list_all(api, owner_prefix=prefix, limit=2) == expected
+    for prefix, expected in PREFIX_CASES:
+        assert await list_all(api, owner_prefix=prefix, limit=2) == expected, prefix
 
 
+@collations
 async def test_list_shows_the_serving_stores_unflushed_writes(api: Api) -> None:
     await seed(api, SEEDED)
     store = api.store
@@ -458,6 +467,7 @@ async def test_within_the_tokens_role_and_owners_is_allowed(api: Api, token: str
     assert await central_value(api, owner, "k") == expected
 
 
+@collations
 async def test_a_prefix_limited_token_lists_only_its_owners(api: Api) -> None:
     await seed(api, SEEDED)
     mine = [k for k in SEEDED if k[0].startswith("asset_watcher:")]

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
+from conftest import collations
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
@@ -24,6 +25,7 @@ from statement_log import StatementLog, rows_carried
 from localstate import SchemaError, StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.dialects import prefix_upper_bound
 from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.schema import FILLFACTOR, LATEST_VERSION, STATE_TABLE, schema_table, upgrade
@@ -387,6 +389,7 @@ async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralSto
 # -- reading -------------------------------------------------------------------------------
 
 
+@collations
 async def test_read_owner_and_list_rows(central: CentralStore) -> None:
     owners = ["a%b", "a%bc", "a_b", "axb", "ab", "b"]
     rows = [dirty(k, f"{o}/{k}", version=1, base=0, owner=o)
@@ -425,6 +428,76 @@ async def test_read_owner_and_list_rows(central: CentralStore) -> None:
     # `after` inside one owner continues with the owner's next key
     assert [(r.owner, r.key) for r in await central.list_rows(after=("a_b", "k1"), limit=2)] \
         == [("a_b", "k2"), ("ab", "k1")]
+
+
+#: names whose orders differ between byte-wise (C) and a language's collation (en-US: case and
+#: punctuation weigh last), with LIKE's metacharacters, and beyond ASCII up to the last code
+#: point (UTF-8 byte order is code-point order only if the surrogates are skipped right)
+MIXED_NAMES = [
+    "a", "B", "b", "A:1", "a:1", "a/1", "a-1", "a_1", "a.1", "a%1", "a\\1", "asset:294",
+    "Asset/039", "ASSET-7", "a b", "é", "Z", "z", "\ud7ff", "\ue000", "\ufffd", "\U0001f600",
+    "\U0010ffff", "\U0010ffff\U0010ffff", "a\U0010ffff", "a\U0010ffffb",
+]
+
+
+def utf8_order(name: tuple[str, str]) -> tuple[bytes, bytes]:
+    return name[0].encode(), name[1].encode()
+
+
+@collations
+async def test_list_rows_orders_byte_wise_whatever_the_databases_collation(
+    central: CentralStore,
+) -> None:
+    names = [(o, k) for o in MIXED_NAMES for k in ("k", "K", "k_1", "k1")]
+    await central.write_batch([dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
+                              PolicyMap())
+    expected = sorted(names, key=utf8_order)
+    assert sorted(names) == expected  # Python's str order is the UTF-8 byte order
+    listed = [(r.owner, r.key) for r in await central.list_rows(limit=len(names) + 1)]
+    assert listed == expected
+    # a cursor taken anywhere continues right after it
+    for at in range(0, len(expected), 7):
+        page = await central.list_rows(after=expected[at], limit=5)
+        assert [(r.owner, r.key) for r in page] == expected[at + 1:at + 6]
+
+
+@collations
+@pytest.mark.parametrize("prefix", [
+    "a", "A", "a%", "a_", "a\\", "a:", "asset", "Asset", "\ud7ff", "\U0010ffff", "a\U0010ffff",
+    "%", "_", "\\", "é", "nothing",
+])
+async def test_list_rows_prefix_is_literal_and_case_sensitive(
+    central: CentralStore, prefix: str
+) -> None:
+    names = [(o, "k") for o in MIXED_NAMES]
+    await central.write_batch([dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
+                              PolicyMap())
+    expected = sorted(n for n in names if n[0].startswith(prefix))
+    listed = [(r.owner, r.key) for r in await central.list_rows(owner_prefix=prefix)]
+    assert listed == expected
+    paged: list[tuple[str, str]] = []
+    after: tuple[str, str] | None = None
+    for _ in range(len(names)):
+        page = await central.list_rows(owner_prefix=prefix, after=after, limit=2)
+        paged += [(r.owner, r.key) for r in page]
+        if len(page) < 2:
+            break
+        after = (page[-1].owner, page[-1].key)
+    assert paged == expected
+
+
+@pytest.mark.parametrize(("prefix", "bound"), [
+    ("a", "b"), ("a%", "a&"), ("a_", "a`"), ("a\\", "a]"), ("\ud7ff", "\ue000"),
+    ("a\U0010ffff", "b"), ("a\U0010ffff\U0010ffff", "b"), ("\U0010ffff", None),
+    ("\U0001f600", "\U0001f601"),
+])
+def test_prefix_upper_bound_is_the_least_string_above_the_prefixs(prefix: str,
+                                                                 bound: str | None) -> None:
+    assert prefix_upper_bound(prefix) == bound
+    if bound is not None:
+        bound.encode()  # a string the database can hold: no surrogate
+        assert prefix.encode() < bound.encode()
+        assert (prefix + "\U0010ffff" * 3).encode() < bound.encode()
 
 
 # -- statement and transaction counts ------------------------------------------------------

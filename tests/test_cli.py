@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StoreFactory
+from conftest import StoreFactory, collations
 
 from localstate import StateStore
 
@@ -142,6 +142,7 @@ def test_value_from_stdin(central_url: str) -> None:
     (["get", "", "k"], "must not be empty"),
     (["set", "dag:x", "k", "1", "--expected-version", "-2"], "0 or more"),
     (["ls", "--limit", "0"], "above 0"),
+    (["ls", "--owner", os.fsdecode(b"dag:\xff")], "lone surrogates"),  # not UTF-8
 ])
 def test_bad_input_is_exit_2(central_url: str, args: list[str], message: str) -> None:
     proc = run(*args, url=central_url)
@@ -169,6 +170,24 @@ async def test_ls_pages_through_many_rows(central_url: str, open_store: StoreFac
     proc = ok(run("ls", "--owner", "dag:d3", url=central_url))
     assert proc.stdout.splitlines()[-1].startswith(f"({sum(1 for n in range(1203) if n % 7 == 3)}"
                                                    " state variables")
+
+
+@collations
+async def test_ls_owner_prefix_is_literal_and_ls_orders_byte_wise(
+    central_url: str, open_store: StoreFactory
+) -> None:
+    owners = ["dag:x_y", "dag:x%y", "dag:x\\y", "dag:xAy", "dag:xay", "dag:X", "Dag:x",
+              "dag:x.y", "dag:x-y", "dag:x/y", "dag:x:y"]
+    store = await open_store(triggerer_id="seeder")
+    for owner in owners:
+        await store.set(owner, "k", 1, durability="memory")
+    await store.flush()
+    for prefix in ["dag:x_", "dag:x%", "dag:x\\"]:  # each a subprocess: the LIKE cases
+        rows = json.loads(ok(run("ls", "--owner", prefix, "--json", url=central_url)).stdout)
+        assert [r["owner"] for r in rows] == sorted(o for o in owners if o.startswith(prefix)), (
+            prefix)
+    table = ok(run("ls", url=central_url)).stdout.splitlines()
+    assert [line.split()[0] for line in table[1:-1]] == sorted(owners)  # whatever the DB
 
 
 def test_status_and_flush_of_a_dead_triggerers_backlog(central_url: str) -> None:

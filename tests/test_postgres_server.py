@@ -86,6 +86,22 @@ async def test_create_database_is_isolated(pg: PostgresServer) -> None:
     assert pg.create_database("iso_a") == url  # and it can be recreated
 
 
+def test_a_database_can_order_text_as_a_language_does(pg: PostgresServer) -> None:
+    """The cluster is C (byte-wise); `locale="en-US"` gives a database ordered as most real
+    installations are: letters first, case only between otherwise equal names."""
+    pg.create_database("order_c")
+    assert pg.create_database("order_en", locale="en-US") == pg.url_for("order_en")
+    probe = "SELECT 'a' < 'B', 'asset:294' < 'Asset/039', 'a' < 'A'"
+    assert pg.psql(probe, dbname="order_c").strip() == "f|f|f"
+    assert pg.psql(probe, dbname="order_en").strip() == "t|t|t"
+    # the server's own collation still says byte-wise where asked to
+    assert pg.psql("SELECT 'a' < 'B' COLLATE \"C\"", dbname="order_en").strip() == "f"
+    with pytest.raises(ValueError, match="language tag"):
+        pg.create_database("order_bad", locale="en_US.UTF-8' TEMPLATE template1 --")
+    pg.drop_database("order_c")
+    pg.drop_database("order_en")
+
+
 async def test_terminate_backends_kills_open_connection(pg: PostgresServer) -> None:
     pg.create_database("term_other")
     victim = await _connect(pg.dsn)

@@ -143,6 +143,9 @@ def build_router(store: StateStore, auth: Authorizer,
                                      limit=limit + 1 + tombstones)
             merged.update((r[:2], item_from_row(r)) for r in rows)
         merged.update(overrides)
+        # list_rows orders byte-wise (UTF-8), which is the code-point order of sorted(): the
+        # page ends where every prefix's rows and the overrides agree, and the cursor (the
+        # page's last key) only moves forward
         keys = sorted(k for k, i in merged.items() if not i.deleted)
         page = keys[:limit]
         more = len(keys) > limit

@@ -166,6 +166,12 @@ _LS_COLUMNS = (("OWNER", 40), ("KEY", 30), ("VERSION", 8), ("UPDATED_AT", 23),
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from localstate.model import check_name
+
+    # a prefix is matched literally ('%', '_' and '\\' are plain characters), in byte-wise
+    # order on every backend (`CentralStore.list_rows`); one a name could not start with
+    # (control characters, undecodable bytes) is refused, not sent to the database
+    prefix = check_name("owner prefix", args.owner) if args.owner else ""
     settings = settings_for(args)
     page_size = 500
 
@@ -178,8 +184,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             after: tuple[str, str] | None = None
             while args.limit is None or shown < args.limit:
                 want = page_size if args.limit is None else min(page_size, args.limit - shown)
-                rows = await central.list_rows(owner_prefix=args.owner or "", after=after,
-                                               limit=want)
+                rows = await central.list_rows(owner_prefix=prefix, after=after, limit=want)
                 if not rows:
                     break
                 after = (rows[-1].owner, rows[-1].key)

@@ -46,6 +46,7 @@ INSTALL_HINT = (
 
 _STOP_MODES = frozenset({"smart", "fast", "immediate"})
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_LANGUAGE_TAG = re.compile(r"^([A-Za-z]{2,3})-([A-Za-z]{2})$")  # en-US
 _DEBIAN_ROOT = pathlib.Path("/usr/lib/postgresql")
 _SYSTEM_USER = "postgres"
 _HOST = "127.0.0.1"
@@ -161,6 +162,17 @@ def _quote_ident(value: str) -> str:
     return '"' + value.replace('"', '""') + '"'
 
 
+def _libc_has_locale(name: str) -> bool:
+    """Whether the C library has the locale `name` (``en_US.UTF-8``) installed."""
+    try:
+        out = subprocess.run(["locale", "-a"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    wanted = name.lower().replace("-", "")
+    return any(line.strip().lower().replace("-", "") == wanted for line in out.splitlines())
+
+
 def _check_identifier(kind: str, value: str) -> None:
     if not _IDENTIFIER.match(value):
         raise ValueError(f"invalid {kind} {value!r}: use letters, digits and _ (max 63)")
@@ -209,6 +221,7 @@ class PostgresServer:
         self._initialized = False
         self._closed = False
         self._uid_gid: tuple[int, int] | None = None
+        self._icu: bool | None = None  # whether the server has ICU, once asked
         if self._as_root:
             try:
                 entry = pwd.getpwnam(_SYSTEM_USER)
@@ -389,11 +402,47 @@ class PostgresServer:
 
     # -------------------------------------------------------------------- helpers
 
-    def create_database(self, name: str) -> str:
-        """Create an empty database ``name`` and return its SQLAlchemy URL."""
+    def create_database(self, name: str, *, locale: str | None = None) -> str:
+        """Create an empty database ``name`` and return its SQLAlchemy URL.
+
+        Without ``locale`` the database orders text as the cluster does: byte-wise (``C``,
+        initdb ran with ``--no-locale``). With a language tag such as ``"en-US"`` it orders
+        text as that language does, as most real installations do (``a`` < ``B`` < ``b``):
+        through ICU where the server has it (PostgreSQL 15+
+        built with ICU, as Debian's and the PGDG packages are; ICU needs no system locale),
+        else through the system's libc locale (``en_US.UTF-8``), when it is installed.
+        Neither: a RuntimeError saying how to get one.
+        """
         _check_identifier("database name", name)
-        self.psql(f"CREATE DATABASE {_quote_ident(name)}", dbname="postgres")
+        sql = f"CREATE DATABASE {_quote_ident(name)}"
+        if locale is not None:
+            sql += " " + self._locale_clause(locale)
+        self.psql(sql, dbname="postgres")
         return self.url_for(name)
+
+    def _locale_clause(self, locale: str) -> str:
+        match = _LANGUAGE_TAG.match(locale)
+        if match is None:
+            raise ValueError(f"locale {locale!r} is not a language tag such as 'en-US'")
+        if self._has_icu():
+            return f"LOCALE_PROVIDER icu ICU_LOCALE {_quote_literal(locale)} TEMPLATE template0"
+        libc = f"{match.group(1).lower()}_{match.group(2).upper()}.UTF-8"
+        if not _libc_has_locale(libc):
+            raise RuntimeError(
+                f"cannot create a database ordered as {locale!r}: this PostgreSQL "
+                f"{self.major_version} has no ICU (needs 15+ built with ICU) and the system "
+                f"has no {libc} locale: `apt-get install locales-all`, or install `locales`, "
+                f"add '{libc} UTF-8' to /etc/locale.gen and run locale-gen"
+            )
+        return f"LOCALE {_quote_literal(libc)} TEMPLATE template0"
+
+    def _has_icu(self) -> bool:
+        """Whether databases can take an ICU locale (PostgreSQL 15+ built with ICU)."""
+        if self._icu is None:
+            self._icu = self.major_version >= 15 and int(self.psql(
+                "SELECT count(*) FROM pg_collation WHERE collprovider = 'i'", dbname="postgres"
+            ).strip()) > 0
+        return self._icu
 
     def drop_database(self, name: str) -> None:
         """Drop ``name`` (terminating its connections first). Missing is fine."""
