@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -207,12 +207,13 @@ async def test_a_value_that_does_not_fit_the_declared_order_is_refused_at_set_ti
 ) -> None:
     store = await open_store(conflict_policy={"asset_watcher:*": policy, "*": "reject"})
     await store.set(OWNER, "wm", good, durability="central")
-    for write in (
+    writes: list[Callable[[], Awaitable[int]]] = [
         lambda: store.set(OWNER, "wm", bad),
         lambda: store.set(OWNER, "wm", bad, durability="memory"),
         lambda: store.compare_and_set(OWNER, "wm", bad, expected_version=1),
         lambda: store.set(OWNER, "new-key", bad),
-    ):
+    ]
+    for write in writes:
         with pytest.raises(InvalidInput) as caught:
             await write()
         assert policy in str(caught.value)
