@@ -19,8 +19,9 @@ import orjson
 import pytest
 from conftest import StoreFactory, value_id
 
-from localstate import InvalidInput
+from localstate import ConfigError, InvalidInput
 from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 
 OWNER = "asset_watcher:orders"
 
@@ -278,3 +279,44 @@ async def test_plain_max_warns_once_per_owner_when_it_compares_strings_as_text(
     await b.set(OWNER, "n", 2)
     await b.flush()
     assert not [r for r in caplog.records if "as text" in r.getMessage()]
+
+
+# -- the spec grammar --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "fld", "order", "canonical"), [
+    ("max", None, "auto", "max"),
+    ("max:auto", None, "auto", "max"),
+    ("max:int", None, "int", "max:int"),
+    ("max:timestamp", None, "timestamp", "max:timestamp"),
+    ("max:text", None, "text", "max:text"),
+    ("max:offset", "offset", "auto", "max:offset"),  # as before: a field, guessed order
+    ("max:offset:int", "offset", "int", "max:offset:int"),
+    ("max:a:b", "a:b", "auto", "max:a:b"),  # a field with a colon, as before
+    ("max:a:b:text", "a:b", "text", "max:a:b:text"),
+    ("max:int:auto", "int", "auto", "max:int:auto"),  # a field named like an order
+    ("max:int:int", "int", "int", "max:int:int"),
+])
+def test_the_last_segment_is_the_order_when_it_names_one(
+    spec: str, fld: str | None, order: str, canonical: str,
+) -> None:
+    policy = ConflictPolicy.parse(spec)
+    assert (policy.name, policy.field, policy.order, policy.spec) == ("max", fld, order, canonical)
+    assert ConflictPolicy.parse(policy.spec) == policy
+
+
+@pytest.mark.parametrize("spec", ["max:", "max::int", "reject:int", "min", "last_writer_wins:x"])
+def test_a_bad_spec_names_what_is_allowed(spec: str) -> None:
+    with pytest.raises(ConfigError, match="max:<field>:<order>"):
+        ConflictPolicy.parse(spec)
+
+
+def test_only_declared_orders_ask_for_a_value_check() -> None:
+    """The store checks values only when some owner's policy declares an order."""
+    assert not PolicyMap("max").checks_values
+    assert not PolicyMap({"asset_watcher:*": "max:offset", "*": "reject"}).checks_values
+    policies = PolicyMap({"asset_watcher:*": "max:offset:int", "*": "reject"})
+    assert policies.checks_values
+    policies.check_value("dag:x", "anything", '"anything"')  # under reject: no check
+    with pytest.raises(InvalidInput, match="max:offset:int"):
+        policies.check_value(OWNER, {"offset": "x"}, '{"offset":"x"}')
