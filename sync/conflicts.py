@@ -212,9 +212,12 @@ class PolicyMap:
     def check_value(self, owner: str, value: Any, data: str) -> None:
         """Raise `InvalidInput` when `owner`'s policy declares an order `value` (encoded:
         `data`) does not fit. Call it only when `checks_values`, before writing anything."""
-        if not isinstance(owner, str):
-            return  # not a name: the store's name checks refuse it
-        policy = self.for_owner(owner)
+        try:
+            policy = self._cache[owner]  # the common case, inlined: `set` calls this
+        except (KeyError, TypeError):
+            if not isinstance(owner, str):
+                return  # not a name: the store's name checks refuse it
+            policy = self.for_owner(owner)
         if policy.order != AUTO:
             policy.check(owner, value, data)
 

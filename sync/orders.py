@@ -68,6 +68,8 @@ def declared_key(order: str, field: str | None, value: Any) -> Any:
 def _key(order: str, value: Any) -> Any:
     """The key of one value under `order`; None when it does not fit."""
     if order == "int":
+        if type(value) is int:
+            return value
         if isinstance(value, int) and not isinstance(value, bool):
             return int(value)
         if isinstance(value, str) and _DECIMAL.fullmatch(value):
