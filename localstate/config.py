@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 
 from localstate.errors import ConfigError
 from localstate.model import DURABILITIES, Durability
+from localstate.sync.conflicts import ConflictPolicy
 
 __all__ = [
     "API_ROLES",
@@ -45,7 +46,6 @@ __all__ = [
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
 _SECTION: Final = "localstate"
-_POLICY_NAMES: Final = frozenset({"reject", "last_writer_wins", "max"})
 
 ApiRole = Literal["read", "read-write"]
 API_ROLES: Final[tuple[ApiRole, ...]] = ("read", "read-write")
@@ -168,12 +168,7 @@ def _optional_path(raw: Any) -> Path | None:
 
 def _policy_spec(raw: Any) -> str:
     text = str(raw).strip()
-    name, _, fld = text.partition(":")
-    if name not in _POLICY_NAMES or (fld and name != "max") or (name == "max" and ":" in text
-                                                                 and not fld):
-        raise ValueError(
-            "expected reject, last_writer_wins, max or max:<field>"
-        )
+    ConflictPolicy.parse(text)  # raises ConfigError (a ValueError) naming what is allowed
     return text
 
 
@@ -334,7 +329,8 @@ _SPECS: Final[dict[str, _Spec]] = {
                        "per central transaction"),
     "max_value_bytes": _Spec(_positive_int, 64 * 1024, "largest encoded value"),
     "conflict_policy": _Spec(_conflict_policy, "reject", "reject, last_writer_wins, max, "
-                             "max:<field>, or owner-glob=policy pairs"),
+                             "max:<int|timestamp|text>, max:<field>[:<order>], or "
+                             "owner-glob=policy pairs"),
     "local_sync": _Spec(_choice("full", "normal"), "full", "SQLite synchronous pragma of the "
                         "cache: full survives power loss, normal only a crash"),
     "memory_window": _Spec(_positive_float, 0.05, "seconds within which a memory-durability "

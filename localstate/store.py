@@ -268,6 +268,8 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         data = encode(value, self._max_value_bytes)
+        if self._policies.checks_values:  # some owner's max policy declares an order
+            self._policies.check_value(owner, value, data)
         if durability is None:
             durability = self._durability
         elif durability != "memory" and durability != "local" and durability != "central":
@@ -311,6 +313,8 @@ class StateStore:
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
         data = encode(value, self._max_value_bytes)
+        if self._policies.checks_values:  # some owner's max policy declares an order
+            self._policies.check_value(owner, value, data)
         async with self._gate.call():
             return await self._compare_and_set((owner, key), value, data, expected_version,
                                                durability)

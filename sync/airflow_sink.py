@@ -19,8 +19,11 @@ Fencing: Airflow's table has no version column, so a write cannot be made condit
 record it was based on. Under a ``max`` policy the sink reads the stored value first and skips
 the write when the stored one is not smaller (read-compare-write); between that read and the
 write another writer's larger value can still be overwritten (the window is one ``aget`` plus
-one ``aset`` round trip). Other policies write unconditionally: ``reject`` cannot be enforced
-and behaves as ``last_writer_wins``.
+one ``aset`` round trip). The table keeps no writer either: a stored value that is the one this
+sink last wrote for the key, at the version the row is based on, counts as this writer's own
+record, and a sequential write on top of it lands whatever the order says (as in the SQL sink).
+Other policies write unconditionally: ``reject`` cannot be enforced and behaves as
+``last_writer_wins``.
 
 Nothing here imports Airflow: the accessors are duck-typed, so this module is importable (and
 testable) without it.
@@ -36,7 +39,7 @@ from typing import Any, Final, Protocol
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
 from localstate.errors import CentralUnavailable, ConfigError
-from localstate.sync.conflicts import PolicyMap
+from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
@@ -91,6 +94,8 @@ class AirflowSink:
         #: dirty rows left for a later flush because their owner had no accessor yet
         self.unroutable = 0
         self._warned: set[str] = set()
+        #: under max, what this sink last wrote of each key: (local version, JSON text)
+        self._own: dict[StateKey, tuple[int, str]] = {}
 
     @property
     def transactions(self) -> int:
@@ -141,18 +146,32 @@ class AirflowSink:
     async def _write_row(self, row: DirtyRow, accessors: tuple[AssetAccessor, ...],
                          policies: PolicyMap) -> FlushOutcome:
         policy = policies.for_owner(row.owner)
-        if policy.is_max and row.data is not None:
-            stored = await self._get(accessors[0], row.key)
-            if stored is not None and not policy.exceeds(row.data, stored, strictly=False):
-                # Airflow holds a greater watermark (another triggerer moved it on): keep it,
-                # as the SQL sink's max policy does
-                central = CentralRow(row.owner, row.key, stored, row.version, time.time(),
-                                     AIRFLOW_WRITER)
-                return FlushOutcome(row, "adopted", central, conflict=True, policy=policy.spec)
-            if stored == row.data:
-                return self._written(row)  # already there: no write needed
+        if policy.is_max:
+            if row.data is not None:
+                return await self._write_max(row, row.data, accessors, policy)
+            self._own.pop((row.owner, row.key), None)
         for accessor in accessors:
             await self._put(accessor, row.key, row.data)
+        return self._written(row)
+
+    async def _write_max(self, row: DirtyRow, data: str, accessors: tuple[AssetAccessor, ...],
+                         policy: ConflictPolicy) -> FlushOutcome:
+        """Read-compare-write: `row` (not a deletion) goes in unless Airflow holds another
+        writer's value that it does not exceed."""
+        k = (row.owner, row.key)
+        stored = await self._get(accessors[0], row.key)
+        if stored is not None and self._own.get(k) != (row.base_version, stored) and (
+                not policy.exceeds(row.owner, data, stored, strictly=False)):
+            # Airflow holds a greater watermark (another triggerer moved it on): keep it, as
+            # the SQL sink's max policy does
+            self._own.pop(k, None)
+            central = CentralRow(row.owner, row.key, stored, row.version, time.time(),
+                                 AIRFLOW_WRITER)
+            return FlushOutcome(row, "adopted", central, conflict=True, policy=policy.spec)
+        if stored != data:  # else already there: no write needed
+            for accessor in accessors:
+                await self._put(accessor, row.key, data)
+        self._own[k] = (row.version, data)
         return self._written(row)
 
     @staticmethod

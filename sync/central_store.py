@@ -272,7 +272,7 @@ class CentralStore:
             else {r.owner: policies.for_owner(r.owner) for r in rows}.__getitem__
         )
         # 1. Under max, read (and lock) the central values first: a write that would lower
-        #    one is refused even when it is based on the current central version.
+        #    another writer's value is refused even when it is based on its current version.
         to_write: list[tuple[DirtyRow, int, bool]]  # (row, base to fence on, conflict)
         replaced: dict[StateKey, CentralRow] = {}  # what a conflicting write replaces
         max_rows = [] if uniform is not None and not uniform.is_max else [
@@ -304,7 +304,9 @@ class CentralStore:
                         outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
                         continue
                     stale = False  # written after a restart (see step 3): based on c
-                if policy.exceeds(r.data, c.data, strictly=stale):
+                # the writer's own chain (based on its own current record) always lands
+                if (not stale and c.updated_by == r.updated_by) or policy.exceeds(
+                        r.owner, r.data, c.data, strictly=stale):
                     to_write.append((r, r.base_version if replay else c.version, stale))
                     if stale:
                         replaced[(r.owner, r.key)] = c

@@ -121,6 +121,84 @@ async def test_max_skips_writing_an_equal_value(store: StateStore, accessor: Dic
     assert sets(accessor) == 0
 
 
+_SEQUENCE_POLICIES = ["reject", "last_writer_wins", "max", "max:int", "max:text"]
+_FIELD_POLICIES = ["reject", "max", "max:offset", "max:offset:int", "max:offset:text"]
+_SEQUENCES = [
+    *[pytest.param(p, ["8", "9", "10", "11", "2"], id=f"{p}-strings")
+      for p in _SEQUENCE_POLICIES],
+    *[pytest.param(p, [{"offset": s} for s in ("9", "10", "3")], id=f"{p}-fields")
+      for p in _FIELD_POLICIES],
+    pytest.param("max", [{"a": 1}, {"b": 2}], id="max-objects"),
+]
+
+
+@pytest.mark.parametrize(("policy", "values"), _SEQUENCES)
+async def test_every_sequential_write_of_one_writer_lands_in_airflow(
+    sink: AirflowSink, accessor: DictAccessor, tmp_path: Path, policy: str, values: list[Any],
+) -> None:
+    """Issue #23 through Airflow's store: "10" after "9" under max was refused (text order)
+    and the watermark stuck. Airflow keeps no writer: the record the sink wrote last is its
+    own, and its sequential writes on top of it land whatever the order."""
+    store = await StateStore.open(cache_path=tmp_path / "seq.db", sink=sink, flush_interval=60,
+                                  conflict_policy=f"asset_watcher:*={policy}")
+    other = AirflowSink()  # another triggerer reading the same Airflow store
+    other.registry.register(OWNER, [accessor])
+    try:
+        for value in values:
+            await store.set(OWNER, "wm", value)
+            report = await store.flush()
+            assert (report.written, report.conflicts) == (1, 0)
+            assert await store.get(OWNER, "wm") == value
+            assert json.loads(accessor.values["wm"]) == value
+            row = (await other.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
+            assert json.loads(row.data or "") == value
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(("policy", "low", "high", "lower"), [
+    ("max:int", "9", "10", "3"),
+    ("max:text", "10", "9", "1"),
+    ("max:timestamp", "2024-01-02T00:30:00+02:00", "2024-01-01T23:00:00Z", "2020-01-01"),
+    ("max:offset:int", {"offset": "9"}, {"offset": 10}, {"offset": "3"}),
+])
+async def test_two_triggerers_on_one_airflow_store_keep_the_greater_value(
+    accessor: DictAccessor, tmp_path: Path, policy: str, low: Any, high: Any, lower: Any,
+) -> None:
+    """Two triggerer processes (each its own sink) share Airflow's table. b, which took
+    a's value over, may not lower it; a, which wrote it, moves it on, even down."""
+    stores = []
+    for name in ("a", "b"):
+        sink = AirflowSink()
+        sink.registry.register(OWNER, [accessor])
+        stores.append(await StateStore.open(
+            cache_path=tmp_path / f"{name}.db", sink=sink, flush_interval=60,
+            triggerer_id=name, conflict_policy=policy))
+    a, b = stores
+    try:
+        await a.set(OWNER, "wm", high)
+        await a.flush()
+        await b.set(OWNER, "wm", low)  # a zombie: reads a's value through, writes a lower one
+        report = await b.flush()
+        assert (report.adopted, report.conflicts) == (1, 1)
+        assert await b.get(OWNER, "wm") == high
+        await b.set(OWNER, "wm", lower)  # based on a's record, which b adopted: still refused
+        assert (await b.flush()).conflicts == 1
+        assert json.loads(accessor.values["wm"]) == high
+        await a.set(OWNER, "wm", lower)  # a's own sequential write on its record: lands
+        assert (await a.flush()).conflicts == 0
+        assert json.loads(accessor.values["wm"]) == lower
+        await b.set(OWNER, "wm", low)  # greater than a's value now: b's write goes in
+        assert (await b.flush()).conflicts == 0
+        assert json.loads(accessor.values["wm"]) == low
+        await a.set(OWNER, "wm", lower)  # a is not the last writer any more: refused
+        assert (await a.flush()).conflicts == 1
+        assert json.loads(accessor.values["wm"]) == low
+    finally:
+        for store in stores:
+            await store.close()
+
+
 async def test_owner_without_accessor_waits_for_one(store: StateStore, sink: AirflowSink
                                                     ) -> None:
     await store.set("asset_watcher:later", "watermark", 5)

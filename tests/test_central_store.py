@@ -257,19 +257,37 @@ async def test_a_stale_write_under_max_keeps_the_greater_value(
     assert got.version == (5 if winner == local_value else 4)
 
 
-async def test_max_never_lowers_the_central_value_even_from_its_current_version(
+async def test_max_never_lowers_another_writers_value_even_from_its_current_version(
     central: CentralStore,
 ) -> None:
     policies = PolicyMap("max")
-    await central.write_batch([dirty("wm", 100, version=1, base=0)], policies)
-    # based on the current version, but lower: refused all the same
+    await central.write_batch([dirty("wm", 100, version=1, base=0, by="b")], policies)
+    # based on b's current version, but lower: refused all the same
     o = only(await central.write_batch([dirty("wm", 50, version=2, base=1)], policies))
     assert (o.resolution, o.conflict) == ("adopted", True)
     # equal is not lower: a rewrite of the same value based on the current version goes in
     o = only(await central.write_batch([dirty("wm", 100, version=2, base=1)], policies))
     assert (o.resolution, o.conflict) == ("written", False)
     got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
-    assert (value_of(got), got.version) == (100, 2)
+    assert (value_of(got), got.version, got.updated_by) == (100, 2, "triggerer-a")
+
+
+async def test_max_lets_a_writers_own_sequential_write_lower_its_value(
+    central: CentralStore,
+) -> None:
+    """The writer's own chain is no conflict: its next write, based on the record it wrote,
+    lands whatever max's order says (a trigger resetting its watermark, "10" after "9")."""
+    policies = PolicyMap("max")
+    await central.write_batch([dirty("wm", "9", version=1, base=0)], policies)
+    o = only(await central.write_batch([dirty("wm", "10", version=2, base=1)], policies))
+    assert (o.resolution, o.conflict) == ("written", False)
+    o = only(await central.write_batch([dirty("wm", 5, version=3, base=2)], policies))
+    assert (o.resolution, o.conflict) == ("written", False)
+    got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
+    assert (value_of(got), got.version) == (5, 3)
+    # stale, though by the same writer: not its current record, so max compares (strictly)
+    o = only(await central.write_batch([dirty("wm", 4, version=1, base=0, by="b")], policies))
+    assert (o.resolution, o.conflict) == ("adopted", True)
 
 
 async def test_max_of_a_field_compares_that_field(central: CentralStore) -> None:
@@ -348,27 +366,22 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
     assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == "v4"
 
 
-@pytest.mark.parametrize(("policy", "value", "kept"), [
-    ("reject", "v9", "v9"), ("last_writer_wins", "v9", "v9"), ("max", "v9", "v9"),
-    ("max", "v0", "v4")])
+@pytest.mark.parametrize(("policy", "value"), [
+    ("reject", "v9"), ("last_writer_wins", "v9"), ("max", "v9"), ("max", "v0")])
 async def test_a_write_made_after_a_restart_goes_on_top_of_the_chain_the_crash_cut(
-    central: CentralStore, policy: str, value: str, kept: str,
+    central: CentralStore, policy: str, value: str,
 ) -> None:
     """The restarted writer's file lost versions 2-4 that a flush had taken (a crash before
     their local commit); its next write is version 2 again, made after central's v4. It is
     the newer write: it goes in on top of v4, no conflict (it used to be replaced by v4, an
-    acknowledged write lost). Under max it still may not lower the value."""
+    acknowledged write lost). Under max too, even when lower: it is the writer's own chain."""
     policies = PolicyMap(policy)
     await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
     await central.write_batch([dirty("k", "v4", version=4, base=1)], policies)
     o = only(await central.write_batch([dirty("k", value, version=2, base=1)], policies))
     got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
-    if kept == value:
-        assert (o.resolution, o.conflict) == ("written", False)
-        assert (value_of(got), got.version) == (value, 5)
-    else:  # max: the lower value is refused, as any write lowering a max value is
-        assert (o.resolution, o.conflict) == ("adopted", True)
-        assert (value_of(got), got.version) == (kept, 4)
+    assert (o.resolution, o.conflict) == ("written", False)
+    assert (value_of(got), got.version) == (value, 5)
 
 
 async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralStore) -> None:

@@ -151,6 +151,8 @@ def test_an_unparsable_cfg_is_a_config_error_naming_the_file(tmp_path: Path) -> 
 # -- every bad value of every setting -------------------------------------------------
 
 TOKEN = "tok-0123456789abcdef"
+_POLICIES = ("reject, last_writer_wins, max, max:<order>, max:<field> or max:<field>:<order> "
+             "(orders: int, timestamp, text, or auto")
 #: (setting, bad raw text, a phrase of what the error says is allowed)
 BAD_VALUES = [
     ("enabled", "maybe", "true or false"),
@@ -174,10 +176,12 @@ BAD_VALUES = [
     ("max_batch", "lots", "whole number greater than 0"),
     ("max_value_bytes", "0", "whole number greater than 0"),
     ("max_value_bytes", "64k", "whole number greater than 0"),
-    ("conflict_policy", "newest", "reject, last_writer_wins, max or max:<field>"),
-    ("conflict_policy", "max:", "reject, last_writer_wins, max or max:<field>"),
-    ("conflict_policy", "reject:offset", "reject, last_writer_wins, max or max:<field>"),
-    ("conflict_policy", "asset_watcher:*=min", "reject, last_writer_wins, max or max:<field>"),
+    ("conflict_policy", "newest", _POLICIES),
+    ("conflict_policy", "max:", _POLICIES),
+    ("conflict_policy", "max::int", _POLICIES),
+    ("conflict_policy", "reject:offset", _POLICIES),
+    ("conflict_policy", "reject:int", _POLICIES),
+    ("conflict_policy", "asset_watcher:*=min", _POLICIES),
     ("conflict_policy", "=max", "owner-glob=policy pairs"),
     ("conflict_policy", "a*=max, b*", "owner-glob=policy pairs"),
     ("local_sync", "off", "full, normal"),
@@ -273,7 +277,9 @@ def test_bad_native_arguments(tmp_path: Path, name: str, raw: object) -> None:
     [("enabled", "Off", False), ("enabled", " yes ", True), ("durability", "MEMORY", "memory"),
      ("flush_interval", "0.25", 0.25), ("max_batch", " 7 ", 7), ("api_port", "8080", 8080),
      ("statsd_prefix", ".airflow.localstate.", "airflow.localstate"),
-     ("conflict_policy", "max:offset", "max:offset"), ("watch_config", "true", True),
+     ("conflict_policy", "max:offset", "max:offset"), ("conflict_policy", "max:int", "max:int"),
+     ("conflict_policy", "asset_watcher:*=max:offset:int, *=reject",
+      {"asset_watcher:*": "max:offset:int", "*": "reject"}), ("watch_config", "true", True),
      ("api_tokens", "", ())],
 )
 def test_good_values_in_their_text_forms(tmp_path: Path, name: str, raw: str,
