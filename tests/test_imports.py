@@ -68,7 +68,9 @@ def test_a_lower_layer_does_not_load_the_store(module: str) -> None:
 
 
 def test_there_is_no_top_level_sync_package() -> None:
+    # as installed: not from the checkout (a PYTHONPATH naming it would put sync/ on the path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", "import sync"], capture_output=True,
-                            text=True, cwd="/", timeout=60)
+                            text=True, cwd="/", timeout=60, env=env)
     assert result.returncode != 0
     assert "No module named 'sync'" in result.stderr
