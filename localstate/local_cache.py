@@ -158,7 +158,14 @@ class LocalCache:
                 # The file's name is durable only once its folder is fsynced. SQLite does that
                 # when it first syncs a new journal or WAL, unless built without it
                 # (SQLITE_DISABLE_DIRSYNC): do it here, once, whatever the build.
-                await asyncio.to_thread(_fsync_folder, self.path.parent)
+                try:
+                    await asyncio.to_thread(_fsync_folder, self.path.parent)
+                except OSError as exc:
+                    raise CacheWriteFailed(
+                        f"cannot fsync the folder of the new local cache {self.path}: "
+                        f"{exc.strerror}; set cache_dir to a folder on a healthy local disk",
+                        path=str(self.path),
+                    ) from exc
         except BaseException:
             await self._abort_open()
             raise

@@ -258,9 +258,11 @@ class CrashChecker:
     acks_checked: int = 0  # acknowledged writes covered by a durability check
     lost: int = 0  # acknowledged writes missing where the mode promised them
     lost_in_window: int = 0  # memory writes missing, acknowledged within the window
-    #: how long before its kill the oldest missing memory write was acknowledged (seconds)
+    #: how long before its kill the oldest missing write was acknowledged (seconds)
     oldest_loss_s: float = 0.0
     conflicts: int = 0  # flush conflicts the restarts met (none expected: one writer)
+    #: keys the central DB held ahead of the restarted cache by a write never acknowledged
+    central_ahead: int = 0
     previous_local: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
     previous_central: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
 
@@ -288,6 +290,8 @@ class CrashChecker:
                     self.acks_checked += len(acked)
                     if acked and (value < acked[-1].value or version < acked[-1].version):
                         self.lost += acked[-1].value - value
+                        gone = [a for a in acked if a.value > value] or acked[-1:]
+                        self.oldest_loss_s = max(self.oldest_loss_s, run.killed_at - gone[0].at)
                         missing.append(f"{k}: acknowledged {acked[-1]}, found v{version}={value}")
                     if acked and o.durability == "central":
                         c_value, c_version = central_before.get(k, (0, 0))
@@ -316,10 +320,26 @@ class CrashChecker:
         finally:
             await store.close()
         central_after = await central_state(o.central_url, keys)
-        assert central_after == found, f"the central DB differs from the cache; {where}"
+        differ: list[str] = []
+        for k in sorted(set(central_after) | set(found)):
+            c_state, l_state = central_after.get(k, (0, 0)), found.get(k, (0, 0))
+            if c_state == l_state:
+                continue
+            acked = run.acks.get(k, [])
+            if c_state > l_state and (self.tolerate_loss or not acked
+                                      or c_state[0] > acked[-1].value):
+                # A flush takes a version before its local commit is durable (by design, see
+                # SyncWorker.flush); a power loss can then drop it locally. The central DB is
+                # ahead by a write never acknowledged (or, where a loss is tolerated, by one
+                # the cache lost), which the key's next write replaces.
+                self.central_ahead += 1
+                continue
+            differ.append(f"{k}: central {c_state}, cache {l_state}")
+        assert not differ, f"the central DB differs from the cache; {where}:\n" + "\n".join(
+            differ[:20])
         self._not_backwards(central_before, central_after, f"restart flush; {where}")
         cache_integrity(o.cache_path)
-        self.previous_local = self.previous_central = found
+        self.previous_local, self.previous_central = found, central_after
 
     @staticmethod
     def _not_backwards(before: dict[StateKey, tuple[int, int]],

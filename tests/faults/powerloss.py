@@ -30,8 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CheckpointWatch", "Dir", "File", "Record", "Replay", "compile_shim", "phases", "read_log", "remove",
-           "scratch", "shim_env"]
+__all__ = ["CheckpointWatch", "Dir", "File", "Record", "Replay", "Root", "compile_shim",
+           "phases", "read_log", "remove", "scratch", "shim_env"]
 
 SHIM_SOURCE = Path(__file__).with_name("powerloss_shim.c")
 PAGE = 4096
@@ -55,7 +55,8 @@ def compile_shim(folder: Path) -> Path:
 
 def shim_env(shim: Path, log: Path, roots: list[Path], mark_fd: int = 1) -> dict[str, str]:
     """The environment that makes a process (and its forks) record into `log`."""
-    return {"LD_PRELOAD": str(shim), "POWERLOSS_LOG": str(log),
+    preload = " ".join(p for p in (str(shim), os.environ.get("LD_PRELOAD", "")) if p)
+    return {"LD_PRELOAD": preload, "POWERLOSS_LOG": str(log),
             "POWERLOSS_ROOTS": ":".join(str(r) for r in roots), "POWERLOSS_MARK_FD": str(mark_fd)}
 
 
@@ -142,20 +143,21 @@ class File:
 
     def contents(self, lossy: bool, rng: random.Random | None) -> bytes:
         """After a power loss (`lossy`), or all of it; `rng`: torn unsynced writes."""
-        if lossy and rng is None:
-            return bytes(self.synced)
         buf = bytearray(self.synced)
         for op in self.pending:
-            if not lossy or isinstance(op, int):
-                if not lossy or rng is None or rng.random() < 0.5:
+            if not lossy:
+                self.apply(buf, op)
+            elif rng is None:
+                break
+            elif isinstance(op, int):
+                if rng.random() < 0.5:
                     self.apply(buf, op)
-                continue
-            offset, data = op
-            page_start = offset - offset % PAGE
-            for page in range(page_start, offset + len(data), PAGE):
-                lo, hi = max(page, offset), min(page + PAGE, offset + len(data))
-                if rng is not None and rng.random() < 0.5:
-                    self.apply(buf, (lo, data[lo - offset:hi - offset]))
+            else:  # each 4 KiB page of the write on its own
+                offset, data = op
+                for page in range(offset - offset % PAGE, offset + len(data), PAGE):
+                    lo, hi = max(page, offset), min(page + PAGE, offset + len(data))
+                    if rng.random() < 0.5:
+                        self.apply(buf, (lo, data[lo - offset:hi - offset]))
         return bytes(buf)
 
 
@@ -169,11 +171,7 @@ class Dir:
     pending: list[_NameChange] = field(default_factory=list)
 
     def change(self, change: _NameChange) -> None:
-        for name, node in change:
-            if node is None:
-                self.names.pop(name, None)
-            else:
-                self.names[name] = node
+        _rename(self.names, change)
         self.pending.append(change)
 
     def sync(self) -> None:
@@ -186,12 +184,16 @@ class Dir:
         names = dict(self.synced)
         keep = rng.randrange(len(self.pending) + 1) if rng is not None and self.pending else 0
         for change in self.pending[:keep]:
-            for name, node in change:
-                if node is None:
-                    names.pop(name, None)
-                else:
-                    names[name] = node
+            _rename(names, change)
         return names
+
+
+def _rename(names: dict[str, File | Dir], change: _NameChange) -> None:
+    for name, node in change:
+        if node is None:
+            names.pop(name, None)
+        else:
+            names[name] = node
 
 
 @dataclass
@@ -204,9 +206,14 @@ class Root:
 class Replay:
     """The roots' files as the recorded process changed them, record after record."""
 
-    def __init__(self, roots: list[Root], records: list[Record]) -> None:
+    def __init__(self, roots: list[Root], records: list[Record], *,
+                 sqlite_dirsync: bool = True) -> None:
         self.roots = roots
         self.records = records
+        # False: a folder's fdatasync does not count. SQLite syncs folders with fdatasync and
+        # Python's os.fsync with fsync, so this replays a SQLite built with
+        # SQLITE_DISABLE_DIRSYNC under the same Python code.
+        self.sqlite_dirsync = sqlite_dirsync
         self.done = 0  # records applied
         self.fds: dict[tuple[int, int], File | Dir] = {}
         self.marks: list[tuple[int, bytes]] = []  # (record index, line written)
@@ -234,12 +241,14 @@ class Replay:
             node = node.names[part]
         return node
 
-    def materialize(self, target: Path, torn: random.Random | None = None) -> list[Path]:
-        """Write each root as a power loss now leaves it into `target` / <root's name>."""
+    def materialize(self, target: Path, torn: random.Random | None = None, *,
+                    lose: bool = True) -> list[Path]:
+        """Write each root as a power loss now leaves it into `target` / <root's name>
+        (`lose=False`: every root as the process sees it, lossy or not)."""
         out = []
         for root in self.roots:
             dest = target / root.path.name
-            _write_tree(root.top, dest, root.lossy, torn)
+            _write_tree(root.top, dest, root.lossy and lose, torn)
             out.append(dest)
         return out
 
@@ -257,7 +266,8 @@ class Replay:
         assert parts, f"the log changes the root {path} itself"
         node: File | Dir = root.top
         for part in parts[:-1]:
-            assert isinstance(node, Dir) and part in node.names, f"no folder {part} in {path}"
+            assert isinstance(node, Dir), f"{part} of {path} is not a folder"
+            assert part in node.names, f"no folder {part} in {path}"
             node = node.names[part]
         assert isinstance(node, Dir), path
         return node, parts[-1]
@@ -269,7 +279,8 @@ class Replay:
             parent, name = self._parent(rec.path) if self._locate(rec.path)[1] else (None, "")
             node = self.node_at(Path(rec.path))
             if node is None:
-                assert parent is not None and rec.arg & _O_CREAT, f"open of a missing {rec.path}"
+                assert parent is not None, f"open of a missing root {rec.path}"
+                assert rec.arg & _O_CREAT, f"open of a missing {rec.path}"
                 node = File(bytearray())
                 parent.change([(name, node)])
             elif rec.arg & _O_TRUNC and isinstance(node, File):
@@ -282,6 +293,8 @@ class Replay:
             node = self.fds.get((rec.pid, rec.fd))
             assert node is not None, f"record {index}: descriptor {rec.fd} was never opened"
             if rec.op == SYNC:
+                if isinstance(node, Dir) and rec.flag and not self.sqlite_dirsync:
+                    return
                 node.sync()
                 self.last_sync[id(node)] = index
             else:
@@ -321,10 +334,10 @@ def phases(records: list[Record], lossy: Path, database: Path) -> list[str]:
     """What the writer was doing at each cut 0..len(records): ``first open`` (before it printed
     READY), ``checkpoint`` (`database` has writes not yet synced, or was just synced: in WAL
     mode only a checkpoint writes it), ``mark-clean`` (a flush reached the central DB, outside
-    `lossy`, and no fsync under `lossy` followed yet), else ``group commit``."""
+    `lossy`, and nothing was written or synced under `lossy` since), else ``group commit``."""
     paths: dict[tuple[int, int], str] = {}
     ready, db_dirty = False, False
-    last_lossy_sync, last_kept_write = -1, -1
+    last_lossy, last_kept_write = -1, -1
     out: list[str] = []
     for k in range(len(records) + 1):
         just_synced_db = k > 0 and records[k - 1].op == SYNC and paths.get(
@@ -333,7 +346,7 @@ def phases(records: list[Record], lossy: Path, database: Path) -> list[str]:
             out.append("first open")
         elif db_dirty or just_synced_db:
             out.append("checkpoint")
-        elif last_kept_write > last_lossy_sync:
+        elif last_kept_write > last_lossy:
             out.append("mark-clean")
         else:
             out.append("group commit")
@@ -347,12 +360,13 @@ def phases(records: list[Record], lossy: Path, database: Path) -> list[str]:
         elif rec.op == MARK and rec.data.startswith(b"READY"):
             ready = True
         elif rec.op == SYNC and on_lossy:
-            last_lossy_sync = k
+            last_lossy = k
             db_dirty = db_dirty and path != str(database)
         elif rec.op in (WRITE, TRUNC) and not on_lossy:
             last_kept_write = k
-        elif rec.op in (WRITE, TRUNC) and path == str(database) and ready:
-            db_dirty = True
+        elif rec.op in (WRITE, TRUNC):
+            last_lossy = k
+            db_dirty = db_dirty or (path == str(database) and ready)
     return out
 
 
