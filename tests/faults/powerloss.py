@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["CheckpointWatch", "Dir", "File", "Record", "Replay", "Root", "compile_shim",
-           "phases", "read_log", "remove", "scratch", "shim_env"]
+           "ends_whole", "phases", "read_log", "remove", "scratch", "shim_env"]
 
 SHIM_SOURCE = Path(__file__).with_name("powerloss_shim.c")
 PAGE = 4096
@@ -39,6 +39,8 @@ PAGE = 4096
 OPEN, WRITE, TRUNC, SYNC, RENAME, UNLINK, MKDIR, RMDIR, CLOSE, MARK = range(1, 11)
 _HEADER = struct.Struct("<IBBHiiqII")
 _MAGIC = 0x504C5231
+_END = struct.Struct("<I")
+_END_MAGIC = 0x45524C50
 _O_CREAT, _O_TRUNC = os.O_CREAT, os.O_TRUNC
 
 
@@ -76,7 +78,18 @@ def read_log(log: Path, start: int = 0, end: int | None = None) -> list[Record]:
     with open(log, "rb") as f:
         f.seek(start)
         raw = f.read() if end is None else f.read(end - start)
-    return _parse(raw, start)[0]
+    return _parse(raw)[0]
+
+
+def ends_whole(log: Path, start: int = 0) -> bool:
+    """Whether every record of the log from `start` is whole. A SIGKILL can cut the record
+    being written short (the kernel stops a write between pages for a fatal signal); the
+    operation it recorded took effect on disk but is not in the log."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        raw = f.read()
+    _records, used, cut = _parse(raw)
+    return used == len(raw) and not cut
 
 
 class CheckpointWatch:
@@ -91,7 +104,7 @@ class CheckpointWatch:
     def __call__(self) -> bool:
         with open(self.log, "rb") as f:
             f.seek(self.offset)
-            records, used = _parse(f.read(), self.offset)
+            records, used, _cut = _parse(f.read())
         self.offset += used
         for rec in records:
             if rec.op == OPEN:
@@ -103,21 +116,39 @@ class CheckpointWatch:
         return self.seen
 
 
-def _parse(raw: bytes, start: int) -> tuple[list[Record], int]:
-    """The whole records at the head of `raw` (which begins at byte `start` of the log), and
-    how many bytes they take."""
+def _parse(raw: bytes) -> tuple[list[Record], int, bool]:
+    """The whole records in `raw`, how many bytes they take up to the last whole one, and
+    whether a record cut short was skipped."""
     records: list[Record] = []
-    pos = 0
+    pos, cut = 0, False
     while pos + _HEADER.size <= len(raw):
         magic, op, flag, _pad, pid, fd, arg, plen, dlen = _HEADER.unpack_from(raw, pos)
-        assert magic == _MAGIC, f"the power-loss log is damaged at byte {start + pos}"
         body = pos + _HEADER.size
-        if body + plen + dlen > len(raw):
-            break
+        end = body + plen + dlen
+        if magic == _MAGIC and end + _END.size > len(raw):
+            break  # still being written, or cut short at the end of the log
+        if magic != _MAGIC or _END.unpack_from(raw, end)[0] != _END_MAGIC:
+            # cut short by a SIGKILL, and more records follow: the next one starts at the
+            # next header whose end marker is in place
+            cut = True
+            pos = _next_record(raw, pos + 1)
+            continue
         path = raw[body:body + plen].decode()
-        records.append(Record(op, flag, pid, fd, arg, path, raw[body + plen:body + plen + dlen]))
-        pos = body + plen + dlen
-    return records, pos
+        records.append(Record(op, flag, pid, fd, arg, path, raw[body + plen:end]))
+        pos = end + _END.size
+    return records, pos, cut
+
+
+def _next_record(raw: bytes, pos: int) -> int:
+    magic = _HEADER.pack(_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0)[:4]
+    while (pos := raw.find(magic, pos)) >= 0:
+        if pos + _HEADER.size <= len(raw):
+            *_, plen, dlen = _HEADER.unpack_from(raw, pos)
+            end = pos + _HEADER.size + plen + dlen
+            if end + _END.size <= len(raw) and _END.unpack_from(raw, end)[0] == _END_MAGIC:
+                return pos
+        pos += 1
+    return len(raw)
 
 
 @dataclass(eq=False)

@@ -17,7 +17,9 @@
  * is one writev(2) on the log (a raw syscall, so the shim never records itself).
  *
  * Record: struct rec_header, then `plen` bytes of path (a rename: "from\0to"), then `dlen`
- * bytes of data. Offsets of write() are read with lseek before the call; -1 means O_APPEND.
+ * bytes of data, then the end marker "PLRE" (a record that a SIGKILL cut short lacks it, and
+ * the reader skips it). Offsets of write() are read with lseek before the call; -1 means
+ * O_APPEND.
  * Operations a test does not expect (a dup of a recorded descriptor, say) are not modelled: the
  * reconstructor refuses a log whose operations do not add up rather than guess.
  */
@@ -94,11 +96,15 @@ static void emit(uint8_t op, uint8_t isdir, int fd, int64_t a, const char *path,
                  const void *data, size_t dlen) {
     struct rec_header h = {0x504c5231u, op, isdir, 0, (int32_t)syscall(SYS_getpid), fd, a,
                            (uint32_t)plen, (uint32_t)dlen};
-    struct iovec iov[3] = {{&h, sizeof h}, {(void *)path, plen}, {(void *)data, dlen}};
-    size_t total = sizeof h + plen + dlen;
-    ssize_t n = syscall(SYS_writev, log_fd, iov, 3);
+    uint32_t end = 0x45524c50u; /* "PLRE" */
+    struct iovec iov[4] = {{&h, sizeof h}, {(void *)path, plen}, {(void *)data, dlen},
+                           {&end, sizeof end}};
+    size_t total = sizeof h + plen + dlen + sizeof end;
+    ssize_t n = syscall(SYS_writev, log_fd, iov, 4);
     if (n != (ssize_t)total) {
-        /* a record cut short would make every later one unreadable: stop the process loudly */
+        /* The kernel may stop a write between pages when a SIGKILL is pending: the process is
+         * dying then and never gets here. The reader skips such a cut record (see the end
+         * marker). Any other short write is a broken log: stop loudly. */
         static const char msg[] = "powerloss_shim: cannot write the log\n";
         syscall(SYS_write, 2, msg, sizeof msg - 1);
         abort();

@@ -66,6 +66,7 @@ from powerloss import (
     Replay,
     Root,
     compile_shim,
+    ends_whole,
     phases,
     read_log,
     remove,
@@ -140,7 +141,8 @@ async def record(zygote: WriterZygote, options: WriterOptions, label: str, roots
     await zygote.run_and_kill(options, RUN_FOR,
                               until=CheckpointWatch(log, start, options.cache_path))
     records = read_log(log, start)
-    replay_matches_disk(Replay(again, records), roots)
+    if ends_whole(log, start):
+        replay_matches_disk(Replay(again, records), roots)
     return Recording(label, options, roots, base, records, base_local, base_central)
 
 
