@@ -7,6 +7,10 @@ error for a second live process quotes. ``flock`` locks belong to an open file d
 second open of the same cache inside one process is refused too.
 
 Keep the cache on a local disk: ``flock`` over NFS is not reliable.
+
+The holder line is never fsynced: it only informs, the ``flock`` is what excludes. After a power
+loss the lock file may be missing, empty or torn, and `acquire` takes any of them over
+(tests/faults/test_power_loss.py opens such images).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -139,7 +140,7 @@ class LocalCache:
 
     async def _open(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(_make_folder, self.path.parent)
         except OSError as exc:
             blocker = _file_in_the_way(self.path.parent)
             why = exc.strerror if blocker is None else f"{blocker} is a file, not a folder"
@@ -150,8 +151,21 @@ class LocalCache:
             ) from exc
         self._lock.acquire()
         try:
+            new_file = not self.path.exists()
             self._conn = await self._connect()
             await self._check_and_prepare(self._conn)
+            if new_file:
+                # The file's name is durable only once its folder is fsynced. SQLite does that
+                # when it first syncs a new journal or WAL, unless built without it
+                # (SQLITE_DISABLE_DIRSYNC): do it here, once, whatever the build.
+                try:
+                    await asyncio.to_thread(_fsync_folder, self.path.parent)
+                except OSError as exc:
+                    raise CacheWriteFailed(
+                        f"cannot fsync the folder of the new local cache {self.path}: "
+                        f"{exc.strerror}; set cache_dir to a folder on a healthy local disk",
+                        path=str(self.path),
+                    ) from exc
         except BaseException:
             await self._abort_open()
             raise
@@ -458,6 +472,29 @@ class LocalCache:
         if self._conn is None:
             raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
         return self._conn
+
+
+def _make_folder(folder: Path) -> None:
+    """``mkdir -p folder``, durably: a new folder's name is only durable once its parent is
+    fsynced, and a power loss would take an unsynced folder, and the cache in it, away."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        _fsync_folder(created.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsync a folder, making the names in it durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # a filesystem that cannot fsync a folder (EINVAL) has nothing more to offer: go on,
+        # as SQLite does for its own folder syncs
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
 
 
 def _file_in_the_way(folder: Path) -> Path | None:

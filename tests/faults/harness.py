@@ -28,6 +28,7 @@ import signal
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,17 @@ class Run:
     def count(self) -> int:
         return sum(len(a) for a in self.acks.values())
 
+    def add_ack_line(self, line: bytes) -> None:
+        """Record one ``<owner> <key> <value> <version> <time>`` line of the writer."""
+        owner, key, value, version, at = line.decode().split()
+        self.acks.setdefault((owner, key), []).append(Ack(int(value), int(version), float(at)))
+
 
 class WriterZygote:
     """The fork server of crash_writer.py: one store process per `run_and_kill`."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self._env = env  # added to this environment (the power-loss tests' LD_PRELOAD shim)
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: list[bytes] = []
         self._stderr_task: asyncio.Task[None] | None = None
@@ -122,6 +129,7 @@ class WriterZygote:
             sys.executable, str(CRASH_WRITER), "zygote",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env=None if self._env is None else {**os.environ, **self._env},
         )
         assert self._proc.stderr is not None
         self._stderr_task = asyncio.create_task(self._drain(self._proc.stderr))
@@ -152,8 +160,12 @@ class WriterZygote:
         if self._stderr_task is not None:
             await self._stderr_task
 
-    async def run_and_kill(self, options: WriterOptions, run_for: float) -> Run:
-        """Start a writer, let it write for `run_for` s after it is ready, SIGKILL it."""
+    async def run_and_kill(self, options: WriterOptions, run_for: float,
+                           until: Callable[[], bool] | None = None) -> Run:
+        """Start a writer, let it write for `run_for` s after it is ready, SIGKILL it.
+
+        With `until`, the writer goes on past `run_for` (up to `_START_TIMEOUT` s more) until
+        `until()` is true (the power-loss tests wait for a checkpoint)."""
         proc = self._proc
         assert proc is not None, "use the zygote in `async with`"
         assert proc.stdin is not None
@@ -169,6 +181,10 @@ class WriterZygote:
         reader = asyncio.create_task(self._read_acks(stdout, run))
         try:
             await asyncio.sleep(run_for)
+            waited = 0.0
+            while until is not None and not until() and waited < _START_TIMEOUT:
+                await asyncio.sleep(0.05)
+                waited += 0.05
             run.killed_at = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             # the lines still in the pipe: written, so acknowledged, before the kill
@@ -184,15 +200,13 @@ class WriterZygote:
 
     @staticmethod
     async def _read_acks(stdout: asyncio.StreamReader, run: Run) -> tuple[int, int]:
-        acks = run.acks
         while line := await stdout.readline():
             # one os.write per line: a line is never cut by the kill
             assert line.endswith(b"\n"), line
             parts = line.split()
             if parts[0] == b"EXIT":
                 return int(parts[1]), int(parts[2])
-            owner, key, value, version, at = line.decode().split()
-            acks.setdefault((owner, key), []).append(Ack(int(value), int(version), float(at)))
+            run.add_ack_line(line)
         raise AssertionError("the zygote closed its output before reporting the writer's exit")
 
 
@@ -216,12 +230,10 @@ async def central_state(url: str, keys: list[StateKey]) -> dict[StateKey, tuple[
 
 async def local_state(store: StateStore, keys: list[StateKey]) -> dict[StateKey, tuple[int, int]]:
     """(value, version) of every key the store holds."""
-    state: dict[StateKey, tuple[int, int]] = {}
-    for owner, key in keys:
-        record = await store.record(owner, key)
-        if record is not None:
-            state[owner, key] = (int(record.value), record.version)
-    return state
+    # all at once: the misses then go to the central DB together, in one batched read
+    records = await asyncio.gather(*(store.record(owner, key) for owner, key in keys))
+    return {k: (int(r.value), r.version) for k, r in zip(keys, records, strict=True)
+            if r is not None}
 
 
 @dataclass
@@ -240,12 +252,17 @@ class CrashChecker:
     #: `memory` writes may be lost only if acknowledged this close to the kill. The promise is
     #: the memory window (0.05 s) plus one commit; 1 s leaves room for a busy machine.
     memory_bound: float = 1.0
+    #: count a `local`/`central` loss in `lost` without failing the check (a power loss under
+    #: ``local_sync=normal``, which promises nothing about the last commits)
+    tolerate_loss: bool = False
     acks_checked: int = 0  # acknowledged writes covered by a durability check
     lost: int = 0  # acknowledged writes missing where the mode promised them
     lost_in_window: int = 0  # memory writes missing, acknowledged within the window
-    #: how long before its kill the oldest missing memory write was acknowledged (seconds)
+    #: how long before its kill the oldest missing write was acknowledged (seconds)
     oldest_loss_s: float = 0.0
     conflicts: int = 0  # flush conflicts the restarts met (none expected: one writer)
+    #: keys the central DB held ahead of the restarted cache by a write never acknowledged
+    central_ahead: int = 0
     previous_local: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
     previous_central: dict[StateKey, tuple[int, int]] = field(default_factory=dict)
 
@@ -273,6 +290,8 @@ class CrashChecker:
                     self.acks_checked += len(acked)
                     if acked and (value < acked[-1].value or version < acked[-1].version):
                         self.lost += acked[-1].value - value
+                        gone = [a for a in acked if a.value > value] or acked[-1:]
+                        self.oldest_loss_s = max(self.oldest_loss_s, run.killed_at - gone[0].at)
                         missing.append(f"{k}: acknowledged {acked[-1]}, found v{version}={value}")
                     if acked and o.durability == "central":
                         c_value, c_version = central_before.get(k, (0, 0))
@@ -291,7 +310,8 @@ class CrashChecker:
                     if gone:
                         self.lost_in_window += len(gone)
                         self.oldest_loss_s = max(self.oldest_loss_s, run.killed_at - gone[0].at)
-            assert not missing, f"lost acknowledged writes; {where}:\n" + "\n".join(missing)
+            assert not missing or self.tolerate_loss, (
+                f"lost acknowledged writes; {where}:\n" + "\n".join(missing))
             # the restart's flush settles everything: the central DB then agrees with the file
             report = await store.flush()
             self.conflicts += report.conflicts
@@ -300,10 +320,26 @@ class CrashChecker:
         finally:
             await store.close()
         central_after = await central_state(o.central_url, keys)
-        assert central_after == found, f"the central DB differs from the cache; {where}"
+        differ: list[str] = []
+        for k in sorted(set(central_after) | set(found)):
+            c_state, l_state = central_after.get(k, (0, 0)), found.get(k, (0, 0))
+            if c_state == l_state:
+                continue
+            acked = run.acks.get(k, [])
+            if c_state > l_state and (self.tolerate_loss or not acked
+                                      or c_state[0] > acked[-1].value):
+                # A flush takes a version before its local commit is durable (by design, see
+                # SyncWorker.flush); a power loss can then drop it locally. The central DB is
+                # ahead by a write never acknowledged (or, where a loss is tolerated, by one
+                # the cache lost), which the key's next write replaces.
+                self.central_ahead += 1
+                continue
+            differ.append(f"{k}: central {c_state}, cache {l_state}")
+        assert not differ, f"the central DB differs from the cache; {where}:\n" + "\n".join(
+            differ[:20])
         self._not_backwards(central_before, central_after, f"restart flush; {where}")
         cache_integrity(o.cache_path)
-        self.previous_local = self.previous_central = found
+        self.previous_local, self.previous_central = found, central_after
 
     @staticmethod
     def _not_backwards(before: dict[StateKey, tuple[int, int]],
