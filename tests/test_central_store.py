@@ -499,6 +499,27 @@ async def test_list_rows_prefix_is_literal_and_case_sensitive(
     assert paged == expected
 
 
+async def test_sqlite_pages_by_seeking_the_primary_key(tmp_path: Any) -> None:
+    """A page on SQLite seeks its cursor (and prefix) in the primary key, never scans it."""
+    store = await CentralStore.open(f"sqlite:///{tmp_path / 'central.db'}")
+    try:
+        await store.write_batch([dirty(f"k{i}", 1, version=1, base=0, owner=f"o{i % 7}")
+                                 for i in range(200)], PolicyMap())
+        cases: list[dict[str, Any]] = [{"after": ("o3", "k10")}, {"owner_prefix": "o3"},
+                                       {"owner_prefix": "o", "after": ("o3", "k10")}]
+        for options in cases:
+            with StatementLog(store).watching() as log:
+                await store.list_rows(limit=5, **options)
+            [(statement, params)] = log.of_kind("SELECT")
+            async with store.engine.connect() as conn:
+                plan = " ".join(str(row[-1]) for row in (await conn.exec_driver_sql(
+                    "EXPLAIN QUERY PLAN " + statement, params)).all())
+            assert plan.startswith("SEARCH"), (options, plan)
+            assert "USING INDEX" in plan, (options, plan)
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize(("prefix", "bound"), [
     ("a", "b"), ("a%", "a&"), ("a_", "a`"), ("a\\", "a]"), ("\ud7ff", "\ue000"),
     ("a\U0010ffff", "b"), ("a\U0010ffff\U0010ffff", "b"), ("\U0010ffff", None),
