@@ -347,8 +347,11 @@ _SPECS: Final[dict[str, _Spec]] = {
                             "busy triggers never delay a flush"),
     "api_tokens": _Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
-                        "list of {token, role, owners, name}; none: the API is open, and "
-                        "`localstate serve` binds loopback only", secret=True),
+                        "list of {token, role, owners, name}; none: `localstate serve` "
+                        "generates one (see api_open)", secret=True),
+    "api_open": _Spec(_bool, False, "with no api_tokens, serve the API with no token at all "
+                      "(loopback only); off: `localstate serve` generates a token, kept in "
+                      "$AIRFLOW_HOME/localstate/api-token (mode 0600)"),
     "api_host": _Spec(_host, "127.0.0.1", "address `localstate serve` binds"),
     "api_port": _Spec(_port, 8686, "port `localstate serve` listens on"),
     "statsd_host": _Spec(_optional_host, None, "StatsD host to send metrics to (UDP); "
@@ -403,6 +406,7 @@ class Settings:
     sink: str = _DEFAULTS["sink"]
     central_thread: bool = _DEFAULTS["central_thread"]
     api_tokens: tuple[ApiToken, ...] = _DEFAULTS["api_tokens"]
+    api_open: bool = _DEFAULTS["api_open"]
     api_host: str = _DEFAULTS["api_host"]
     api_port: int = _DEFAULTS["api_port"]
     statsd_host: str | None = _DEFAULTS["statsd_host"]

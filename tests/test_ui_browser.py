@@ -159,3 +159,23 @@ async def test_list_filter_edit_and_conflict_in_chromium(
     assert users_row.data is not None
     assert (orjson.loads(orders_row.data), orders_row.version) == (42, 2)
     assert (orjson.loads(users_row.data), users_row.version) == (8, 2)
+
+
+async def test_the_token_in_the_served_url_logs_the_page_in(
+    live_url: str, open_store: StoreFactory
+) -> None:
+    """`localstate serve` prints its URL with ?token=...: opening it lists at once, and the
+    token leaves the address bar."""
+    triggerer = await open_store(triggerer_id="triggerer-1")
+    await triggerer.set("dag:a", "k", 1)
+    await triggerer.flush()
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{live_url}/?token={TOKEN}")
+            await expect(page.locator("#rows tr")).to_have_count(1)
+            assert page.url == live_url + "/"
+            assert await page.evaluate("sessionStorage.getItem('localstate.token')") == TOKEN
+        finally:
+            await browser.close()

@@ -40,11 +40,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     host = args.host or settings.api_host
     port = args.port or settings.api_port
-    if not settings.api_tokens and not is_loopback(host):
+    if settings.api_open and not settings.api_tokens and not is_loopback(host):
         raise ConfigError(
-            f"refusing to serve on {host}: no api_tokens are configured, and without tokens "
-            "the API is open to anyone who reaches it. Set api_tokens "
-            "(AIRFLOW__LOCALSTATE__API_TOKENS='TOKEN:read-write:*') or bind 127.0.0.1"
+            f"refusing to serve on {host}: api_open serves the API with no token, to anyone "
+            "who reaches it, so it binds loopback only. Bind 127.0.0.1, or turn api_open off "
+            "(a token is then generated) or set api_tokens"
         )
     try:
         import uvicorn
@@ -76,19 +76,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server.force_exit = True  # a second Ctrl-C: stop waiting for open connections
         server.should_exit = True
 
+    tokens = settings.api_tokens
+    login = ""
+    if not tokens and not settings.api_open:
+        from localstate.api.serve_token import serve_token, token_file
+
+        generated = serve_token(settings)
+        tokens = (generated,)
+        login = f"?token={generated.secret}"
+        auth = f"a generated token, kept in {token_file(settings)}"
+    elif tokens:
+        auth = f"{len(tokens)} token{'s' if len(tokens) != 1 else ''}"
+    else:
+        auth = "api_open: no token, open to this machine"
+
     async def go() -> bool:
         async with StateStore(settings=store_settings) as store:
-            app = create_app(store)
+            app = create_app(store, tokens=tokens)
             config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                                     server_header=False, lifespan="on")
             server = Server(config)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop, server)
-            tokens = len(settings.api_tokens)
-            auth = (f"{tokens} token{'s' if tokens != 1 else ''}" if tokens
-                    else "no tokens: open to this machine only")
-            print(f"localstate API and UI on http://{host}:{port}/ (store {store_id!r}, "
+            print(f"localstate API and UI on http://{host}:{port}/{login} (store {store_id!r}, "
                   f"central DB {_hidden(settings.resolved_central_url)}, "
                   f"{auth})", file=sys.stderr, flush=True)
             await server.serve()

@@ -24,6 +24,18 @@
     return sessionStorage.getItem(TOKEN_KEY) || "";
   }
 
+  // The URL `localstate serve` prints carries its generated token (?token=...): keep it for
+  // this tab, and take it out of the address bar and the history.
+  function takeTokenFromUrl() {
+    const params = new URLSearchParams(window.location.search);
+    const given = params.get("token");
+    if (!given) return;
+    sessionStorage.setItem(TOKEN_KEY, given);
+    params.delete("token");
+    const rest = params.toString();
+    window.history.replaceState(null, "", window.location.pathname + (rest ? `?${rest}` : ""));
+  }
+
   class ApiFailure extends Error {
     constructor(status, body) {
       super((body && body.message) || `HTTP ${status}`);
@@ -275,5 +287,6 @@
     loadRows(true);
   }
 
+  takeTokenFromUrl();
   document.addEventListener("DOMContentLoaded", start);
 })();
