@@ -1,4 +1,5 @@
-"""`CentralStore`: the central metadata DB through SQLAlchemy 2 async (PostgreSQL or SQLite).
+"""`CentralStore`: the central metadata DB through SQLAlchemy 2 async (PostgreSQL, MySQL or
+SQLite).
 
 One code path for both dialects; the SQL that differs lives in `localstate.sync.dialects`.
 Every driver error is wrapped: an unreachable or failing database is `CentralUnavailable`,
@@ -28,7 +29,7 @@ from localstate.errors import (
     VersionConflict,
 )
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
-from localstate.sync.dialects import UpsertRow, batch_sql_for, prefix_upper_bound
+from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
@@ -67,11 +68,18 @@ class CentralStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        self._sql = batch_sql_for(self.dialect)
+        batch_sql_for(self.dialect)  # refuses a dialect it has no SQL for
         self.url = engine.url.render_as_string(hide_password=True)
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+
+    @property
+    def _sql(self) -> BatchSql:
+        """This dialect's SQL. Looked up each time: to SQLAlchemy MariaDB is the MySQL dialect
+        until it has connected, and the two name their collations differently."""
+        mariadb = getattr(self.engine.dialect, "is_mariadb", False)
+        return batch_sql_for("mariadb" if mariadb else self.dialect)
 
     @classmethod
     def open(cls, url: str, *, upgrade_schema: bool = True) -> _Opening:
@@ -180,7 +188,10 @@ class CentralStore:
         params = {"owner": owner, "key": key, "value": data,
                   "at": self._sql.timestamp(updated_at), "by": updated_by}
         async with self._errors("write"), self.engine.begin() as conn:
-            version = (await conn.execute(self._sql.direct_upsert, params)).scalar_one()
+            result = await conn.execute(self._sql.direct_upsert, params)
+            if self._sql.direct_version is not None:  # no RETURNING: read it back, locked
+                result = await conn.execute(self._sql.direct_version, params)
+            version = result.scalar_one()
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)
@@ -210,8 +221,10 @@ class CentralStore:
             tz=timezone.utc,
         )
         value = data.decode() if isinstance(data, bytes) else data  # JSON text, None: delete
-        stmt: Any
-        if expected_version == 0:
+        stmt: Any = None  # where the dialect has RETURNING: the write, giving the new version
+        if self._sql.direct_version is not None:
+            pass  # MySQL: no RETURNING, see _write_if_version_returning_nothing
+        elif expected_version == 0:
             insert = (pg_dialect.insert if self.dialect == "postgresql"
                       else sqlite_dialect.insert)(state_variable)
             stmt = insert.values(
@@ -235,7 +248,10 @@ class CentralStore:
                 .returning(t.version)
             )
         async with self._errors("write"), self.engine.begin() as conn:
-            version = (await conn.execute(stmt)).scalar_one_or_none()
+            version = (
+                (await conn.execute(stmt)).scalar_one_or_none() if stmt is not None
+                else await self._write_if_version_returning_nothing(
+                    conn, owner, key, value, expected_version, when, updated_by))
             if version is None:
                 current = (await self._select(conn, [(owner, key)], lock=False)).get(
                     (owner, key))
@@ -248,6 +264,31 @@ class CentralStore:
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, value, int(version), when.timestamp(), updated_by)
+
+    async def _write_if_version_returning_nothing(
+        self, conn: AsyncConnection, owner: str, key: str, value: str | None,
+        expected_version: int, when: datetime, updated_by: str,
+    ) -> int | None:
+        """`write_if_version`'s write without RETURNING (MySQL): the new version, None if the
+        record was not at `expected_version`. The row count tells (CLIENT_FOUND_ROWS off:
+        0 when the condition kept the row as it was); the row stays locked by the write, so
+        the version read back is the one written."""
+        params = {"owner": owner, "key": key, "value": value,
+                  "at": self._sql.timestamp(when.timestamp()), "by": updated_by}
+        if expected_version == 0:
+            assert self._sql.cas_insert is not None
+            assert self._sql.direct_version is not None
+            if (await conn.execute(self._sql.cas_insert, params)).rowcount == 0:
+                return None
+            return int((await conn.execute(self._sql.direct_version, params)).scalar_one())
+        t = state_variable.c
+        result = await conn.execute(
+            update(state_variable)
+            .where(t.owner == owner, t.key == key, t.version == expected_version,
+                   t.value.is_not(None))
+            .values(value=value, version=t.version + 1, prev_version=t.version,
+                    updated_at=params["at"], updated_by=updated_by))
+        return expected_version + 1 if result.rowcount == 1 else None
 
     async def write_batch(
         self, rows: Sequence[DirtyRow], policies: PolicyMap
@@ -387,7 +428,7 @@ class CentralStore:
             for r, base, _conflict in rows
         ]
         result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
-        if result.rowcount == len(packed):
+        if self._sql.upsert_complete(result.rowcount, packed):
             return None  # the fence let every row through: the common case
         intended = {(p[0], p[1]): p[3] for p in packed}
         # Some rows were refused. Which ones: in this transaction the rows it wrote are locked

@@ -7,7 +7,9 @@ so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
 * PostgreSQL: the rows travel as one JSON array and are spread out by
   ``jsonb_array_elements`` (measured faster than one array per column through ``unnest``,
   itself 1.7× asyncpg's executemany of the same rows);
-* SQLite: the rows travel as one JSON array and are spread out by ``json_each``.
+* SQLite: the rows travel as one JSON array and are spread out by ``json_each``;
+* MySQL (8.0+, MariaDB 10.6+): the rows travel as one JSON array and are spread out by
+  ``JSON_TABLE`` (see `_MysqlSql` for its fence and its row count).
 
 The upsert's ``WHERE`` is the fence: a row replaces the central one only when the central
 version is the one the write was based on (``prev_version``), or when the central row is this
@@ -37,7 +39,11 @@ import orjson
 from sqlalchemy import ColumnElement, TextClause, text
 
 from localstate.entry import StateKey
-from localstate.sync.schema import STATE_TABLE
+from localstate.sync.schema import (
+    MARIADB_NAME_COLLATION,
+    MYSQL_NAME_COLLATION,
+    STATE_TABLE,
+)
 
 __all__ = ["BatchSql", "batch_sql_for", "prefix_upper_bound"]
 
@@ -63,6 +69,17 @@ class BatchSql:
     select_keys_locked: TextClause
     #: one unconditional write (the cache-off path): params owner, key, value, at, by
     direct_upsert: TextClause
+    #: where `direct_upsert` returns nothing (no RETURNING): the written row's version, read
+    #: back in the same transaction (params owner, key)
+    direct_version: TextClause | None = None
+    #: with `direct_version`: a first write of a key, or over its tombstone, as one statement
+    #: (`CentralStore.write_if_version` at expected version 0; params as `direct_upsert`)
+    cas_insert: TextClause | None = None
+
+    def upsert_complete(self, rowcount: int, rows: Sequence[UpsertRow]) -> bool:
+        """Whether `upsert`'s row count proves every row went through the fence (False: look
+        the rows up). PostgreSQL and SQLite count exactly the rows written."""
+        return rowcount == len(rows)
 
     #: the collation that compares text by its UTF-8 bytes (MySQL's would be utf8mb4_bin);
     #: None where owner and key compare byte-wise in every database of the dialect already
@@ -172,6 +189,112 @@ class _SqliteSql(BatchSql):
         return {"keys": orjson.dumps(keys).decode()}
 
 
+def _if_fenced(fence: str, columns: Sequence[str]) -> str:
+    """MySQL's ``ON DUPLICATE KEY UPDATE`` list: each column takes the JSON row's value where
+    `fence` holds, else keeps its own, assigned in the order given."""
+    t = STATE_TABLE
+    return ", ".join(f"{t}.{c} = IF({fence}, j.{c}, {t}.{c})" for c in columns)
+
+
+class _MysqlSql(BatchSql):
+    """MySQL 8.0+ and MariaDB 10.6+ (SQL both accept: no RETURNING, no row alias).
+
+    The rows travel as one JSON array spread out by ``JSON_TABLE``, whose columns carry the
+    table's own names, so the fence is `_FENCE` itself with the JSON row (``j``) in place of
+    ``EXCLUDED``. MySQL has no ``ON DUPLICATE KEY UPDATE … WHERE``: each column is set to
+    ``IF(fence, new, old)``. MySQL applies the assignments left to right, each later one
+    seeing the columns already set, so the order is an invariant: the columns the fence reads
+    from the central row (``updated_by``, then ``version``) are set last, ``version`` the very
+    last. The others see the fence on the old row. ``updated_by`` changes only when the fence
+    holds, and then to the value that keeps its clause true, so ``version`` sees the same
+    verdict. A column added to `_FENCE` goes into `_FENCED_LAST`, before ``version``.
+
+    The row count (the engine turns CLIENT_FOUND_ROWS off, `localstate.sync.engine`): 1 per
+    row inserted, 2 per row updated, 0 per row left as it was (refused by the fence, or a
+    replay identical to the central row). A row based on a central version (base > 0) that
+    goes through updates an existing row and changes its version: 2. So a batch with no new
+    key went through entirely iff the count is 2 per row; with new keys (base 0: 1 inserted,
+    2 if it met a row, 0 refused) the count cannot tell and the caller looks the rows up.
+    """
+
+    _FENCED_LAST: Final = ("updated_by", "version")
+    # the columns are declared in a binary NO PAD collation (`localstate.sync.schema._name`),
+    # which orders and compares by the UTF-8 bytes: naming it again would change nothing
+    bytewise_collation = None
+
+    def __init__(self, name_collation: str) -> None:
+        """`name_collation`: the binary NO PAD collation of owners and keys on this server
+        (`localstate.sync.schema.name_collation`); the JSON rows' names must have the
+        table's, or MySQL refuses to compare them."""
+        t = STATE_TABLE
+        fence = _FENCE.format(t=STATE_TABLE).replace("EXCLUDED.", "j.")
+        name = f"VARCHAR(250) CHARACTER SET utf8mb4 COLLATE {name_collation}"
+        # updated_at travels as epoch seconds, FROM_UNIXTIME in the session's UTC (see the
+        # engine): formatting 10,000 datetimes in Python cost more than parsing the JSON
+        rows = (
+            "(SELECT jt.owner, jt.`key`, jt.value, jt.version, jt.prev_version, "
+            "FROM_UNIXTIME(jt.at) AS updated_at, jt.updated_by FROM "
+            "JSON_TABLE(:rows, '$[*]' COLUMNS ("
+            f"owner {name} PATH '$[0]', `key` {name} PATH '$[1]', "
+            "value LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[2]', "
+            "version BIGINT PATH '$[3]', prev_version BIGINT PATH '$[4]', "
+            f"at DECIMAL(20, 6) PATH '$[5]', updated_by {name} PATH '$[6]')) AS jt) AS j"
+        )
+        columns = "owner, `key`, value, version, prev_version, updated_at, updated_by"
+        assign = _if_fenced(fence, ("value", "prev_version", "updated_at", *self._FENCED_LAST))
+        self.upsert = text(
+            f"INSERT INTO {t} ({columns}) "
+            "SELECT j.owner, j.`key`, j.value, j.version, j.prev_version, j.updated_at, "
+            f"j.updated_by FROM {rows} ON DUPLICATE KEY UPDATE {assign}"
+        )
+        keys = (
+            "JSON_TABLE(:keys, '$[*]' COLUMNS ("
+            f"owner {name} PATH '$[0]', `key` {name} PATH '$[1]')) AS k"
+        )
+        select = (
+            "SELECT t.owner, t.`key`, t.value, t.version, t.updated_at, t.updated_by "
+            f"FROM {keys} JOIN {t} AS t ON t.owner = k.owner AND t.`key` = k.`key`"
+        )
+        self.select_keys = text(select)
+        self.select_keys_locked = text(select + " FOR UPDATE")
+        # prev_version takes the old version before version moves on (left to right)
+        self.direct_upsert = text(
+            f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            "ON DUPLICATE KEY UPDATE value = :value, prev_version = version, "
+            "version = version + 1, updated_at = :at, updated_by = :by"
+        )
+        self.direct_version = text(
+            f"SELECT version FROM {t} WHERE owner = :owner AND `key` = :key")
+        # a write over a tombstone only; `value` is read by every condition: set last
+        self.cas_insert = text(
+            f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            "ON DUPLICATE KEY UPDATE prev_version = IF(value IS NULL, version, prev_version), "
+            "version = IF(value IS NULL, version + 1, version), "
+            "updated_at = IF(value IS NULL, :at, updated_at), "
+            "updated_by = IF(value IS NULL, :by, updated_by), "
+            "value = IF(value IS NULL, :value, value)"
+        )
+
+    def upsert_complete(self, rowcount: int, rows: Sequence[UpsertRow]) -> bool:
+        return rowcount == 2 * len(rows) and all(row[4] > 0 for row in rows)
+
+    def timestamp(self, ts: float) -> str:
+        # DATETIME(6) text in UTC (the session time zone is UTC, see the engine)
+        return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+        return {"rows": orjson.dumps(rows).decode()}
+
+    def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
+        return {"keys": orjson.dumps(keys).decode()}
+
+
+_BY_DIALECT: Final[dict[str, BatchSql]] = {
+    "postgresql": _PostgresSql(), "sqlite": _SqliteSql(),
+    "mysql": _MysqlSql(MYSQL_NAME_COLLATION), "mariadb": _MysqlSql(MARIADB_NAME_COLLATION),
+}
+
+
 _MAX_CODE_POINT: Final = 0x10FFFF
 _SURROGATES: Final = range(0xD800, 0xE000)
 
@@ -193,13 +316,10 @@ def prefix_upper_bound(prefix: str) -> str | None:
     return kept[:-1] + chr(nxt)
 
 
-_BY_DIALECT: Final[dict[str, BatchSql]] = {"postgresql": _PostgresSql(), "sqlite": _SqliteSql()}
-
-
 def batch_sql_for(dialect: str) -> BatchSql:
     try:
         return _BY_DIALECT[dialect]
     except KeyError:
         raise NotImplementedError(
-            f"central DB dialect {dialect!r} is not supported: use postgresql or sqlite"
+            f"central DB dialect {dialect!r} is not supported: use postgresql, mysql or sqlite"
         ) from None

@@ -13,7 +13,10 @@ shutdown (57P02), too many connections (53300), serialization failures and deadl
 SQLite's busy/locked file. PostgreSQL's
 errors are told apart by SQLSTATE, never by message text (messages are translated with
 ``lc_messages``); SQLite's driver gives no codes through SQLAlchemy, so its few are matched by
-their fixed English text.
+their fixed English text. MySQL's (and MariaDB's) by their error numbers (`_MYSQL_UNREACHABLE`:
+the client's connection errors, server shutdown, a killed connection, lock wait timeouts and
+deadlocks, too many connections), which PyMySQL/aiomysql give as the exception's first
+argument.
 """
 
 from __future__ import annotations
@@ -37,6 +40,25 @@ _UNREACHABLE_CODES: Final = frozenset({
     "55P03",  # lock_not_available
     "57014",  # query_canceled (statement_timeout)
 })
+#: MySQL/MariaDB error numbers that mean "not there right now" (client errors 2xxx, server
+#: errors below 2000 and from 3000 up).
+_MYSQL_UNREACHABLE: Final = frozenset({
+    2002,  # CR_CONNECTION_ERROR: cannot connect through the socket
+    2003,  # CR_CONN_HOST_ERROR: cannot connect to the server (refused, down)
+    2006,  # CR_SERVER_GONE_ERROR: server has gone away
+    2013,  # CR_SERVER_LOST: lost connection during a query (also how MySQL 8 shows a KILL)
+    2055,  # CR_SERVER_LOST_EXTENDED: lost connection, with the system error
+    1040,  # ER_CON_COUNT_ERROR: too many connections
+    1203,  # ER_TOO_MANY_USER_CONNECTIONS
+    1053,  # ER_SERVER_SHUTDOWN: server shutdown in progress
+    1077, 1078, 1079, 1080,  # normal shutdown, got signal, shutdown complete, forcing close
+    1152, 1159, 1161,  # aborted connection, network read / write timeout
+    1205,  # ER_LOCK_WAIT_TIMEOUT
+    1213,  # ER_LOCK_DEADLOCK
+    1317,  # ER_QUERY_INTERRUPTED: KILL QUERY
+    1927,  # MariaDB ER_CONNECTION_KILLED: KILL CONNECTION of a statement's connection
+    4031,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8.0.24+): idle connection closed
+})
 #: SQLite: another connection holds the write lock past busy_timeout.
 _SQLITE_BUSY: Final = ("database is locked", "database table is locked")
 
@@ -58,9 +80,20 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return chain
 
 
+def _mysql_error_number(exc: BaseException) -> int | None:
+    """PyMySQL's (and so aiomysql's) error number: ``exc.args == (number, message)``."""
+    if not type(exc).__module__.startswith(("pymysql", "aiomysql")):
+        return None
+    number = exc.args[0] if exc.args else None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
 def _one_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, (OSError, TimeoutError)):  # ConnectionError is an OSError
         return True
+    mysql_code = _mysql_error_number(exc)
+    if mysql_code is not None:
+        return mysql_code in _MYSQL_UNREACHABLE
     sqlstate = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
     if isinstance(sqlstate, str) and sqlstate:
         return sqlstate[:2] in _UNREACHABLE_CLASSES or sqlstate in _UNREACHABLE_CODES

@@ -26,12 +26,14 @@ __all__ = ["SUPPORTED_DIALECTS", "async_url", "make_engine"]
 _DRIVERS: Final = {
     "sqlite": ("sqlite+aiosqlite", "aiosqlite", None),
     "postgresql": ("postgresql+asyncpg", "asyncpg", "postgres"),
+    "mysql": ("mysql+aiomysql", "aiomysql", "mysql"),
 }
 SUPPORTED_DIALECTS: Final = tuple(_DRIVERS)
 
 
 def async_url(url: str) -> str:
-    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://` -> `+asyncpg`.
+    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://` -> `+asyncpg`,
+    `mysql://` -> `+aiomysql`.
 
     Raises `ConfigError` for a URL this store cannot use (see the module's docstring).
     """
@@ -93,10 +95,36 @@ def make_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(full, connect_args={"timeout": 30})
         _configure_sqlite(engine)
         return engine
+    if parsed.get_backend_name() == "mysql":
+        return _mysql_engine(full)
     # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
     # pool_timeout: with the cache off, thousands of triggers may queue for a connection.
     return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
                                pool_timeout=60)
+
+
+def _mysql_engine(full: str) -> AsyncEngine:
+    """MySQL/MariaDB through aiomysql, set up so the flush's SQL means what it says.
+
+    * ``client_flag=0``: SQLAlchemy's MySQL dialects set CLIENT_FOUND_ROWS, under which a row
+      an ``ON DUPLICATE KEY UPDATE`` leaves unchanged counts 1, like an insert. Without it the
+      counts are 1 inserted, 2 updated, 0 unchanged, so a fenced upsert's row count tells
+      whether every row went through (`localstate.sync.dialects`); the driver adds its
+      default capabilities to 0.
+    * utf8mb4 on the connection, UTC as the session time zone (DATETIME keeps no offset; the
+      store writes and reads UTC).
+    * READ COMMITTED: no gap locks, so concurrent flushes of new keys do not deadlock on the
+      gaps between them; every fenced write still sees and locks the latest committed row,
+      as on PostgreSQL.
+    """
+    parsed = make_url(full)
+    if "charset" not in parsed.query:
+        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+    return create_async_engine(
+        parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=60,
+        pool_recycle=3600, isolation_level="READ COMMITTED",
+        connect_args={"client_flag": 0, "init_command": "SET time_zone = '+00:00'"},
+    )
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

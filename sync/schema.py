@@ -11,17 +11,18 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     one row per migration applied.
 
 `upgrade()` applies what is missing, each migration in its own transaction, under a lock
-(PostgreSQL: an advisory lock; SQLite: the write lock of ``BEGIN IMMEDIATE``) so that many
-triggerers starting at once migrate once. A database whose schema is newer than this code is
-refused, never downgraded.
+(PostgreSQL: an advisory lock; MySQL: ``GET_LOCK``; SQLite: the write lock of ``BEGIN
+IMMEDIATE``) so that many triggerers starting at once migrate once. A database whose schema is
+newer than this code is refused, never downgraded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -38,18 +39,24 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.types import TypeEngine
 
 from localstate.errors import SchemaError
 
 __all__ = [
     "FILLFACTOR",
     "LATEST_VERSION",
+    "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
+    "MYSQL_NAME_COLLATION",
     "STATE_TABLE",
     "Migration",
     "current_version",
     "metadata",
+    "name_collation",
     "require_current",
     "schema_table",
     "state_variable",
@@ -58,19 +65,64 @@ __all__ = [
 
 STATE_TABLE: Final = "localstate_state_variable"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
+_MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
+_MYSQL_LOCK_WAIT_S: Final = 300
+
+
+#: the binary, NO PAD collation of utf8mb4 names: MySQL 8.0.17+ and MariaDB 10.2+ spell it
+#: differently, and neither has the other's (utf8mb4_bin is PAD SPACE on both: it would make
+#: ``k`` and ``k `` one primary key)
+MYSQL_NAME_COLLATION: Final = "utf8mb4_0900_bin"
+MARIADB_NAME_COLLATION: Final = "utf8mb4_nopad_bin"
+
+
+def name_collation(dialect: Dialect) -> str:
+    """The collation of names on this MySQL-family server (known once connected)."""
+    return MARIADB_NAME_COLLATION if getattr(dialect, "is_mariadb", False) else (
+        MYSQL_NAME_COLLATION)
+
+
+def _name(collation: str | None = None) -> TypeEngine[str]:
+    """An owner, key or writer id: VARCHAR(250); on MySQL utf8mb4 with a binary NO PAD
+    collation (`name_collation`), so names compare and sort byte-wise as on PostgreSQL ("C")
+    and SQLite: ``a`` and ``A``, ``e`` and ``é``, ``k`` and ``k `` are different keys. The
+    primary key (owner, key) is 2 x 1,000 bytes: within InnoDB's 3,072-byte limit of the
+    DYNAMIC row format, which the table names (COMPACT would allow only 767 per column).
+    `collation` None: the type for queries, not for DDL."""
+    if collation is None:
+        return String(250)
+    return String(250).with_variant(
+        mysql.VARCHAR(250, charset="utf8mb4", collation=collation), "mysql", "mariadb")
+
+
+def _json_text() -> TypeEngine[str]:
+    # MySQL's TEXT holds 65,535 bytes, less than max_value_bytes' default of 64 KiB
+    return Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"),
+                               "mysql", "mariadb")
+
+
+def _timestamp() -> TypeEngine[datetime]:
+    # MySQL's DATETIME keeps whole seconds unless told otherwise; the store writes UTC
+    return DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+#: table options for MySQL (other dialects ignore mysql_* keywords)
+_MYSQL_TABLE: Final[dict[str, Any]] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
+                       "mysql_row_format": "DYNAMIC"}
 
 metadata = MetaData()
 
 state_variable = Table(
     STATE_TABLE,
     metadata,
-    Column("owner", String(250), primary_key=True),
-    Column("key", String(250), primary_key=True),
-    Column("value", Text, nullable=True),
+    Column("owner", _name(), primary_key=True),
+    Column("key", _name(), primary_key=True),
+    Column("value", _json_text(), nullable=True),
     Column("version", BigInteger, nullable=False),
     Column("prev_version", BigInteger, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Column("updated_by", String(250), nullable=False),
+    Column("updated_at", _timestamp(), nullable=False),
+    Column("updated_by", _name(), nullable=False),
+    **_MYSQL_TABLE,
 )
 
 schema_table = Table(
@@ -78,7 +130,8 @@ schema_table = Table(
     metadata,
     Column("version", Integer, primary_key=True),
     Column("description", String(200), nullable=False),
-    Column("applied_at", DateTime(timezone=True), nullable=False),
+    Column("applied_at", _timestamp(), nullable=False),
+    **_MYSQL_TABLE,
 )
 
 
@@ -91,18 +144,22 @@ class Migration:
 
 def _v1_create_state_variable(conn: Connection) -> None:
     # Pinned DDL: later migrations alter this, they never re-create it from `state_variable`.
+    # checkfirst: MySQL commits DDL at once, so a crash before the migration's row was written
+    # leaves the table without its row; the next upgrade applies this again.
     pinned = MetaData()
+    names = name_collation(conn.dialect)
     Table(
         STATE_TABLE,
         pinned,
-        Column("owner", String(250), primary_key=True),
-        Column("key", String(250), primary_key=True),
-        Column("value", Text, nullable=True),
+        Column("owner", _name(names), primary_key=True),
+        Column("key", _name(names), primary_key=True),
+        Column("value", _json_text(), nullable=True),
         Column("version", BigInteger, nullable=False),
         Column("prev_version", BigInteger, nullable=False),
-        Column("updated_at", DateTime(timezone=True), nullable=False),
-        Column("updated_by", String(250), nullable=False),
-    ).create(conn)
+        Column("updated_at", _timestamp(), nullable=False),
+        Column("updated_by", _name(names), nullable=False),
+        **_MYSQL_TABLE,
+    ).create(conn, checkfirst=True)
 
 
 #: Space PostgreSQL leaves free in each heap page of the state table, in percent.
@@ -161,12 +218,30 @@ async def require_current(engine: AsyncEngine) -> None:
         )
 
 
+@contextlib.asynccontextmanager
+async def _mysql_lock(conn: AsyncConnection, url: str) -> AsyncIterator[None]:
+    """On MySQL, hold the named lock ``GET_LOCK`` takes (a session lock: released here, or by
+    the server when the connection ends) while migrating; elsewhere nothing."""
+    if conn.dialect.name != "mysql":
+        yield
+        return
+    got = (await conn.execute(text("SELECT GET_LOCK(:n, :s)"),
+                              {"n": _MYSQL_LOCK, "s": _MYSQL_LOCK_WAIT_S})).scalar()
+    if got != 1:
+        raise SchemaError(f"the central DB {url}: another process held the schema upgrade lock "
+                          f"for over {_MYSQL_LOCK_WAIT_S} s; try again")
+    try:
+        yield
+    finally:
+        await conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": _MYSQL_LOCK})
+
+
 async def upgrade(engine: AsyncEngine) -> list[Migration]:
     """Apply every missing migration; return those applied (empty when up to date)."""
     applied: list[Migration] = []
     url = engine.url.render_as_string(hide_password=True)
     while True:
-        async with engine.begin() as conn:
+        async with engine.begin() as conn, _mysql_lock(conn, url):
             if conn.dialect.name == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
             await conn.run_sync(lambda c: schema_table.create(c, checkfirst=True))
