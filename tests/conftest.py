@@ -1,8 +1,10 @@
-"""Shared fixtures: a real PostgreSQL server for the session, real SQLite files per test.
+"""Shared fixtures: real PostgreSQL and MySQL-family (MariaDB) servers for the session, real
+SQLite files per test.
 
-Every central test takes `central_url`, parametrized over both backends, so each runs on the
-embedded SQLite default and on PostgreSQL without being written twice. Tests marked
-`@collations` run on a third: a PostgreSQL database that orders text as en-US (ICU) does.
+Every central test takes `central_url`, parametrized over the three backends, so each runs on
+the embedded SQLite default, on PostgreSQL and on MySQL without being written three times.
+Tests marked `@collations` run on a fourth: a PostgreSQL database that orders text as en-US
+(ICU) does.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import pytest_asyncio
 from fault_tally import FaultTally
 
 from localstate import StateStore
+from localstate.testing.mysql_server import MysqlServer
 from localstate.testing.postgres_server import PostgresServer
 
-BACKENDS = ["sqlite", "postgresql"]
+BACKENDS = ["sqlite", "postgresql", "mysql"]
 #: PostgreSQL databases by the locale they order text in: None is the cluster's C (byte-wise)
 PG_LOCALES: dict[str, str | None] = {"postgresql": None, "postgresql-en-US": "en-US"}
 #: the backends of a test whose result hangs on how the database orders text (listings,
@@ -57,6 +60,22 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServ
     server.close()
 
 
+@pytest.fixture(scope="session")
+def mysql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MysqlServer]:
+    server = MysqlServer(tmp_path_factory.mktemp("mysql"))
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def db_server(request: pytest.FixtureRequest) -> PostgresServer | MysqlServer:
+    """A server the suite owns, for the tests that stop, restart or cut it (each backend)."""
+    server: PostgresServer | MysqlServer = request.getfixturevalue(
+        "mysql_server" if request.param == "mysql" else "pg_server")
+    return server
+
+
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
@@ -71,9 +90,12 @@ def central_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     """A fresh, empty central database on the backend under test."""
     if backend == "sqlite":
         return sqlite_url(tmp_path / "central.db")
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.create_database(f"central_{os.getpid()}_{next(_db_names)}",
-                                  locale=PG_LOCALES[backend])
+    name = f"central_{os.getpid()}_{next(_db_names)}"
+    if backend == "mysql":
+        my: MysqlServer = request.getfixturevalue("mysql_server")
+        return my.create_database(name)
+    pg: PostgresServer = request.getfixturevalue("pg_server")
+    return pg.create_database(name, locale=PG_LOCALES[backend])
 
 
 StoreFactory = Callable[..., Awaitable[StateStore]]

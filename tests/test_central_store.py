@@ -399,6 +399,31 @@ async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralSto
     assert {k[1]: value_of(r) for k, r in found.items()} == {"a": 2, "b": 1, "c": 1}
 
 
+# names a case-insensitive, accent-insensitive or space-padding collation would merge
+LOOKALIKES = ["k", "K", "k ", "k  ", "é", "e", "E\u0301", "ß", "ss", "k\u00a0"]
+
+
+async def test_names_differing_in_case_accents_or_trailing_spaces_are_different_keys(
+    central: CentralStore,
+) -> None:
+    rows = [dirty(k, i, version=1, base=0, owner=o)
+            for i, (o, k) in enumerate((o, k) for o in LOOKALIKES for k in LOOKALIKES)]
+    outcomes = await central.write_batch(rows, PolicyMap())
+    assert [(o.resolution, o.conflict) for o in outcomes] == [("written", False)] * len(rows)
+    found = await central.read_many([(r.owner, r.key) for r in rows])
+    assert {k: value_of(r) for k, r in found.items()} == {
+        (r.owner, r.key): orjson.loads(r.data or b"") for r in rows}
+    # rewrites based on the versions just written: each row matches its own key only
+    again = [dirty(r.key, -1, version=2, base=1, owner=r.owner) for r in rows]
+    outcomes = await central.write_batch(again, PolicyMap())
+    assert [(o.resolution, o.conflict) for o in outcomes] == [("written", False)] * len(rows)
+    for owner in LOOKALIKES:
+        assert sorted(r.key for r in await central.read_owner(owner)) == sorted(LOOKALIKES)
+    written = await central.write_if_version("k ", "k ", "1", 2, updated_by="cas")
+    assert written.version == 3
+    assert value_of((await central.read_many([("k", "k")]))[("k", "k")]) == -1
+
+
 # -- reading -------------------------------------------------------------------------------
 
 

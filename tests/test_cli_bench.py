@@ -69,8 +69,9 @@ def test_bench_bad_options_are_usage_errors(tmp_path: Path, args: list[str],
     assert message in proc.stderr
 
 
-def test_db_upgrade_creates_and_reports(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/c.db"
+def test_db_upgrade_creates_and_reports(tmp_path: Path, central_url: str) -> None:
+    # plain mysql:// (as Airflow's sql_alchemy_conn may spell it) picks aiomysql
+    url = central_url.replace("mysql+aiomysql://", "mysql://")
     first = run_cli("db", "upgrade", "--central-url", url, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "applied migration 1" in first.stdout

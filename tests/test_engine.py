@@ -13,10 +13,10 @@ from localstate.sync.engine import async_url
 
 
 @pytest.mark.parametrize(("url", "says"), [
-    ("mysql+aiomysql://airflow:pw@db/airflow", "the 'mysql' dialect is not supported"),
-    ("mssql+pyodbc://sa@db/airflow", "the 'mssql' dialect is not supported"),
-    ("oracle://u@h/db", "supported: sqlite, postgresql"),
+    ("mssql+pyodbc://sa:pw@db/airflow", "the 'mssql' dialect is not supported"),
+    ("oracle://u@h/db", "supported: sqlite, postgresql, mysql"),
     ("postgresql+psycopg2://u@h/db", "use postgresql+asyncpg://"),
+    ("mysql+mysqldb://airflow:pw@db/airflow", "use mysql+aiomysql://"),
     ("not a url", "is not a database URL"),
 ])
 async def test_an_unusable_central_url_is_a_config_error(url: str, says: str, tmp_path: Path
@@ -50,6 +50,8 @@ async def test_a_sqlite_file_in_a_missing_folder_names_the_folder(tmp_path: Path
     ("sqlite:///x.db", "sqlite+aiosqlite:///x.db"),
     ("postgresql://u:pw@h:5/db", "postgresql+asyncpg://u:pw@h:5/db"),
     ("postgresql+asyncpg://u@h/db", "postgresql+asyncpg://u@h/db"),
+    ("mysql://u:pw@h:5/db", "mysql+aiomysql://u:pw@h:5/db"),
+    ("mysql+aiomysql://u@h/db", "mysql+aiomysql://u@h/db"),
 ])
 def test_async_url_picks_the_async_driver(url: str, full: str) -> None:
     assert async_url(url) == full

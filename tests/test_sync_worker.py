@@ -41,6 +41,7 @@ from localstate.local_cache import LocalCache
 from localstate.sync.central_store import CentralStore
 from localstate.sync.rows import CentralRow
 from localstate.sync.worker import ConflictInfo, SyncWorker
+from localstate.testing.mysql_server import MysqlServer
 from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
@@ -109,16 +110,19 @@ async def flush_once_back(store: StateStore) -> None:
             return
 
 
-def new_database(pg: PostgresServer, purpose: str, *, crash_safe: bool = False) -> str:
+def new_database(server: PostgresServer | MysqlServer, purpose: str, *,
+                 crash_safe: bool = False) -> str:
     """A fresh database on the shared server.
 
-    The server runs with ``synchronous_commit=off`` for speed, so a crash of it (an
+    The PostgreSQL server runs with ``synchronous_commit=off`` for speed, so a crash of it (an
     ``immediate`` stop) may lose commits it already acknowledged; `crash_safe` turns commits
-    of this database synchronous again, so that "acknowledged" means "survives the crash".
+    of this database synchronous again, so that "acknowledged" means "survives the crash" (the
+    MySQL server's commits reach the OS before they return: nothing to turn on).
     """
     name = f"{purpose}_{uuid.uuid4().hex[:12]}"
-    url = pg.create_database(name)
-    if crash_safe:
+    url = server.create_database(name)
+    pg = server if isinstance(server, PostgresServer) else None
+    if crash_safe and pg is not None:
         pg.psql(f"ALTER DATABASE {name} SET synchronous_commit = on", dbname="postgres")
     return url
 
@@ -685,9 +689,9 @@ async def test_a_replacement_store_reads_through_to_the_last_flushed_value(
 
 
 async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
-    pg_server: PostgresServer, tmp_path: Path,
+    db_server: PostgresServer | MysqlServer, tmp_path: Path,
 ) -> None:
-    url = new_database(pg_server, "restart")
+    url = new_database(db_server, "restart")
     cache = tmp_path / "t.db"
     options: dict[str, Any] = {
         "central_url": url, "cache_path": cache, "triggerer_id": "t", "flush_interval": 3600,
@@ -697,7 +701,7 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
     try:
         await store.set(OWNER, "before", 1)
         await store.flush()
-        pg_server.stop()
+        db_server.stop()
         try:
             for i in range(1, 6):
                 assert await store.set(OWNER, "wm", i) == i  # acknowledged locally
@@ -709,7 +713,7 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
             try:
                 await store.close()  # cannot flush: the writes stay in the cache file
             finally:
-                pg_server.start()
+                db_server.start()
     finally:
         await store.close()
     assert local_rows(cache) == {"before": (2, 2, 1), "wm": (5, 5, 0)}  # dirty on disk
@@ -744,9 +748,9 @@ async def _async(value: bool) -> bool:
 
 @pytest.mark.parametrize("stop_mode", ["fast", "immediate"])
 async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
-    pg_server: PostgresServer, tmp_path: Path, stop_mode: str,
+    db_server: PostgresServer | MysqlServer, tmp_path: Path, stop_mode: str,
 ) -> None:
-    url = new_database(pg_server, "outage", crash_safe=True)
+    url = new_database(db_server, "outage", crash_safe=True)
     store = await StateStore.open(
         central_url=url, cache_path=tmp_path / "t.db", triggerer_id="t",
         flush_interval=0.05, durability="local",
@@ -779,7 +783,7 @@ async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
                     return len(await reader.read_owner(OWNER)) == len(keys)
 
                 await eventually(some_flushed, "flushes before the outage")
-                await asyncio.to_thread(pg_server.stop, stop_mode)
+                await asyncio.to_thread(db_server.stop, stop_mode)
                 try:
                     await eventually(lambda: _async(store.stats().last_error is not None),
                                      "the worker to notice the outage")
@@ -797,7 +801,7 @@ async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
                     assert stats.oldest_unflushed_s > 0.0
                     assert not writer.done()
                 finally:
-                    await asyncio.to_thread(pg_server.start)
+                    await asyncio.to_thread(db_server.start)
                 await eventually(lambda: _async(store.stats().last_error is None),
                                  "a flush to succeed after the restart")
             finally:
@@ -816,9 +820,9 @@ async def test_an_outage_during_a_write_loop_loses_and_duplicates_nothing(
 
 
 async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_write(
-    pg_server: PostgresServer, tmp_path: Path,
+    db_server: PostgresServer | MysqlServer, tmp_path: Path,
 ) -> None:
-    url = new_database(pg_server, "central")
+    url = new_database(db_server, "central")
     store = await StateStore.open(
         central_url=url, cache_path=tmp_path / "t.db", triggerer_id="t", flush_interval=3600,
         central_timeout=1,
@@ -827,7 +831,7 @@ async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_wr
         async with central_reader(url) as reader:
             assert await store.set(OWNER, "k", "before", durability="central") == 1
             assert await central_value(reader, "k") == "before"  # in the DB on return
-            pg_server.stop()
+            db_server.stop()
             try:
                 with pytest.raises(CentralUnavailable, match="kept in the local cache"):
                     await store.set(OWNER, "k", "during", durability="central")
@@ -840,7 +844,7 @@ async def test_central_durability_times_out_when_the_db_is_down_and_keeps_the_wr
                 await eventually(lambda: _async(store.stats().central_errors >= 5),
                                  "the worker to back off")
             finally:
-                pg_server.start()
+                db_server.start()
             # the local file has it (it was committed locally before the central wait)
             assert local_rows(tmp_path / "t.db")["k"] == ("during", 2, 1)
             await flush_once_back(store)
