@@ -1,9 +1,11 @@
 """Every write the central DB ever took, recorded by the database itself.
 
-`install` puts a trigger on ``localstate_state_variable`` (PostgreSQL and SQLite) that appends
+`install` puts a trigger on ``localstate_state_variable`` (PostgreSQL, MySQL, SQLite) that appends
 each row an INSERT or UPDATE leaves, ``(owner, key, value, version, prev_version, updated_by)``,
 to ``fault_history`` under an increasing id. A write the flush's fence refused changes no row,
-so it leaves no history. For one key, row locks (PostgreSQL) or the database write lock
+so it leaves no history (on MySQL the fence's ``IF()``s rewrite a refused row with its own values:
+the trigger skips an update that changed nothing). For one key, row locks (PostgreSQL, MySQL)
+or the database write lock
 (SQLite) serialize the writes, so the ids of a key's rows are in the order the writes took
 effect: the evidence the fault tests check monotonic watermarks and reported conflicts against,
 without trusting the store's own counters.
@@ -19,13 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from localstate.codec import decode
 from localstate.entry import StateKey
 from localstate.sync.central_store import CentralStore
+from localstate.sync.engine import make_engine
+from localstate.sync.schema import state_variable
 
-__all__ = ["HistoryRow", "by_key", "install", "read", "regressions"]
+__all__ = ["HistoryRow", "by_key", "current_rows", "install", "read", "regressions"]
 
 _PG_INSTALL = """
 CREATE TABLE fault_history (
@@ -50,6 +55,21 @@ _SQLITE_INSTALL = [
     'VALUES (NEW.owner, NEW."key", NEW.value, NEW.version, NEW.prev_version, NEW.updated_by); '
     "END"
     for event in ("INSERT", "UPDATE")
+]
+_MY_COLUMNS = "owner, `key`, value, version, prev_version, updated_by"
+_MY_NEW = "NEW.owner, NEW.`key`, NEW.value, NEW.version, NEW.prev_version, NEW.updated_by"
+_MYSQL_INSTALL = [
+    "CREATE TABLE fault_history (id BIGINT AUTO_INCREMENT PRIMARY KEY, "
+    "owner VARCHAR(250) NOT NULL, `key` VARCHAR(250) NOT NULL, value LONGTEXT, "
+    "version BIGINT NOT NULL, prev_version BIGINT NOT NULL, updated_by VARCHAR(250) NOT NULL) "
+    "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+    "CREATE TRIGGER fault_history_insert AFTER INSERT ON localstate_state_variable "
+    f"FOR EACH ROW INSERT INTO fault_history ({_MY_COLUMNS}) VALUES ({_MY_NEW})",
+    "CREATE TRIGGER fault_history_update AFTER UPDATE ON localstate_state_variable "
+    "FOR EACH ROW BEGIN IF NOT (NEW.version <=> OLD.version AND NEW.value <=> OLD.value "
+    "AND NEW.prev_version <=> OLD.prev_version AND NEW.updated_by <=> OLD.updated_by "
+    "AND NEW.updated_at <=> OLD.updated_at) THEN "
+    f"INSERT INTO fault_history ({_MY_COLUMNS}) VALUES ({_MY_NEW}); END IF; END",
 ]
 _SELECT = (
     'SELECT id, owner, "key", value, version, prev_version, updated_by FROM fault_history '
@@ -85,6 +105,15 @@ def _dsn(url: str) -> str:
 async def install(url: str) -> None:
     """Create the central schema (as a store's open would) and the history trigger."""
     await (await CentralStore.open(url)).close()
+    if make_url(url).get_backend_name() == "mysql":
+        engine = make_engine(url)
+        try:
+            async with engine.begin() as my_conn:
+                for statement in _MYSQL_INSTALL:
+                    await my_conn.exec_driver_sql(statement)
+        finally:
+            await engine.dispose()
+        return
     if make_url(url).get_backend_name() == "sqlite":
         with contextlib.closing(sqlite3.connect(_sqlite_path(url))) as conn, conn:
             for statement in _SQLITE_INSTALL:
@@ -99,6 +128,15 @@ async def install(url: str) -> None:
 
 async def read(url: str) -> list[HistoryRow]:
     """Every row the central table ever held, in the order the writes took effect."""
+    if make_url(url).get_backend_name() == "mysql":
+        engine = make_engine(url)
+        try:
+            async with engine.connect() as my_conn:
+                result = await my_conn.exec_driver_sql(_SELECT.replace('"key"', "`key`"))
+                rows: list[tuple[Any, ...]] = [tuple(row) for row in result]
+                return [HistoryRow(*row) for row in rows]
+        finally:
+            await engine.dispose()
     if make_url(url).get_backend_name() == "sqlite":
         with contextlib.closing(sqlite3.connect(_sqlite_path(url), timeout=30)) as conn:
             return [HistoryRow(*row) for row in conn.execute(_SELECT)]
@@ -107,6 +145,20 @@ async def read(url: str) -> list[HistoryRow]:
         return [HistoryRow(*row) for row in await conn.fetch(_SELECT)]
     finally:
         await conn.close()
+
+
+async def current_rows(url: str, owner_prefix: str) -> list[tuple[str, str, str, int]]:
+    """(owner, key, value, version) of the central rows of owners starting with the prefix,
+    read with a plain query (not through the store under test)."""
+    t = state_variable.c
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(select(t.owner, t.key, t.value, t.version)
+                                        .where(t.owner.startswith(owner_prefix)))
+            return [(r[0], r[1], r[2], int(r[3])) for r in result]
+    finally:
+        await engine.dispose()
 
 
 def by_key(history: list[HistoryRow]) -> dict[StateKey, list[HistoryRow]]:

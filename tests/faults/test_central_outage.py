@@ -1,4 +1,5 @@
-"""Central outages: PostgreSQL stopped, restarted, and restarted again under a write loop.
+"""Central outages: PostgreSQL or MySQL stopped, restarted, and restarted again under a write
+loop.
 
 Every acknowledged write must reach the central DB exactly once (each key's central version is
 the number of times it was set, its value the last one set), and after each return of the DB
@@ -19,11 +20,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import asyncpg
 import orjson
+from central_history import current_rows
 from fault_tally import FaultTally
 
 from localstate import CentralUnavailable, StateStore
+from localstate.testing.mysql_server import MysqlServer
 from localstate.testing.postgres_server import PostgresServer
 
 OWNERS, KEYS = 20, 10
@@ -97,13 +99,16 @@ async def recovered_within(loop: WriteLoop, back_at: float) -> float:
 
 
 async def test_stops_and_restarts_lose_and_duplicate_nothing_and_the_lag_recovers(
-    pg_server: PostgresServer, tmp_path: Path, fault_tally: FaultTally,
+    db_server: PostgresServer | MysqlServer, tmp_path: Path, fault_tally: FaultTally,
 ) -> None:
     dbname = f"outage_{uuid.uuid4().hex[:12]}"
-    url = pg_server.create_database(dbname)
-    # the server runs with synchronous_commit=off; an immediate stop must not lose commits the
-    # store was told about, or "exactly once" would test the server's settings, not the store
-    pg_server.psql(f"ALTER DATABASE {dbname} SET synchronous_commit = on", dbname="postgres")
+    url = db_server.create_database(dbname)
+    if isinstance(db_server, PostgresServer):
+        # the server runs with synchronous_commit=off; an immediate stop must not lose commits
+        # the store was told about, or "exactly once" would test the server's settings, not
+        # the store (the MySQL server's commits reach the OS before they return)
+        db_server.psql(f"ALTER DATABASE {dbname} SET synchronous_commit = on",
+                       dbname="postgres")
     store = await StateStore.open(central_url=url, cache_path=tmp_path / "outage.db",
                                   triggerer_id="outage", flush_interval=FLUSH_INTERVAL)
     recoveries: list[float] = []
@@ -112,7 +117,7 @@ async def test_stops_and_restarts_lose_and_duplicate_nothing_and_the_lag_recover
         try:
             await loop.until(lambda: store.stats().flushes >= 2, "flushes before the outage")
             for stop_mode, down_for in (("fast", 2.5), ("immediate", 0.0), ("fast", 0.0)):
-                await asyncio.to_thread(pg_server.stop, stop_mode)
+                await asyncio.to_thread(db_server.stop, stop_mode)
                 try:
                     if down_for:
                         # the store notices, keeps acknowledging writes, and the lag grows
@@ -125,7 +130,7 @@ async def test_stops_and_restarts_lose_and_duplicate_nothing_and_the_lag_recover
                         assert stats.dirty_keys > 0
                         assert stats.oldest_unflushed_s > FLUSH_INTERVAL
                 finally:
-                    await asyncio.to_thread(pg_server.start)
+                    await asyncio.to_thread(db_server.start)
                 recoveries.append(await recovered_within(loop, time.time()))
                 await asyncio.sleep(0.5)  # write on, flushed normally, before the next stop
         finally:
@@ -140,19 +145,14 @@ async def test_stops_and_restarts_lose_and_duplicate_nothing_and_the_lag_recover
         assert store.stats().conflicts == 0
     finally:
         await store.close()
-    conn = await asyncpg.connect(pg_server.dsn_for(dbname))
-    try:
-        rows = await conn.fetch(
-            "SELECT owner, key, value, version FROM localstate_state_variable "
-            "WHERE owner LIKE 'trigger:outage-%'")
-    finally:
-        await conn.close()
-    central = {(r["owner"], r["key"]): (r["version"], orjson.loads(r["value"])) for r in rows}
+    rows = await current_rows(url, "trigger:outage-")
+    central = {(owner, key): (version, orjson.loads(value)) for owner, key, value, version in rows}
     expected = {k: (loop.counts[k], loop.last[k]) for k in loop.keys}
     wrong = {k: (central.get(k), v) for k, v in expected.items() if central.get(k) != v}
     fault_tally.add("outages survived", len(recoveries))
     fault_tally.add("acknowledged writes checked", loop.total)
-    fault_tally.lost("local, through central outages", sum(
+    backend = "mysql" if isinstance(db_server, MysqlServer) else "postgresql"
+    fault_tally.lost(f"local, through central outages ({backend})", sum(
         max(0, n - (central.get(k) or (0, 0))[0]) for k, (n, _last) in expected.items()))
     # exactly once: one central version per acknowledged set, holding the last value set
     assert not wrong, f"{len(wrong)} keys differ, (central, expected): {list(wrong.items())[:5]}"

@@ -54,7 +54,7 @@ from localstate import (
 )
 from localstate.sync.central_store import CentralStore
 
-EXAMPLES: Final = {"sqlite": 2_000, "postgresql": 200}
+EXAMPLES: Final = {"sqlite": 2_000, "postgresql": 200, "mysql": 200}
 DELETED: Final = object()  # a model entry for a deleted key
 
 StateKey = tuple[str, str]
