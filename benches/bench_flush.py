@@ -3,11 +3,14 @@
     python benches/bench_flush.py                 # starts a throwaway PostgreSQL server
     python benches/bench_flush.py --central-url postgresql://user@host/db
     python benches/bench_flush.py --central-url sqlite:////tmp/central.db
+    python benches/bench_flush.py --server mysql  # starts a throwaway MariaDB server
 
 1. Flush of N dirty keys (1,000 / 10,000 / 100,000): seconds and rows/s (the median of
    `--rounds` flushes, each after every key was set again), next to the raw bulk upserts of the
    same number of rows measured in the same run (asyncpg `unnest` and asyncpg `executemany`;
-   sqlite3 `executemany` on SQLite), also medians.
+   on MySQL an unfenced `JSON_TABLE` upsert and aiomysql's `executemany`, a multi-row
+   `INSERT … VALUES … ON DUPLICATE KEY UPDATE`, both rewriting rows the table holds, as the
+   flush does; sqlite3 `executemany` on SQLite), also medians.
 2. Central transactions per second while the set rate grows from 1,000/s to 100,000/s over
    10,000 keys: the target shape is flat, about 1/flush_interval plus batch spills.
 3. Flush lag p99 at 10,000 triggers in a hot loop (local durability).
@@ -40,12 +43,15 @@ async def _median_bulk(url: str, n: int, rounds: int, method: str) -> float:
         for r in range(rounds)])
 
 
-async def flush_sizes(url: str, folder: Path, sizes: list[int], pg: bool, rounds: int
+async def flush_sizes(url: str, folder: Path, sizes: list[int], dialect: str, rounds: int
                       ) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
-        unnest = await _median_bulk(url, n, rounds, "unnest")
-        many = await _median_bulk(url, n, rounds, "executemany") if pg else unnest
+        # the "unnest" column: MySQL's one-statement form is JSON_TABLE
+        unnest = await _median_bulk(url, n, rounds,
+                                    "json_table" if dialect == "mysql" else "unnest")
+        many = (await _median_bulk(url, n, rounds, "executemany")
+                if dialect in ("postgresql", "mysql") else unnest)
         flushed, seconds = await flush_rows_per_s(url, folder, n, tag=f"s{n}", rounds=rounds)
         rows.append({"keys": n, "flush_s": seconds, "flush_rows_per_s": flushed,
                      "raw_unnest_rows_per_s": unnest, "raw_executemany_rows_per_s": many,
@@ -102,10 +108,9 @@ async def txns_vs_rate(url: str, folder: Path, rates: list[int], keys: int, seco
 
 async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
     store = await CentralStore.open(url)
-    pg = store.dialect == "postgresql"
     await store.close()
     result: dict[str, Any] = {"central": store.url}
-    result["flush"] = await flush_sizes(url, folder, args.sizes, pg, args.rounds)
+    result["flush"] = await flush_sizes(url, folder, args.sizes, store.dialect, args.rounds)
     result["rates"] = await txns_vs_rate(url, folder, args.rates, 10_000, args.seconds,
                                          args.flush_interval)
     cfg = BenchConfig(central_url=url, duration=args.seconds, folder=folder, progress=False,
@@ -121,7 +126,9 @@ async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--central-url", help="default: start a throwaway PostgreSQL server")
+    parser.add_argument("--central-url", help="default: start a throwaway server (--server)")
+    parser.add_argument("--server", choices=["postgresql", "mysql"], default="postgresql",
+                        help="the throwaway server started without --central-url")
     parser.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1000, 10_000, 100_000])
     parser.add_argument("--rates", type=lambda t: [int(x) for x in t.split(",")],
@@ -135,9 +142,15 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ls-flush-") as tmp:
         folder = Path(tmp)
-        server = None
+        server: Any = None
         url = args.central_url
-        if url is None:
+        if url is None and args.server == "mysql":
+            from localstate.testing.mysql_server import MysqlServer
+
+            server = MysqlServer(folder / "mysql")
+            server.start()
+            url = server.url
+        elif url is None:
             from localstate.testing.postgres_server import PostgresServer
 
             server = PostgresServer(folder / "pg")

@@ -57,8 +57,9 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     rows.append(BenchRow("baseline", "central_bulk", flush_keys, sets=flush_keys,
                          sets_per_s=bulk, central_txns=1, central_rows=flush_keys,
                          rows_per_txn=float(flush_keys), rss_mb=rss_mb(),
-                         note="asyncpg unnest" if dialect == "postgresql" else
-                         "sqlite3 executemany"))
+                         note={"postgresql": "asyncpg unnest",
+                               "mysql": "aiomysql multi-row INSERT … ON DUPLICATE KEY UPDATE"
+                               }.get(dialect, "sqlite3 executemany")))
     rows.append(BenchRow("baseline", "flush", flush_keys, sets=flush_keys, seconds=flush_s,
                          sets_per_s=flushed, central_rows=flush_keys, rss_mb=rss_mb(),
                          x_direct=None, note=f"{flushed / bulk:.0%} of central_bulk"))
