@@ -1,13 +1,15 @@
 """The ``/api/v1`` routes: state variables, status, health.
 
-Reads come from the central DB (through the app's own `CentralStore`, on the server's event
-loop: the store may talk to the DB from a thread of its own), overlaid with the serving store's
-dirty and conflicted keys (see `localstate.api.view`). Writes go through the serving
-`StateStore` with ``central`` durability: when a PUT or DELETE answers, the central DB holds
-it. Before writing, the store refreshes the owner's keys from the central DB
-(`StateStore.load`), so ``expected_version`` is checked against the central version an
-operator just saw, not a stale cached one; a writer that slips in between is caught by the
-flush's fence and answered 409 ``write_rejected`` (under the default ``reject`` policy).
+Reads show what the central DB committed (through the app's own `CentralStore`, on the server's
+event loop: the store may talk to the DB from a thread of its own), so a read that starts after
+a write was acknowledged sees that write or a later one. The serving store's unfinished business
+(dirty keys, keys whose last flush met a conflict) is overlaid only when asked for with
+``?pending=true``, marked by its ``flush_state`` (see `localstate.api.view`).
+
+Writes are one statement each on the central DB (see `localstate.api.writes`): a PUT with
+``expected_version`` is a compare-and-set against the committed version, a plain PUT an
+unconditional upsert, a DELETE a compare-and-delete; each answers from its own statement's row.
+When a PUT or DELETE answers, the central DB holds it.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
@@ -35,9 +37,9 @@ from localstate.api.schemas import (
     Throughput,
 )
 from localstate.api.view import Item, item_from_row, local_override, local_overrides
+from localstate.api.writes import delete_current, delete_if_version, put
 from localstate.codec import encode
 from localstate.entry import StateKey
-from localstate.errors import VersionConflict
 from localstate.model import FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
@@ -119,6 +121,10 @@ def build_router(store: StateStore, auth: Authorizer,
     Caller = Annotated[Principal, Depends(principal)]
     OwnerDoc = Annotated[str, Path(description="the owner, percent-encoded (a '/' is %2F)")]
     KeyDoc = Annotated[str, Path(description="the key, percent-encoded")]
+    Pending = Annotated[bool, Query(
+        description="overlay the serving store's writes the central DB lacks (flush_state "
+                    "dirty) and its keys whose last flush met a conflict (flush_state conflict); "
+                    "by default a read shows only what the central DB committed")]
 
     @router.get("/state", response_model=StateList, responses=_ERRORS,
                 summary="List state variables (cursor pagination)")
@@ -129,13 +135,14 @@ def build_router(store: StateStore, auth: Authorizer,
         cursor: Annotated[str | None, Query(max_length=2000,
                                             description="next_cursor of the page before")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
+        pending: Pending = False,
     ) -> StateList:
         if owner_prefix:
             check_name("owner_prefix", owner_prefix)
         prefixes = caller.list_prefixes(owner_prefix)
         after = decode_cursor(cursor)
         c = require_central()
-        overrides = local_overrides(store, prefixes, after)
+        overrides = local_overrides(store, prefixes, after) if pending else {}
         tombstones = sum(1 for i in overrides.values() if i.deleted)
         merged: dict[StateKey, Item] = {}
         for prefix in prefixes:
@@ -156,11 +163,11 @@ def build_router(store: StateStore, auth: Authorizer,
 
     @router.get(item_path, response_model=StateItem, responses=_ERRORS,
                 summary="Read one state variable")
-    async def get_state(request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc
-                        ) -> StateItem:
+    async def get_state(request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
+                        pending: Pending = False) -> StateItem:
         owner, key = state_name(request)
         caller.require_read(owner)
-        item = local_override(store, (owner, key))
+        item = local_override(store, (owner, key)) if pending else None
         if item is None:
             row = (await require_central().read_many([(owner, key)])).get((owner, key))
             item = None if row is None else item_from_row(row)
@@ -169,36 +176,20 @@ def build_router(store: StateStore, auth: Authorizer,
         return _state_item(item)
 
     @router.put(item_path, response_model=StateItem, responses={**_ERRORS, 409: {
-        "model": ErrorBody, "description": "expected_version is not the current version"}},
+        "model": ErrorBody, "description": "expected_version is not the committed version"}},
         summary="Write one state variable (in the central DB when this answers)")
     async def put_state(request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
                         body: PutBody) -> StateItem:
         owner, key = state_name(request)
         caller.require_write(owner)
         data = encode(body.value, store.settings.max_value_bytes)  # 4xx before any query
-        if not store.settings.enabled:  # a direct (cache-off) store
-            if body.expected_version is None:
-                await store.set(owner, key, body.value, durability="central")
-            else:
-                await require_central().write_if_version(
-                    owner, key, data, body.expected_version, updated_by=store.triggerer_id)
-        else:
-            await store.load(owner)
-            if body.expected_version is None:
-                await store.set(owner, key, body.value, durability="central")
-            else:
-                await store.compare_and_set(owner, key, body.value,
-                                            expected_version=body.expected_version,
-                                            durability="central")
-        record = await store.record(owner, key)
-        if record is None:  # deleted again meanwhile
-            raise ApiError(409, "conflict", f"{_named(owner, key)} was deleted meanwhile")
-        log.info("API: %s set %s/%s to version %d", caller.name, owner, key, record.version)
-        return _state_item(record)
+        row = await put(store, require_central(), (owner, key), data, body.expected_version)
+        log.info("API: %s set %s/%s to version %d", caller.name, owner, key, row.version)
+        return _state_item(item_from_row(row))
 
     @router.delete(item_path, status_code=204, response_class=Response, responses={
         **_ERRORS, 404: {"model": ErrorBody, "description": "no value to delete"},
-        409: {"model": ErrorBody, "description": "expected_version is not the current one"}},
+        409: {"model": ErrorBody, "description": "expected_version is not the committed one"}},
         summary="Delete one state variable (in the central DB when this answers)")
     async def delete_state(
         request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
@@ -207,22 +198,10 @@ def build_router(store: StateStore, auth: Authorizer,
     ) -> Response:
         owner, key = state_name(request)
         caller.require_write(owner)
-        if not store.settings.enabled and expected_version is not None:
-            await require_central().write_if_version(owner, key, None, expected_version,
-                                                     updated_by=store.triggerer_id)
-            deleted = True
-        else:
-            if store.settings.enabled:
-                await store.load(owner)
-            if expected_version is not None:
-                record = await store.record(owner, key)
-                actual = 0 if record is None else record.version
-                if actual != expected_version:
-                    raise VersionConflict(
-                        f"{_named(owner, key)} is at version {actual}, not {expected_version}",
-                        expected=expected_version, actual=actual)
-            deleted = await store.delete(owner, key, durability="central")
-        if not deleted:
+        c = require_central()
+        if expected_version is not None:
+            await delete_if_version(store, c, (owner, key), expected_version)
+        elif not await delete_current(store, c, (owner, key)):
             raise ApiError(404, "not_found", f"{_named(owner, key)} has no value to delete")
         log.info("API: %s deleted %s/%s", caller.name, owner, key)
         return Response(status_code=204)

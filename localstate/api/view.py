@@ -1,10 +1,11 @@
 """What the API reads of the serving `StateStore` beyond its public calls, in one place.
 
-The list and single reads are served from the central DB (the truth every triggerer flushes to),
-overlaid with the serving store's own unfinished business: a key the store holds *dirty* (a
-write the central DB lacks) or whose last flush met a *conflict* is shown as the store holds it,
-with that flush state. Everything else is shown as the central DB holds it, ``flushed``. Other
-triggerers' dirty writes live in their own caches and show once flushed.
+The list and single reads show the central DB (the truth every triggerer flushes to). Asked for
+with ``?pending=true``, they overlay the serving store's own unfinished business: a key the
+store holds *dirty* (a write the central DB lacks, which may yet be refused) or whose last
+flush met a *conflict* is shown as the store holds it, marked by that flush state. Everything
+else is shown as the central DB holds it, ``flushed``. Other triggerers' dirty writes live in
+their own caches and show once flushed.
 
 The store has no public call for "your dirty and conflicted keys", so this module reads its
 in-memory map (no query, O(page + dirty keys)). Keep every such read
