@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -268,22 +269,26 @@ async def test_list_filters_by_owner_prefix(api: Api) -> None:
 
 
 @collations
-async def test_list_shows_the_serving_stores_unflushed_writes(api: Api) -> None:
+async def test_list_shows_the_serving_stores_unflushed_writes_only_when_asked(api: Api) -> None:
     await seed(api, SEEDED)
     store = api.store
     await store.set("dag:etl/load", "cursor", "local", durability="local")  # over central
     await store.set("dag:new", "k", "only here", durability="local")  # not in central yet
     await store.delete("trigger:t", "k", durability="local")  # a local tombstone
-    items = {}
-    cursor = None
-    while True:
-        r = await api.client.get("/api/v1/state", headers=auth(),
-                                 params={"limit": 2, **({"cursor": cursor} if cursor else {})})
-        body = r.json()
-        items.update({(i["owner"], i["key"]): i for i in body["items"]})
-        cursor = body["next_cursor"]
-        if cursor is None:
-            break
+
+    async def listed(**params: Any) -> dict[tuple[str, str], Any]:
+        items = {}
+        cursor = None
+        while True:
+            r = await api.client.get("/api/v1/state", headers=auth(), params={
+                "limit": 2, **params, **({"cursor": cursor} if cursor else {})})
+            body = r.json()
+            items.update({(i["owner"], i["key"]): i for i in body["items"]})
+            cursor = body["next_cursor"]
+            if cursor is None:
+                return items
+
+    items = await listed(pending="true")
     assert items[("dag:etl/load", "cursor")]["value"] == "local"
     assert items[("dag:etl/load", "cursor")]["flush_state"] == "dirty"
     assert items[("dag:etl/load", "cursor")]["version"] == 2
@@ -291,16 +296,23 @@ async def test_list_shows_the_serving_stores_unflushed_writes(api: Api) -> None:
     assert ("trigger:t", "k") not in items
     assert items[("dag:etl/load", "offset")]["flush_state"] == "flushed"
     assert len(items) == len(SEEDED) + 1 - 1
-    r = await api.client.get(path("dag:new", "k"), headers=auth())
+    r = await api.client.get(path("dag:new", "k"), params={"pending": "true"}, headers=auth())
     assert (r.status_code, r.json()["flush_state"]) == (200, "dirty")
-    assert (await api.client.get(path("trigger:t", "k"), headers=auth())).status_code == 404
+    r = await api.client.get(path("trigger:t", "k"), params={"pending": "true"}, headers=auth())
+    assert r.status_code == 404
+    # a plain read shows what the central DB committed: none of the pending writes
+    items = await listed()
+    assert items[("dag:etl/load", "cursor")]["value"] == SEEDED.index(("dag:etl/load", "cursor"))
+    assert {i["flush_state"] for i in items.values()} == {"flushed"}
+    assert ("dag:new", "k") not in items and ("trigger:t", "k") in items
+    assert (await api.client.get(path("dag:new", "k"), headers=auth())).status_code == 404
     await store.flush()
     r = await api.client.get(path("dag:new", "k"), headers=auth())
     assert r.json()["flush_state"] == "flushed"
     assert await central_value(api, "dag:new", "k") == ("only here", 1)
 
 
-async def test_a_conflicted_key_says_so(api: Api) -> None:
+async def test_a_conflicted_key_says_so_when_asked(api: Api) -> None:
     store = api.store
     await store.set("dag:c", "k", 1, durability="central")
     other = await api.open_store(triggerer_id="other")
@@ -309,11 +321,146 @@ async def test_a_conflicted_key_says_so(api: Api) -> None:
     await other.flush()
     await store.set("dag:c", "k", 3, durability="local")  # based on v1: a conflict
     await store.flush()
-    r = await api.client.get(path("dag:c", "k"), headers=auth())
+    r = await api.client.get(path("dag:c", "k"), params={"pending": "true"}, headers=auth())
     assert r.json()["flush_state"] == "conflict"
     assert r.json()["value"] == 2  # reject: the central record won
-    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:c"}, headers=auth())
+    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:c", "pending": "1"},
+                             headers=auth())
     assert [i["flush_state"] for i in r.json()["items"]] == ["conflict"]
+
+
+# -- #18: what a REST read and write guarantee ---------------------------------------------
+
+
+async def test_a_pending_central_put_is_not_visible_to_a_plain_get(api: Api) -> None:
+    """#18 mechanism 5: a read shows no write still pending (it may yet be refused)."""
+    url = path("dag:p", "k")
+    assert (await api.client.put(url, json={"value": "committed"}, headers=auth())
+            ).status_code == 200
+    # the serving store holds a write the central DB lacks (a `central` set not yet
+    # acknowledged looks the same in memory: dirty, at the next version)
+    await api.store.load("dag:p")
+    await api.store.set("dag:p", "k", "pending", durability="local")
+    r = await api.client.get(url, headers=auth())
+    assert (r.json()["value"], r.json()["version"], r.json()["flush_state"]) == (
+        "committed", 1, "flushed")
+    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:p"}, headers=auth())
+    assert [(i["value"], i["version"]) for i in r.json()["items"]] == [("committed", 1)]
+    # and a compare-and-set is compared with the committed version, not the pending one
+    r = await api.client.put(url, json={"value": "cas", "expected_version": 1}, headers=auth())
+    assert (r.status_code, r.json()["value"], r.json()["version"]) == (200, "cas", 2), r.text
+
+
+async def test_a_server_whose_flush_lost_a_conflict_serves_the_central_record(api: Api) -> None:
+    """#18 mechanism 4: a conflicted entry of the serving store is no read's answer."""
+    store = api.store
+    await store.set("dag:c", "k", 1, durability="central")
+    other = await api.open_store(triggerer_id="other")
+    assert await other.get("dag:c", "k") == 1
+    await other.set("dag:c", "k", 2)
+    await other.flush()
+    await store.set("dag:c", "k", 3, durability="local")  # based on v1: loses at the flush
+    await store.flush()
+    await other.set("dag:c", "k", 4)
+    await other.flush()  # central v3, which the serving store has not seen
+    r = await api.client.get(path("dag:c", "k"), headers=auth())
+    assert (r.json()["value"], r.json()["version"], r.json()["flush_state"]) == (
+        4, 3, "flushed")
+    r = await api.client.get("/api/v1/state", params={"owner_prefix": "dag:c"}, headers=auth())
+    assert [(i["value"], i["version"]) for i in r.json()["items"]] == [(4, 3)]
+
+
+class HeldCall:
+    """An ordering hook: the first call of `obj.name` waits for `release` (later calls pass),
+    before the call itself or, with `after=True`, holding the result it got.
+
+    `entered` is set when that call is held; a route that never makes the call is not held.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, obj: object, name: str, *,
+                 after: bool = False) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        original = getattr(obj, name)
+
+        async def hold() -> None:
+            if not self.entered.is_set():
+                self.entered.set()
+                await self.release.wait()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                await hold()
+            result = await original(*args, **kwargs)
+            if after:
+                await hold()
+            return result
+
+        monkeypatch.setattr(obj, name, held)
+
+    async def until_entered_or(self, task: asyncio.Task[Any]) -> None:
+        """Wait until the call is held, or `task` ended without making it."""
+        entered = asyncio.create_task(self.entered.wait())
+        await asyncio.wait([entered, task], return_when=asyncio.FIRST_COMPLETED)
+        entered.cancel()
+
+
+@pytest_asyncio.fixture
+async def api_direct_reads(open_store: StoreFactory, central_url: str,
+                           monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+    """`api` with a serving store that reads the central DB on its own loop (no sink thread),
+    so a hook on its reads runs on the test's loop."""
+    store = await open_store(triggerer_id="api-server", central_thread=False)
+    central = await CentralStore.open(central_url)
+    try:
+        async with client_for(create_app(store, tokens=())) as client:
+            yield Api(client, store, central, open_store)
+    finally:
+        await central.close()
+
+
+async def test_two_compare_and_sets_on_one_version_have_exactly_one_winner(
+    api_direct_reads: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#18 mechanism 1 through REST: the first PUT is held after any read of the owner it
+    makes; the second PUT, with the same expected_version, runs meanwhile. Exactly one is
+    answered 200, with its own value and version, and the central DB holds it."""
+    api = api_direct_reads
+    url = path("dag:race", "k")
+    assert (await api.client.put(url, json={"value": "v1"})).status_code == 200
+    sink = api.store.central_store
+    assert sink is not None
+    hook = HeldCall(monkeypatch, sink, "read_owner", after=True)
+    first = asyncio.create_task(api.client.put(url, json={"value": "a", "expected_version": 1}))
+    await hook.until_entered_or(first)
+    second = await api.client.put(url, json={"value": "b", "expected_version": 1})
+    hook.release.set()
+    answers = {"a": await first, "b": second}
+    assert sorted(r.status_code for r in answers.values()) == [200, 409], {
+        v: (r.status_code, r.text) for v, r in answers.items()}
+    value, won = next((v, r.json()) for v, r in answers.items() if r.status_code == 200)
+    assert (won["value"], won["version"]) == (value, 2)
+    assert await central_value(api, "dag:race", "k") == (value, 2)
+
+
+async def test_a_put_answers_its_own_write(api_direct_reads: Api,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """#18 mechanism 3: a write of another request lands right after this PUT's write; the
+    answer is still this PUT's own value and version."""
+    api = api_direct_reads
+    url = path("dag:own", "k")
+    assert (await api.client.put(url, json={"value": "v1"})).status_code == 200
+    hook = HeldCall(monkeypatch, api.store, "record")  # what a read after the write calls
+    first = asyncio.create_task(api.client.put(url, json={"value": "mine"}))
+    await hook.until_entered_or(first)
+    other = await api.client.put(url, json={"value": "theirs"})
+    hook.release.set()
+    mine = await first
+    assert (mine.status_code, mine.json()["value"]) == (200, "mine"), mine.text
+    assert (other.status_code, other.json()["value"]) == (200, "theirs")
+    assert sorted([mine.json()["version"], other.json()["version"]]) == [2, 3]
+    assert await central_value(api, "dag:own", "k") == (
+        "theirs" if other.json()["version"] == 3 else "mine", 3)
 
 
 # -- bad input ---------------------------------------------------------------------------
