@@ -28,6 +28,7 @@ from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name
 from localstate.api.schemas import (
+    MAX_VERSION,
     ErrorBody,
     Health,
     PutBody,
@@ -194,7 +195,8 @@ def build_router(store: StateStore, auth: Authorizer,
     async def delete_state(
         request: Request, caller: Caller, owner: OwnerDoc, key: KeyDoc,
         expected_version: Annotated[int | None, Query(
-            ge=1, description="delete only if the record is at this version")] = None,
+            ge=1, le=MAX_VERSION,
+            description="delete only if the committed record is at this version")] = None,
     ) -> Response:
         owner, key = state_name(request)
         caller.require_write(owner)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 __all__ = [
+    "MAX_VERSION",
     "ErrorBody",
     "FlushStateName",
     "Health",
@@ -17,6 +18,9 @@ __all__ = [
     "Status",
     "Throughput",
 ]
+
+#: versions are 64-bit signed integers in the central DB
+MAX_VERSION = 2**63 - 1
 
 FlushStateName = Literal["dirty", "flushed", "conflict"]
 
@@ -32,9 +36,10 @@ class StateItem(BaseModel):
     updated_at: datetime
     updated_by: str = Field(description="the id of the process that wrote it")
     flush_state: FlushStateName = Field(
-        description="dirty: the serving store holds a write the central DB lacks; flushed: "
-                    "the central DB holds this version; conflict: the last flush met another "
-                    "writer's record")
+        description="flushed: the central DB committed this version (every plain read); with "
+                    "?pending=true also dirty: the serving store holds a write the central DB "
+                    "lacks (it may yet be refused), and conflict: the serving store's last "
+                    "flush of it met another writer's record")
 
 
 class StateList(BaseModel):
@@ -50,9 +55,9 @@ class PutBody(BaseModel):
 
     value: Any = Field(description="any JSON value (null included)")
     expected_version: StrictInt | None = Field(
-        default=None, ge=0,
-        description="write only if the record is at this version (0: it must not exist); "
-                    "409 otherwise")
+        default=None, ge=0, le=MAX_VERSION,
+        description="write only if the committed record is at this version (0: it must not "
+                    "exist); 409 otherwise. One conditional statement on the central DB")
 
 
 class Throughput(BaseModel):

@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 
 from localstate import StateStore
 from localstate.api import create_app
+from localstate.api.schemas import MAX_VERSION
 from localstate.codec import DEFAULT_MAX_VALUE_BYTES
 from localstate.sync.central_store import CentralStore
 
@@ -161,7 +162,7 @@ def allowed_statuses(case: RestCase, before: Row | None) -> set[int]:
         return refusals | {400, 422}
     expected = obj.get("expected_version")
     if set(obj) - {"value", "expected_version"} or "value" not in obj or not (
-            expected is None or (type(expected) is int and expected >= 0)):
+            expected is None or (type(expected) is int and 0 <= expected <= MAX_VERSION)):
         return refusals | {422}
     problem = value_problem(obj["value"])
     if problem is not None:

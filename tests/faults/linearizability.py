@@ -1,0 +1,493 @@
+"""A linearizability checker for versioned registers, one per key (#18).
+
+A `History` records operations as clients make them: `invoke` when the call starts, then exactly
+one of `ok` (it took effect, or a read saw this), `fail` (it definitely did not take effect: a
+`VersionConflict`, a 409) or `info` (unknown: a timeout, `CentralUnavailable`, a 503, a cut
+connection; it may take effect at any later time, or never).
+
+The model: each key is a register whose state is ``(value, version)``. A successful write or
+compare-and-set moves the version forward and returns the new one; a compare-and-set succeeds iff
+the committed version equals its expected version (0: the key has no value); a read returns
+``(value, version)``; a delete empties the register (its tombstone's version is not reported, so
+after a delete the version is only known to be above the one before). A failed compare-and-set
+must also be explained: at some point of its call the version was not the expected one.
+
+`check(history)` searches, for each key on its own (P-compositionality: a history is linearizable
+iff each key's is), for an order of the operations that respects real time (an operation that
+completed before another was invoked comes first) and the model. The search is Wing and Gong's,
+with Lowe's memoization of (operations linearized, state): it never explores a configuration
+twice, which keeps histories of thousands of operations with a handful in flight tractable.
+
+Unknown outcomes: an `info` operation has no completion, so it may be placed anywhere after its
+invocation, or left out. To bound the search, an `info` write or compare-and-set whose value no
+read ever returned is left out (taken as not applied; values are unique per write), and an
+`info` delete is kept only when a later read found the key empty. Leaving an operation out only
+removes choices, so an accepted history is linearizable; a rejected one was rejected with the
+unknown operations that could matter.
+
+The simpler counters name what went wrong in words: lost updates, version regressions, stale
+reads (`counters`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "ABSENT",
+    "CheckResult",
+    "Counters",
+    "History",
+    "KeyResult",
+    "Op",
+    "check",
+    "check_key",
+    "counters",
+]
+
+Kind = Literal["read", "write", "cas", "delete"]
+Status = Literal["ok", "fail", "info"]
+
+
+class _Absent:
+    """The value of a key with none (never written, or deleted)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+@dataclass
+class Op:
+    """One operation: what was asked, when, and what came back.
+
+    `value`: the value written (write, cas) or read (read, ok). `version`: the version a write
+    returned or a read saw (0 for a read that found nothing). `expected`: a cas's expected
+    version. `deleted`: whether a delete found a value.
+    """
+
+    id: int
+    client: int
+    key: Hashable
+    kind: Kind
+    invoke: float
+    value: Any = None
+    expected: int | None = None
+    complete: float = math.inf
+    status: Status | None = None
+    version: int | None = None
+    deleted: bool | None = None
+    error: str | None = None
+
+    def __str__(self) -> str:
+        args = {"read": "", "write": f"{self.value!r}", "delete": "",
+                "cas": f"{self.value!r} if v{self.expected}"}[self.kind]
+        out = {"ok": f"ok {self._result()}", "fail": f"fail {self.error or ''}".strip(),
+               "info": f"info {self.error or ''}".strip(), None: "pending"}[self.status]
+        return (f"#{self.id} c{self.client} {self.kind}({args}) [{self.invoke:.4f}, "
+                f"{self.complete:.4f}] -> {out}")
+
+    def _result(self) -> str:
+        if self.kind == "read":
+            return "empty" if self.value is ABSENT else f"{self.value!r} v{self.version}"
+        if self.kind == "delete":
+            return "deleted" if self.deleted else "nothing to delete"
+        return f"v{self.version}"
+
+
+class History:
+    """Operations recorded by concurrent clients (threads or tasks); thread-safe."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.ops: list[Op] = []
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def invoke(self, client: int, key: Hashable, kind: Kind, value: Any = None,
+               expected: int | None = None) -> Op:
+        with self._lock:
+            op = Op(len(self.ops), client, key, kind, self._clock(), value, expected)
+            self.ops.append(op)
+        return op
+
+    def ok(self, op: Op, *, version: int | None = None, value: Any = None,
+           deleted: bool | None = None) -> None:
+        """`op` took effect (writes: at `version`; reads: saw `value` at `version`)."""
+        op.complete = self._clock()
+        op.status = "ok"
+        if op.kind == "read":
+            op.value = value
+            op.version = 0 if value is ABSENT else version
+        elif op.kind == "delete":
+            op.deleted = deleted
+        else:
+            op.version = version
+
+    def fail(self, op: Op, error: str = "") -> None:
+        """`op` definitely did not take effect."""
+        op.complete = self._clock()
+        op.status = "fail"
+        op.error = error
+
+    def info(self, op: Op, error: str = "") -> None:
+        """`op`'s outcome is unknown: it may take effect at any later time, or never."""
+        op.status = "info"
+        op.error = error
+        op.complete = math.inf
+
+    def by_status(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for op in self.ops:
+            out[f"{op.kind} {op.status}"] += 1
+        return dict(out)
+
+
+# -- the model -----------------------------------------------------------------------------
+
+# A state: (value, version, exact). exact False: the version is unknown but above `version`
+# (after a delete, or an unknown write).
+State = tuple[Any, int, bool]
+INITIAL: State = (ABSENT, 0, True)
+
+
+def _at_version(state: State, v: int) -> bool:
+    """Whether the register, in `state`, may be at version `v` (a present value)."""
+    value, version, exact = state
+    if value is ABSENT:
+        return False
+    return version == v if exact else v > version
+
+
+def _cas_holds(state: State, expected: int) -> bool:
+    return state[0] is ABSENT if expected == 0 else _at_version(state, expected)
+
+
+def _above(state: State, v: int) -> bool:
+    """Whether `v` may be a version a write moved `state` to (strictly forward)."""
+    return v > state[1]
+
+
+def step(state: State, op: Op) -> State | None:
+    """The state after `op` from `state`, or None when `op` cannot happen there."""
+    value, version, _exact = state
+    kind, status = op.kind, op.status
+    if kind == "read":  # only ok reads are checked
+        if op.value is ABSENT:
+            return state if value is ABSENT else None
+        if value == op.value and op.version is not None and _at_version(state, op.version):
+            return (value, op.version, True)
+        return None
+    if kind == "write":
+        if status == "ok":
+            assert op.version is not None
+            return (op.value, op.version, True) if _above(state, op.version) else None
+        return (op.value, version, False)  # info: applied, at an unknown version
+    if kind == "cas":
+        assert op.expected is not None
+        if status == "fail":  # refused: the version was not the expected one
+            if not _cas_holds(state, op.expected):
+                return state
+            # an inexact version may still differ from the expected one
+            return state if (value is not ABSENT and not state[2]) else None
+        if not _cas_holds(state, op.expected):
+            return None
+        if status == "ok":
+            assert op.version is not None
+            return (op.value, op.version, True) if _above(state, op.version) and (
+                op.version > op.expected) else None
+        return (op.value, max(version, op.expected), False)
+    # delete
+    if status == "ok":
+        if op.deleted:
+            return None if value is ABSENT else (ABSENT, version, False)
+        return state if value is ABSENT else None
+    return state if value is ABSENT else (ABSENT, version, False)  # info, applied
+
+
+# -- the search ----------------------------------------------------------------------------
+
+
+@dataclass
+class KeyResult:
+    key: Hashable
+    ops: int
+    linearizable: bool
+    configurations: int
+    #: when not linearizable: the operations around the furthest point the search reached
+    stuck_at: list[str] = field(default_factory=list)
+    #: unknown operations left out of the search (see the module docstring)
+    left_out: int = 0
+
+
+def _relevant(ops: list[Op]) -> tuple[list[Op], int]:
+    """The operations the search must place: ok and fail ones, and the unknown ones that a
+    read could have observed."""
+    read_values = {_hashable(o.value) for o in ops
+                   if o.kind == "read" and o.status == "ok" and o.value is not ABSENT}
+    empty_reads = [o.invoke for o in ops if o.status == "ok" and (
+        (o.kind == "read" and o.value is ABSENT) or (o.kind == "delete" and not o.deleted)
+        or (o.kind == "cas" and o.expected == 0))]
+    last_empty = max(empty_reads, default=-math.inf)
+    kept: list[Op] = []
+    left_out = 0
+    for o in ops:
+        if o.status == "ok" or (o.status == "fail" and o.kind == "cas"):
+            kept.append(o)  # a failed cas is explained too; other failures changed nothing
+        elif o.status == "fail":
+            continue
+        elif o.status == "info" and (
+            (o.kind in ("write", "cas") and _hashable(o.value) in read_values)
+            or (o.kind == "delete" and o.invoke < last_empty)
+        ):
+            kept.append(o)
+        else:
+            left_out += 1
+    return kept, left_out
+
+
+def _hashable(value: Any) -> Hashable:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value  # type: ignore[no-any-return]
+
+
+class _Node:
+    __slots__ = ("call", "match", "next", "op", "prev")
+
+    def __init__(self, op: Op | None, call: bool) -> None:
+        self.op = op
+        self.call = call
+        self.match: _Node | None = None  # a call's return node
+        self.prev: _Node | None = None
+        self.next: _Node | None = None
+
+
+def check_key(key: Hashable, ops: list[Op], initial: State = INITIAL,
+              max_configurations: int = 5_000_000) -> KeyResult:
+    """Wing–Gong–Lowe search over one key's operations."""
+    kept, left_out = _relevant(ops)
+    index = {o.id: i for i, o in enumerate(kept)}
+    # events in time order; at equal times calls first (touching intervals overlap)
+    events: list[tuple[float, int, int, _Node]] = []
+    for o in kept:
+        call, ret = _Node(o, True), _Node(o, False)
+        call.match = ret
+        events.append((o.invoke, 0, o.id, call))
+        # an unknown op has no return: it ends after everything (ok ops' returns first)
+        events.append((o.complete, 1, o.id, ret))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    head = _Node(None, False)
+    prev = head
+    for *_rest, node in events:
+        prev.next, node.prev = node, prev
+        prev = node
+    # an unknown op's return (at +inf) only ends the search: reaching it means every op with
+    # a real return was placed, and the unknown ones left may stay out
+    def lift(call: _Node) -> None:
+        ret = call.match
+        assert call.prev is not None
+        assert ret is not None
+        assert ret.prev is not None
+        call.prev.next = call.next
+        if call.next is not None:
+            call.next.prev = call.prev
+        ret.prev.next = ret.next
+        if ret.next is not None:
+            ret.next.prev = ret.prev
+
+    def unlift(call: _Node) -> None:
+        ret = call.match
+        assert call.prev is not None
+        assert ret is not None
+        assert ret.prev is not None
+        ret.prev.next = ret
+        if ret.next is not None:
+            ret.next.prev = ret
+        call.prev.next = call
+        if call.next is not None:
+            call.next.prev = call
+
+    state = initial
+    linearized = 0
+    placed = 0
+    best = 0
+    best_node: _Node | None = None
+    cache: set[tuple[int, State]] = set()
+    stack: list[tuple[_Node, State]] = []
+    entry = head.next
+    configurations = 0
+    while entry is not None:
+        op = entry.op
+        assert op is not None
+        if entry.call:
+            new = step(state, op)
+            if new is not None:
+                bits = linearized | (1 << index[op.id])
+                if (bits, new) not in cache:
+                    configurations += 1
+                    if configurations > max_configurations:
+                        raise RuntimeError(f"key {key!r}: the search passed "
+                                           f"{max_configurations:,} configurations")
+                    cache.add((bits, new))
+                    stack.append((entry, state))
+                    state, linearized = new, bits
+                    placed += 1
+                    lift(entry)
+                    entry = head.next
+                    continue
+            entry = entry.next
+            continue
+        if op.status == "info":
+            break  # only unknown ops are left unplaced: they may stay out
+        # a return whose call could not be placed before it: undo the last placement
+        if placed >= best:
+            best, best_node = placed, entry
+        if not stack:
+            return KeyResult(key, len(kept), False, configurations,
+                             _around(kept, best_node), left_out)
+        call, state = stack.pop()
+        assert call.op is not None
+        linearized &= ~(1 << index[call.op.id])
+        placed -= 1
+        unlift(call)
+        entry = call.next
+    return KeyResult(key, len(kept), True, configurations, left_out=left_out)
+
+
+def _around(ops: list[Op], node: _Node | None, before: int = 6) -> list[str]:
+    """The operations concurrent with, or just before, the one the search could not place."""
+    if node is None or node.op is None:
+        return []
+    stuck = node.op
+    near = [o for o in ops if o.invoke <= stuck.complete and o.complete >= stuck.invoke - 0.05]
+    earlier = [o for o in ops if o.complete < stuck.invoke - 0.05][-before:]
+    return [f"cannot place {stuck}"] + [str(o) for o in sorted(
+        {o.id: o for o in earlier + near}.values(), key=lambda o: o.invoke)]
+
+
+@dataclass
+class CheckResult:
+    keys: list[KeyResult]
+
+    @property
+    def violations(self) -> int:
+        """Keys whose history is not linearizable."""
+        return sum(1 for k in self.keys if not k.linearizable)
+
+    @property
+    def ops(self) -> int:
+        return sum(k.ops for k in self.keys)
+
+    def report(self) -> str:
+        lines = []
+        for k in self.keys:
+            verdict = "linearizable" if k.linearizable else "NOT linearizable"
+            lines.append(f"key {k.key!r}: {k.ops} ops {verdict} ({k.configurations:,} "
+                         f"configurations, {k.left_out} unknown ops left out)")
+            lines += [f"    {s}" for s in k.stuck_at]
+        return "\n".join(lines)
+
+
+def check(history: History | Iterable[Op], initial: State = INITIAL) -> CheckResult:
+    """Check each key's operations on its own."""
+    ops = history.ops if isinstance(history, History) else list(history)
+    by_key: dict[Hashable, list[Op]] = defaultdict(list)
+    for o in ops:
+        if o.status is not None:  # an op never completed nor marked: the caller's bug
+            by_key[o.key].append(o)
+    return CheckResult([check_key(k, v, initial) for k, v in sorted(
+        by_key.items(), key=lambda kv: repr(kv[0]))])
+
+
+# -- the simpler counters ------------------------------------------------------------------
+
+
+@dataclass
+class Counters:
+    #: acknowledged writes replaced by a write not based on them (two acknowledged writes at
+    #: one version, or a compare-and-set whose expected version is below an acknowledged one
+    #: it then replaced)
+    lost_updates: int = 0
+    #: an answer (a read's version, a write's version) below one an operation that completed
+    #: before it began had answered
+    version_regressions: int = 0
+    #: reads (a subset of the regressions) that saw a version below one acknowledged before
+    #: they began
+    stale_reads: int = 0
+    examples: list[str] = field(default_factory=list)
+
+
+def counters(history: History | Iterable[Op]) -> Counters:
+    ops = history.ops if isinstance(history, History) else list(history)
+    out = Counters()
+    by_key: dict[Hashable, list[Op]] = defaultdict(list)
+    for o in ops:
+        if o.status == "ok":
+            by_key[o.key].append(o)
+    for key_ops in by_key.values():
+        writes = [o for o in key_ops if o.kind in ("write", "cas") and o.version is not None]
+        lost: set[int] = set()
+        at: dict[int, list[Op]] = defaultdict(list)
+        for w in writes:
+            at[w.version].append(w)  # type: ignore[index]
+        for same in at.values():
+            if len(same) > 1:
+                lost.update(o.id for o in same[1:])
+                _example(out, f"acknowledged at one version: {'; '.join(map(str, same))}")
+        versions = sorted(at)
+        # a compare-and-set on a present version replaced exactly that version (one based on
+        # 0, "no value", follows a tombstone whose version no answer names)
+        for c in (o for o in writes if o.kind == "cas" and o.expected):
+            assert c.expected is not None
+            assert c.version is not None
+            skipped = [v for v in versions if c.expected < v < c.version]
+            for v in skipped:
+                lost.update(o.id for o in at[v])
+                _example(out, f"{c} replaced {at[v][0]}")
+        out.lost_updates += len(lost)
+        # regressions: an op's version below the highest version of ops completed before it
+        seen = sorted((o for o in key_ops if _observed(o) is not None),
+                      key=lambda o: o.complete)
+        order = sorted(seen, key=lambda o: o.invoke)
+        high: int = 0
+        i = 0
+        high_op: Op | None = None
+        for o in order:
+            while i < len(seen) and seen[i].complete < o.invoke:
+                before = _observed(seen[i])
+                assert before is not None
+                if before > high:
+                    high, high_op = before, seen[i]
+                i += 1
+            mine = _observed(o)
+            assert mine is not None
+            if mine < high or (o.kind != "read" and mine == high):  # a write moves forward
+                out.version_regressions += 1
+                if o.kind == "read":
+                    out.stale_reads += 1
+                _example(out, f"{o} after {high_op}")
+    return out
+
+
+def _observed(o: Op) -> int | None:
+    """The version `o` answered with, when it names one."""
+    if o.kind == "read":
+        return o.version if o.value is not ABSENT else None
+    if o.kind in ("write", "cas"):
+        return o.version
+    return None
+
+
+def _example(out: Counters, text: str) -> None:
+    if len(out.examples) < 10:
+        out.examples.append(text)
