@@ -1,8 +1,9 @@
 """`FaultTally`: what the fault-injection scenarios tried and what they found lost.
 
-Each scenario adds what it did (``fault_tally.add("rounds killed", 12)``) and what it found lost
-(``fault_tally.lost("local", 0)``: recorded even when zero, so the summary shows the promise was
-checked); the `fault_tally` fixture in `tests/conftest.py` hands it out and prints it after the run.
+Each scenario adds what it did (``fault_tally.add("rounds killed", 12)``), what it found lost
+(``fault_tally.lost("local", 0)``) and what else it found wrong (``fault_tally.found("stale
+reads", 0)``): both recorded even when zero, so the summary shows the promise was checked. The
+`fault_tally` fixture in `tests/conftest.py` hands it out and prints it after the run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class FaultTally:
     def __init__(self) -> None:
         self.tried: Counter[str] = Counter()
         self.losses: dict[str, int] = {}
+        self.findings: dict[str, int] = {}
 
     def add(self, what: str, n: int = 1) -> None:
         """Record `n` more of `what` (``"rounds killed"``, ``"acknowledged writes checked"``,
@@ -28,9 +30,15 @@ class FaultTally:
         """Record that checking `promise` (a durability mode, or a surface) found `n` lost."""
         self.losses[promise] = self.losses.get(promise, 0) + n
 
+    def found(self, what: str, n: int) -> None:
+        """Record that a check found `n` of `what` (``"lost updates"``, ``"stale reads"``,
+        ``"linearizability violations"``, ...)."""
+        self.findings[what] = self.findings.get(what, 0) + n
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         """The counts as plain data (a pytest-xdist worker sends them to the controller)."""
-        return {"tried": dict(self.tried), "losses": dict(self.losses)}
+        return {"tried": dict(self.tried), "losses": dict(self.losses),
+                "findings": dict(self.findings)}
 
     def merge(self, data: dict[str, dict[str, int]]) -> None:
         """Add the counts of another process's tally (`as_dict`)."""
@@ -38,8 +46,11 @@ class FaultTally:
             self.add(what, n)
         for promise, n in data.get("losses", {}).items():
             self.lost(promise, n)
+        for what, n in data.get("findings", {}).items():
+            self.found(what, n)
 
     def lines(self) -> list[str]:
         out = [f"{what}: {n:,}" for what, n in sorted(self.tried.items())]
         out += [f"lost ({promise}): {n:,}" for promise, n in sorted(self.losses.items())]
+        out += [f"{what}: {n:,}" for what, n in sorted(self.findings.items())]
         return out

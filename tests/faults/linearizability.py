@@ -86,6 +86,9 @@ class Op:
     version: int | None = None
     deleted: bool | None = None
     error: str | None = None
+    #: for a failed op: whether it was refused for its expected version (a 409), so that the
+    #: search must explain it, or for another reason (bad input, a closed store)
+    conflict: bool = True
 
     def __str__(self) -> str:
         args = {"read": "", "write": f"{self.value!r}", "delete": "",
@@ -131,11 +134,13 @@ class History:
         else:
             op.version = version
 
-    def fail(self, op: Op, error: str = "") -> None:
-        """`op` definitely did not take effect."""
+    def fail(self, op: Op, error: str = "", *, conflict: bool = True) -> None:
+        """`op` definitely did not take effect: refused for its expected version (`conflict`),
+        or for another reason."""
         op.complete = self._clock()
         op.status = "fail"
         op.error = error
+        op.conflict = conflict
 
     def info(self, op: Op, error: str = "") -> None:
         """`op`'s outcome is unknown: it may take effect at any later time, or never."""
@@ -239,7 +244,7 @@ def _relevant(ops: list[Op]) -> tuple[list[Op], int]:
     kept: list[Op] = []
     left_out = 0
     for o in ops:
-        if o.status == "ok" or (o.status == "fail" and o.kind == "cas"):
+        if o.status == "ok" or (o.status == "fail" and o.kind == "cas" and o.conflict):
             kept.append(o)  # a failed cas is explained too; other failures changed nothing
         elif o.status == "fail":
             continue

@@ -1,0 +1,207 @@
+"""Compare-and-set histories checked for linearizability (#18), on the surfaces and under faults.
+
+8 clients run random reads, compare-and-sets (on the version they last read), plain writes and
+deletes over 3 keys of one owner (`lin_workload`), through:
+
+(a) one `StateStore` (writes with ``central`` durability);
+(b) two `StateStore`s with different triggerer ids on one central DB;
+(c) the REST API of two `localstate serve` processes (different store ids, the same tokens);
+
+then through (b) and (c) with (d) PostgreSQL restarted and (e) its connections cut
+(``pg_terminate_backend``) in the middle, and through (a) with (f) the cache turned off and on
+during the run. Every history must be linearizable per key (`linearizability.check`), with no
+lost update, version regression or stale read; the counts go to the fault summary.
+
+Through a store, reads are of the committed record (see `lin_workload.committed_read`): a
+store is local-first, and its reads of another store's writes are stale until it loads them.
+
+Durations: ``LOCALSTATE_LIN_SECONDS`` (PostgreSQL, default 20), ``LOCALSTATE_LIN_SQLITE_SECONDS``
+(default 5), ``LOCALSTATE_LIN_FAULT_SECONDS`` (the fault runs, default 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from conftest import StoreFactory
+from fault_tally import FaultTally
+from lin_workload import (
+    RestSurface,
+    ServeProcess,
+    StoreSurface,
+    Surface,
+    run_workload,
+    seconds,
+    verify,
+)
+
+from localstate import StateStore
+from localstate.client import AsyncStateClient
+from localstate.sync.central_store import CentralStore
+from localstate.testing.postgres_server import PostgresServer
+
+TOKEN = "lincheck-token-0123456789abcdef"
+STORE_OPTIONS = {"flush_interval": 0.05, "central_timeout": 5.0}
+
+
+def duration(backend: str) -> float:
+    if backend == "sqlite":
+        return seconds("LOCALSTATE_LIN_SQLITE_SECONDS", 5)
+    return seconds("LOCALSTATE_LIN_SECONDS", 20)
+
+
+FAULT_SECONDS = seconds("LOCALSTATE_LIN_FAULT_SECONDS", 10)
+
+
+@pytest_asyncio.fixture
+async def reader(central_url: str) -> AsyncIterator[CentralStore]:
+    """The test's own client of the central DB, for committed reads."""
+    central = await CentralStore.open(central_url)
+    yield central
+    await central.close()
+
+
+async def stores_surface(open_store: StoreFactory, reader: CentralStore, n: int
+                         ) -> StoreSurface:
+    stores = [await open_store(triggerer_id=f"lin-{i}", **STORE_OPTIONS) for i in range(n)]
+    return StoreSurface(stores, reader)
+
+
+@contextlib.asynccontextmanager
+async def rest_surface(central_url: str, folder: Path) -> AsyncIterator[RestSurface]:
+    """Two `localstate serve` processes on one central DB, and a client of each."""
+    servers = [ServeProcess(central_url, f"lin-api-{i}", folder, f"{TOKEN}:read-write:*")
+               for i in range(2)]
+    try:
+        await asyncio.gather(*(s.started() for s in servers))
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(AsyncStateClient(
+                s.url, token=TOKEN, timeout=10.0)) for s in servers]
+            yield RestSurface(clients)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def assert_clean(history_label: str, verdict: object) -> None:
+    from lin_workload import Verdict
+
+    assert isinstance(verdict, Verdict)
+    assert verdict.clean, f"{history_label}:\n{verdict.details()}"
+
+
+async def test_a_one_store(open_store: StoreFactory, reader: CentralStore, backend: str,
+                           fault_tally: FaultTally) -> None:
+    surface = await stores_surface(open_store, reader, 1)
+    history = await run_workload(surface, duration(backend))
+    label = f"(a) one store, {backend}"
+    assert_clean(label, verify(history, fault_tally, label))
+
+
+async def test_b_two_stores(open_store: StoreFactory, reader: CentralStore, backend: str,
+                            fault_tally: FaultTally) -> None:
+    surface = await stores_surface(open_store, reader, 2)
+    history = await run_workload(surface, duration(backend))
+    label = f"(b) two stores, {backend}"
+    assert_clean(label, verify(history, fault_tally, label))
+
+
+async def test_c_two_rest_servers(central_url: str, tmp_path: Path, backend: str,
+                                  fault_tally: FaultTally) -> None:
+    async with rest_surface(central_url, tmp_path) as surface:
+        history = await run_workload(surface, duration(backend))
+    label = f"(c) two REST servers, {backend}"
+    assert_clean(label, verify(history, fault_tally, label))
+
+
+# -- under faults (PostgreSQL only) ----------------------------------------------------------
+
+
+@pytest.fixture
+def pg_database(pg_server: PostgresServer) -> tuple[str, str]:
+    """A fresh database on the suite's PostgreSQL, committing synchronously (a restart must
+    not lose what it acknowledged: that would test the server's settings, not localstate)."""
+    dbname = f"lin_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(dbname)
+    pg_server.psql(f"ALTER DATABASE {dbname} SET synchronous_commit = on", dbname="postgres")
+    return dbname, url
+
+
+def restart(pg_server: PostgresServer) -> Callable[[], Awaitable[None]]:
+    async def fault() -> None:
+        await asyncio.sleep(FAULT_SECONDS / 3)
+        await asyncio.to_thread(pg_server.restart, "fast")
+    return fault
+
+
+def cut(pg_server: PostgresServer, dbname: str) -> Callable[[], Awaitable[None]]:
+    async def fault() -> None:
+        await asyncio.sleep(FAULT_SECONDS / 3)
+        killed = 0
+        for _ in range(20):  # a second of cuts, then the connections come back
+            killed += await asyncio.to_thread(pg_server.terminate_backends, dbname)
+            await asyncio.sleep(0.05)
+        assert killed > 0, "no backend was terminated: the test cut nothing"
+    return fault
+
+
+@pytest.mark.parametrize("surface_kind", ["stores", "rest"])
+@pytest.mark.parametrize("fault_kind", ["restart", "cut"])
+async def test_de_faults_in_the_middle(pg_server: PostgresServer, pg_database: tuple[str, str],
+                                       tmp_path: Path, fault_tally: FaultTally,
+                                       surface_kind: str, fault_kind: str) -> None:
+    dbname, url = pg_database
+    fault = restart(pg_server) if fault_kind == "restart" else cut(pg_server, dbname)
+    label = f"({'d' if fault_kind == 'restart' else 'e'}) {fault_kind} under {surface_kind}"
+    async with contextlib.AsyncExitStack() as stack:
+        surface: Surface
+        if surface_kind == "rest":
+            surface = await stack.enter_async_context(rest_surface(url, tmp_path))
+        else:
+            central = await CentralStore.open(url)
+            stack.push_async_callback(central.close)
+            stores = []
+            for i in range(2):
+                store = await StateStore.open(central_url=url, triggerer_id=f"lin-{i}",
+                                              cache_path=tmp_path / f"lin-{i}.db",
+                                              **STORE_OPTIONS)
+                stack.push_async_callback(store.close)
+                stores.append(store)
+            surface = StoreSurface(stores, central)
+        history = await run_workload(surface, FAULT_SECONDS, during=fault)
+    fault_tally.add("linearizability: faults injected", 1)
+    assert_clean(label, verify(history, fault_tally, label))
+
+
+async def test_f_cache_toggled_off_and_on(open_store: StoreFactory, reader: CentralStore,
+                                          backend: str, fault_tally: FaultTally) -> None:
+    surface = await stores_surface(open_store, reader, 1)
+    store = surface.stores[0]
+    on = store.settings
+    off = on.replace(enabled=False)
+    toggles = 0
+    run_for = FAULT_SECONDS if backend == "postgresql" else duration(backend)
+
+    async def toggle() -> None:
+        nonlocal toggles
+        end = time.monotonic() + run_for - 1
+        while time.monotonic() < end:
+            await asyncio.sleep(0.5)
+            await store.reconfigure(off)
+            await asyncio.sleep(0.5)
+            await store.reconfigure(on)
+            toggles += 1
+
+    history = await run_workload(surface, run_for, during=toggle)
+    fault_tally.add("linearizability: cache toggles", toggles)
+    label = f"(f) cache toggled {toggles} times, {backend}"
+    verdict = verify(history, fault_tally, label)
+    assert toggles > 0
+    assert_clean(label, verdict)
