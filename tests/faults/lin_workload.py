@@ -20,6 +20,7 @@ store's own fresh read of the committed record once it has one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -64,6 +65,8 @@ __all__ = [
 OWNER = "dag:lincheck"
 KEYS = ("k0", "k1", "k2")
 CLIENTS = 8
+#: the share of steps in which a client also churns (`Surface.churn`: a store loads the owner)
+CHURN = 0.03
 #: after an unknown outcome (the DB is down) a client waits this long before its next call
 BACKOFF = 0.05
 
@@ -80,6 +83,8 @@ class Surface(Protocol):
     async def write(self, client: int, key: str, value: Any) -> int: ...
     async def cas(self, client: int, key: str, value: Any, expected: int) -> int: ...
     async def delete(self, client: int, key: str) -> bool: ...
+    async def churn(self, client: int) -> None:
+        """Something a real user does now and then that is no operation of the model."""
 
 
 STORE_READ = os.environ.get("LOCALSTATE_LIN_STORE_READ", "central")
@@ -120,6 +125,10 @@ class StoreSurface:
     async def delete(self, client: int, key: str) -> bool:
         return await self._store(client).delete(OWNER, key, durability="central")
 
+    async def churn(self, client: int) -> None:
+        # a trigger moving here: the store refreshes the owner from the central DB
+        await self._store(client).load(OWNER)
+
 
 @dataclass
 class RestSurface:
@@ -144,6 +153,9 @@ class RestSurface:
     async def delete(self, client: int, key: str) -> bool:
         return await self._client().delete(OWNER, key)
 
+    async def churn(self, client: int) -> None:
+        return None
+
 
 async def _client_loop(history: History, surface: Surface, client: int, until: float,
                        seed: int) -> None:
@@ -151,6 +163,9 @@ async def _client_loop(history: History, surface: Surface, client: int, until: f
     last: dict[str, int] = {}  # the version this client last read or wrote, per key
     n = 0
     while time.monotonic() < until:
+        if rng.random() < CHURN:
+            with contextlib.suppress(CentralError):
+                await surface.churn(client)
         key = rng.choice(KEYS)
         n += 1
         value = f"c{client}-{n}"
@@ -230,7 +245,16 @@ class Verdict:
                 f"regressions {c.version_regressions}, stale reads {c.stale_reads}")
 
     def details(self) -> str:
-        return "\n".join([self.result.report(), *self.counts.examples])
+        lines = [self.result.report(), *self.counts.examples]
+        if self.result.violations:
+            # a diagnosis: are the refused compare-and-sets what cannot be explained?
+            without = check(self.history, refusals=False)
+            lines.append(f"with the refusals (refused compare-and-sets, deletes that found "
+                         f"nothing) left out: {without.violations} keys not linearizable" + (
+                             " (so the violations are refusals made on a state the record "
+                             "was not committed at)" if not without.violations else
+                             ":\n" + without.report()))
+        return "\n".join(lines)
 
 
 def verify(history: History, fault_tally: FaultTally, label: str) -> Verdict:

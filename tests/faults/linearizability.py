@@ -232,9 +232,10 @@ class KeyResult:
     left_out: int = 0
 
 
-def _relevant(ops: list[Op]) -> tuple[list[Op], int]:
-    """The operations the search must place: ok and fail ones, and the unknown ones that a
-    read could have observed."""
+def _relevant(ops: list[Op], refusals: bool = True) -> tuple[list[Op], int]:
+    """The operations the search must place: ok ones, refused compare-and-sets, and the
+    unknown ones that a read could have observed. Without `refusals`: no refused
+    compare-and-set, and no delete that found nothing."""
     read_values = {_hashable(o.value) for o in ops
                    if o.kind == "read" and o.status == "ok" and o.value is not ABSENT}
     empty_reads = [o.invoke for o in ops if o.status == "ok" and (
@@ -244,7 +245,10 @@ def _relevant(ops: list[Op]) -> tuple[list[Op], int]:
     kept: list[Op] = []
     left_out = 0
     for o in ops:
-        if o.status == "ok" or (o.status == "fail" and o.kind == "cas" and o.conflict):
+        if not refusals and o.kind == "delete" and o.status == "ok" and not o.deleted:
+            continue  # a delete that found nothing: a refusal too
+        if o.status == "ok" or (
+                refusals and o.status == "fail" and o.kind == "cas" and o.conflict):
             kept.append(o)  # a failed cas is explained too; other failures changed nothing
         elif o.status == "fail":
             continue
@@ -278,9 +282,11 @@ class _Node:
 
 
 def check_key(key: Hashable, ops: list[Op], initial: State = INITIAL,
-              max_configurations: int = 5_000_000) -> KeyResult:
-    """Wing–Gong–Lowe search over one key's operations."""
-    kept, left_out = _relevant(ops)
+              max_configurations: int = 5_000_000, *, refusals: bool = True) -> KeyResult:
+    """Wing–Gong–Lowe search over one key's operations (without `refusals`, the answers that
+    wrote nothing, refused compare-and-sets and deletes that found nothing, are left out: a
+    diagnosis, telling refusals made on a state nobody committed from the rest)."""
+    kept, left_out = _relevant(ops, refusals)
     index = {o.id: i for i, o in enumerate(kept)}
     # events in time order; at equal times calls first (touching intervals overlap)
     events: list[tuple[float, int, int, _Node]] = []
@@ -403,14 +409,15 @@ class CheckResult:
         return "\n".join(lines)
 
 
-def check(history: History | Iterable[Op], initial: State = INITIAL) -> CheckResult:
-    """Check each key's operations on its own."""
+def check(history: History | Iterable[Op], initial: State = INITIAL, *,
+          refusals: bool = True) -> CheckResult:
+    """Check each key's operations on its own (`refusals`: see `check_key`)."""
     ops = history.ops if isinstance(history, History) else list(history)
     by_key: dict[Hashable, list[Op]] = defaultdict(list)
     for o in ops:
         if o.status is not None:  # an op never completed nor marked: the caller's bug
             by_key[o.key].append(o)
-    return CheckResult([check_key(k, v, initial) for k, v in sorted(
+    return CheckResult([check_key(k, v, initial, refusals=refusals) for k, v in sorted(
         by_key.items(), key=lambda kv: repr(kv[0]))])
 
 
