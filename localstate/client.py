@@ -15,8 +15,12 @@ For components that reach `localstate serve` (``localstate.api``) rather than th
     async with AsyncStateClient(url, token=TOKEN) as client:          # the same, awaited
         await client.get("dag:etl/load", "cursor")
 
-Writes through the server have ``central`` durability: when `set` or `delete` returns, the
-central DB holds the write. The server's answers come back as the errors the store raises:
+Each `set` and `delete` is one statement on the central DB: when it returns, the central DB
+holds the write, and `set` returns that write's own record. A `set` with `expected_version` is a
+compare-and-set on the committed version. Reads (`get`, `record`, `list`) show what the central
+DB committed: a read that starts after a write returned sees it or a later one, through any
+server. A `CentralUnavailable` from a write leaves its outcome unknown: read, then write with
+`expected_version`. The server's answers come back as the errors the store raises:
 
 =======================================  ==================================================
 server answer                            raised
