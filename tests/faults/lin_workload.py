@@ -196,9 +196,9 @@ async def _client_loop(history: History, surface: Surface, client: int, until: f
                 history.ok(op, deleted=await surface.delete(client, key))
                 last[key] = 0
         except (VersionConflict, WriteRejected) as exc:
+            # (the version a conflict names is not taken as the next expected one: clients
+            # only compare-and-set on versions they read or wrote, see `linearizability`)
             history.fail(op, type(exc).__name__)
-            if isinstance(exc, VersionConflict):
-                last[key] = exc.actual
         except (InvalidInput, StoreClosed) as exc:  # refused, nothing written
             history.fail(op, f"{type(exc).__name__}: {exc}", conflict=False)
         except (CentralError, httpx.HTTPError, TimeoutError, OSError) as exc:

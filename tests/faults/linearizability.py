@@ -17,13 +17,20 @@ iff each key's is), for an order of the operations that respects real time (an o
 completed before another was invoked comes first) and the model. The search is Wing and Gong's,
 with Lowe's memoization of (operations linearized, state): it never explores a configuration
 twice, which keeps histories of thousands of operations with a handful in flight tractable.
+Operations with an unknown outcome are tried last, and a configuration that placed more of them
+than one already visited (same known operations, same state) is skipped: leaving one unplaced
+never constrains what follows.
 
 Unknown outcomes: an `info` operation has no completion, so it may be placed anywhere after its
-invocation, or left out. To bound the search, an `info` write or compare-and-set whose value no
-read ever returned is left out (taken as not applied; values are unique per write), and an
-`info` delete is kept only when a later read found the key empty. Leaving an operation out only
-removes choices, so an accepted history is linearizable; a rejected one was rejected with the
-unknown operations that could matter.
+invocation, or left out. One whose value a read returned took effect before that read ended
+(values are unique per write), so it gets that deadline and must be placed. The others are left
+out (taken as not applied) when nothing after them could tell: a write or compare-and-set after
+which no compare-and-set was refused (clients take the versions they compare-and-set on from
+reads and their own writes only), a delete after which no read found the key empty and no
+compare-and-set was refused. Leaving an unknown operation out only removes choices, so an
+accepted history is linearizable. A search that passes `max_configurations` gives up and says
+so (`KeyResult.undecided`, counted as not linearizable): a linearizable history is found fast,
+it is one that is not, with many unknown outcomes, whose search grows.
 
 The simpler counters name what went wrong in words: lost updates, version regressions, stale
 reads (`counters`).
@@ -36,7 +43,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = [
@@ -228,38 +235,48 @@ class KeyResult:
     configurations: int
     #: when not linearizable: the operations around the furthest point the search reached
     stuck_at: list[str] = field(default_factory=list)
-    #: unknown operations left out of the search (see the module docstring)
+    #: operations left out of the search: failed ones, unknown ones (see the module docstring)
     left_out: int = 0
+    #: the search gave up (`max_configurations`) without finding an order: counted as not
+    #: linearizable. A linearizable history is found fast; it is the ones that are not, with
+    #: many unknown outcomes, whose search grows
+    undecided: bool = False
 
 
 def _relevant(ops: list[Op], refusals: bool = True) -> tuple[list[Op], int]:
     """The operations the search must place: ok ones, refused compare-and-sets, and the
     unknown ones that a read could have observed. Without `refusals`: no refused
-    compare-and-set, and no delete that found nothing."""
-    read_values = {_hashable(o.value) for o in ops
-                   if o.kind == "read" and o.status == "ok" and o.value is not ABSENT}
+    compare-and-set, and no delete that found nothing.
+
+    An unknown write whose value nobody read may still have moved the version unseen, and so
+    explain a compare-and-set refused after it: such writes are kept when a refusal follows.
+    """
+    read_values: dict[Hashable, float] = {}  # each value read: when its first read ended
+    for o in ops:
+        if o.kind == "read" and o.status == "ok" and o.value is not ABSENT:
+            v = _hashable(o.value)
+            read_values[v] = min(read_values.get(v, math.inf), o.complete)
     empty_reads = [o.invoke for o in ops if o.status == "ok" and (
         (o.kind == "read" and o.value is ABSENT) or (o.kind == "delete" and not o.deleted)
         or (o.kind == "cas" and o.expected == 0))]
     last_empty = max(empty_reads, default=-math.inf)
+    last_refusal = max((o.complete for o in ops if refusals and o.status == "fail"
+                        and o.kind == "cas" and o.conflict), default=-math.inf)
     kept: list[Op] = []
-    left_out = 0
     for o in ops:
-        if not refusals and o.kind == "delete" and o.status == "ok" and not o.deleted:
-            continue  # a delete that found nothing: a refusal too
-        if o.status == "ok" or (
-                refusals and o.status == "fail" and o.kind == "cas" and o.conflict):
-            kept.append(o)  # a failed cas is explained too; other failures changed nothing
+        if o.status == "ok":
+            if refusals or not (o.kind == "delete" and not o.deleted):
+                kept.append(o)  # (a delete that found nothing is a refusal too)
         elif o.status == "fail":
-            continue
-        elif o.status == "info" and (
-            (o.kind in ("write", "cas") and _hashable(o.value) in read_values)
-            or (o.kind == "delete" and o.invoke < last_empty)
-        ):
-            kept.append(o)
-        else:
-            left_out += 1
-    return kept, left_out
+            if refusals and o.kind == "cas" and o.conflict:
+                kept.append(o)  # explained too; other failures changed nothing
+        elif o.kind in ("write", "cas") and _hashable(o.value) in read_values:
+            # a read returned its value: it took effect before that read ended (values are
+            # unique), so it is placed like a known op, by that deadline
+            kept.append(replace(o, complete=read_values[_hashable(o.value)]))
+        elif o.invoke < last_refusal or (o.kind == "delete" and o.invoke < last_empty):
+            kept.append(o)  # may have taken effect, at any time after its call
+    return kept, len(ops) - len(kept)
 
 
 def _hashable(value: Any) -> Hashable:
@@ -282,12 +299,11 @@ class _Node:
 
 
 def check_key(key: Hashable, ops: list[Op], initial: State = INITIAL,
-              max_configurations: int = 5_000_000, *, refusals: bool = True) -> KeyResult:
+              max_configurations: int = 300_000, *, refusals: bool = True) -> KeyResult:
     """Wing–Gong–Lowe search over one key's operations (without `refusals`, the answers that
     wrote nothing, refused compare-and-sets and deletes that found nothing, are left out: a
     diagnosis, telling refusals made on a state nobody committed from the rest)."""
     kept, left_out = _relevant(ops, refusals)
-    index = {o.id: i for i, o in enumerate(kept)}
     # events in time order; at equal times calls first (touching intervals overlap)
     events: list[tuple[float, int, int, _Node]] = []
     for o in kept:
@@ -328,51 +344,73 @@ def check_key(key: Hashable, ops: list[Op], initial: State = INITIAL,
         if call.next is not None:
             call.next.prev = call
 
-    state = initial
-    linearized = 0
-    placed = 0
-    best = 0
-    best_node: _Node | None = None
-    cache: set[tuple[int, State]] = set()
-    stack: list[tuple[_Node, State]] = []
-    entry = head.next
+    # Depth-first, one frame per placed op: the candidates are the calls before the first
+    # return in the list (each may be linearized next), unknown outcomes first (most took
+    # effect; measured on generated histories, 3-6x fewer configurations). A configuration is
+    # (known ops
+    # placed, unknown ops placed, state); one is dominated, and skipped, when a configuration
+    # with the same known ops and state was visited with a subset of its unknown ops placed:
+    # an unknown op left unplaced constrains nothing (it may take effect later, or never).
+    index_known = {o.id: i for i, o in enumerate(o for o in kept if o.complete < math.inf)}
+    index_unknown = {o.id: i for i, o in enumerate(o for o in kept if o.complete == math.inf)}
+
+    def candidates() -> tuple[list[_Node], _Node | None]:
+        """The calls that may come next, and the first return (None: no known op left)."""
+        known: list[_Node] = []
+        unknown: list[_Node] = []
+        node = head.next
+        while node is not None and node.call:
+            assert node.op is not None
+            (unknown if node.op.complete == math.inf else known).append(node)
+            node = node.next
+        if node is not None and node.op is not None and node.op.complete == math.inf:
+            node = None  # only unknown ops' returns left: every known op is placed
+        return unknown + known, node
+
+    seen: dict[tuple[int, State], list[int]] = {}
     configurations = 0
-    while entry is not None:
-        op = entry.op
-        assert op is not None
-        if entry.call:
-            new = step(state, op)
-            if new is not None:
-                bits = linearized | (1 << index[op.id])
-                if (bits, new) not in cache:
-                    configurations += 1
-                    if configurations > max_configurations:
-                        raise RuntimeError(f"key {key!r}: the search passed "
-                                           f"{max_configurations:,} configurations")
-                    cache.add((bits, new))
-                    stack.append((entry, state))
-                    state, linearized = new, bits
-                    placed += 1
-                    lift(entry)
-                    entry = head.next
-                    continue
-            entry = entry.next
+    first, blocker = candidates()
+    if blocker is None:
+        return KeyResult(key, len(kept), True, 0, left_out=left_out)
+    # a frame: [candidates, next to try, state, known bits, unknown bits, first return]
+    frames: list[list[Any]] = [[first, 0, initial, 0, 0, blocker]]
+    best, best_node = 0, blocker
+    while frames:
+        frame = frames[-1]
+        cands, i, state, known_bits, unknown_bits, _blocker = frame
+        if i >= len(cands):  # nothing fits here: undo the placement that led here
+            frames.pop()
+            if frames:
+                parent = frames[-1]
+                unlift(parent[0][parent[1] - 1])
             continue
-        if op.status == "info":
-            break  # only unknown ops are left unplaced: they may stay out
-        # a return whose call could not be placed before it: undo the last placement
-        if placed >= best:
-            best, best_node = placed, entry
-        if not stack:
+        frame[1] += 1
+        node = cands[i]
+        op = node.op
+        assert op is not None
+        new = step(state, op)
+        if new is None:
+            continue
+        if op.complete == math.inf:
+            kb, ub = known_bits, unknown_bits | (1 << index_unknown[op.id])
+        else:
+            kb, ub = known_bits | (1 << index_known[op.id]), unknown_bits
+        visited = seen.setdefault((kb, new), [])
+        if any(old & ~ub == 0 for old in visited):
+            continue  # dominated
+        visited.append(ub)
+        configurations += 1
+        if configurations > max_configurations:
             return KeyResult(key, len(kept), False, configurations,
-                             _around(kept, best_node), left_out)
-        call, state = stack.pop()
-        assert call.op is not None
-        linearized &= ~(1 << index[call.op.id])
-        placed -= 1
-        unlift(call)
-        entry = call.next
-    return KeyResult(key, len(kept), True, configurations, left_out=left_out)
+                             _around(kept, best_node), left_out, undecided=True)
+        lift(node)
+        nxt, blocker = candidates()
+        if blocker is None:
+            return KeyResult(key, len(kept), True, configurations, left_out=left_out)
+        if len(frames) >= best:
+            best, best_node = len(frames), blocker
+        frames.append([nxt, 0, new, kb, ub, blocker])
+    return KeyResult(key, len(kept), False, configurations, _around(kept, best_node), left_out)
 
 
 def _around(ops: list[Op], node: _Node | None, before: int = 6) -> list[str]:
@@ -402,9 +440,10 @@ class CheckResult:
     def report(self) -> str:
         lines = []
         for k in self.keys:
-            verdict = "linearizable" if k.linearizable else "NOT linearizable"
+            verdict = "linearizable" if k.linearizable else (
+                "NOT linearizable" if not k.undecided else "no order found (search gave up)")
             lines.append(f"key {k.key!r}: {k.ops} ops {verdict} ({k.configurations:,} "
-                         f"configurations, {k.left_out} unknown ops left out)")
+                         f"configurations, {k.left_out} ops left out)")
             lines += [f"    {s}" for s in k.stuck_at]
         return "\n".join(lines)
 
