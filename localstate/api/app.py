@@ -11,9 +11,9 @@ each read shows and how writes are made.
 The application's lifespan (run by any ASGI server) opens its own `CentralStore` on the store's
 ``central_url`` for every read and write of the routes (each write one statement on the central
 DB, see `localstate.api.writes`): the store itself may talk to the central DB from a thread of
-its own, so its client is not borrowed. Pass `central` to use another one (then the caller closes it). With
-``manage_store=True`` the lifespan also opens the store and closes it at shutdown; otherwise the
-caller owns the store.
+its own, so its client is not borrowed. Pass `central` to use another one (then the caller
+closes it). With ``manage_store=True`` the lifespan also opens the store and closes it at
+shutdown; otherwise the caller owns the store.
 """
 
 from __future__ import annotations
