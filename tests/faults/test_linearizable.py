@@ -16,7 +16,7 @@ Through a store, reads are of the committed record (see `lin_workload.committed_
 store is local-first, and its reads of another store's writes are stale until it loads them.
 
 Durations: ``LOCALSTATE_LIN_SECONDS`` (PostgreSQL, default 20), ``LOCALSTATE_LIN_SQLITE_SECONDS``
-(default 5), ``LOCALSTATE_LIN_FAULT_SECONDS`` (the fault runs, default 10).
+(SQLite and MySQL, default 5), ``LOCALSTATE_LIN_FAULT_SECONDS`` (the fault runs, default 10).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ STORE_OPTIONS = {"flush_interval": 0.05, "central_timeout": 5.0}
 
 
 def duration(backend: str) -> float:
-    if backend == "sqlite":
-        return seconds("LOCALSTATE_LIN_SQLITE_SECONDS", 5)
-    return seconds("LOCALSTATE_LIN_SECONDS", 20)
+    """The long run on PostgreSQL (production's central DB), a short one on the others."""
+    if backend == "postgresql":
+        return seconds("LOCALSTATE_LIN_SECONDS", 20)
+    return seconds("LOCALSTATE_LIN_SQLITE_SECONDS", 5)
 
 
 FAULT_SECONDS = seconds("LOCALSTATE_LIN_FAULT_SECONDS", 10)
