@@ -33,18 +33,19 @@ so (`KeyResult.undecided`, counted as not linearizable): a linearizable history 
 it is one that is not, with many unknown outcomes, whose search grows.
 
 The simpler counters name what went wrong in words: lost updates, version regressions, stale
-reads (`counters`).
+reads (`counters`, in `lin_counters`). `History` and `Op` live in `lin_history`.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
+
+from lin_counters import Counters, counters
+from lin_history import ABSENT, History, Op
 
 __all__ = [
     "ABSENT",
@@ -57,109 +58,6 @@ __all__ = [
     "check_key",
     "counters",
 ]
-
-Kind = Literal["read", "write", "cas", "delete"]
-Status = Literal["ok", "fail", "info"]
-
-
-class _Absent:
-    """The value of a key with none (never written, or deleted)."""
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
-
-
-@dataclass
-class Op:
-    """One operation: what was asked, when, and what came back.
-
-    `value`: the value written (write, cas) or read (read, ok). `version`: the version a write
-    returned or a read saw (0 for a read that found nothing). `expected`: a cas's expected
-    version. `deleted`: whether a delete found a value.
-    """
-
-    id: int
-    client: int
-    key: Hashable
-    kind: Kind
-    invoke: float
-    value: Any = None
-    expected: int | None = None
-    complete: float = math.inf
-    status: Status | None = None
-    version: int | None = None
-    deleted: bool | None = None
-    error: str | None = None
-    #: for a failed op: whether it was refused for its expected version (a 409), so that the
-    #: search must explain it, or for another reason (bad input, a closed store)
-    conflict: bool = True
-
-    def __str__(self) -> str:
-        args = {"read": "", "write": f"{self.value!r}", "delete": "",
-                "cas": f"{self.value!r} if v{self.expected}"}[self.kind]
-        out = {"ok": f"ok {self._result()}", "fail": f"fail {self.error or ''}".strip(),
-               "info": f"info {self.error or ''}".strip(), None: "pending"}[self.status]
-        return (f"#{self.id} c{self.client} {self.kind}({args}) [{self.invoke:.4f}, "
-                f"{self.complete:.4f}] -> {out}")
-
-    def _result(self) -> str:
-        if self.kind == "read":
-            return "empty" if self.value is ABSENT else f"{self.value!r} v{self.version}"
-        if self.kind == "delete":
-            return "deleted" if self.deleted else "nothing to delete"
-        return f"v{self.version}"
-
-
-class History:
-    """Operations recorded by concurrent clients (threads or tasks); thread-safe."""
-
-    def __init__(self, clock: Any = time.monotonic) -> None:
-        self.ops: list[Op] = []
-        self._clock = clock
-        self._lock = threading.Lock()
-
-    def invoke(self, client: int, key: Hashable, kind: Kind, value: Any = None,
-               expected: int | None = None) -> Op:
-        with self._lock:
-            op = Op(len(self.ops), client, key, kind, self._clock(), value, expected)
-            self.ops.append(op)
-        return op
-
-    def ok(self, op: Op, *, version: int | None = None, value: Any = None,
-           deleted: bool | None = None) -> None:
-        """`op` took effect (writes: at `version`; reads: saw `value` at `version`)."""
-        op.complete = self._clock()
-        op.status = "ok"
-        if op.kind == "read":
-            op.value = value
-            op.version = 0 if value is ABSENT else version
-        elif op.kind == "delete":
-            op.deleted = deleted
-        else:
-            op.version = version
-
-    def fail(self, op: Op, error: str = "", *, conflict: bool = True) -> None:
-        """`op` definitely did not take effect: refused for its expected version (`conflict`),
-        or for another reason."""
-        op.complete = self._clock()
-        op.status = "fail"
-        op.error = error
-        op.conflict = conflict
-
-    def info(self, op: Op, error: str = "") -> None:
-        """`op`'s outcome is unknown: it may take effect at any later time, or never."""
-        op.status = "info"
-        op.error = error
-        op.complete = math.inf
-
-    def by_status(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for op in self.ops:
-            out[f"{op.kind} {op.status}"] += 1
-        return dict(out)
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -458,87 +356,3 @@ def check(history: History | Iterable[Op], initial: State = INITIAL, *,
             by_key[o.key].append(o)
     return CheckResult([check_key(k, v, initial, refusals=refusals) for k, v in sorted(
         by_key.items(), key=lambda kv: repr(kv[0]))])
-
-
-# -- the simpler counters ------------------------------------------------------------------
-
-
-@dataclass
-class Counters:
-    #: acknowledged writes replaced by a write not based on them (two acknowledged writes at
-    #: one version, or a compare-and-set whose expected version is below an acknowledged one
-    #: it then replaced)
-    lost_updates: int = 0
-    #: an answer (a read's version, a write's version) below one an operation that completed
-    #: before it began had answered
-    version_regressions: int = 0
-    #: reads (a subset of the regressions) that saw a version below one acknowledged before
-    #: they began
-    stale_reads: int = 0
-    examples: list[str] = field(default_factory=list)
-
-
-def counters(history: History | Iterable[Op]) -> Counters:
-    ops = history.ops if isinstance(history, History) else list(history)
-    out = Counters()
-    by_key: dict[Hashable, list[Op]] = defaultdict(list)
-    for o in ops:
-        if o.status == "ok":
-            by_key[o.key].append(o)
-    for key_ops in by_key.values():
-        writes = [o for o in key_ops if o.kind in ("write", "cas") and o.version is not None]
-        lost: set[int] = set()
-        at: dict[int, list[Op]] = defaultdict(list)
-        for w in writes:
-            at[w.version].append(w)  # type: ignore[index]
-        for same in at.values():
-            if len(same) > 1:
-                lost.update(o.id for o in same[1:])
-                _example(out, f"acknowledged at one version: {'; '.join(map(str, same))}")
-        versions = sorted(at)
-        # a compare-and-set on a present version replaced exactly that version (one based on
-        # 0, "no value", follows a tombstone whose version no answer names)
-        for c in (o for o in writes if o.kind == "cas" and o.expected):
-            assert c.expected is not None
-            assert c.version is not None
-            skipped = [v for v in versions if c.expected < v < c.version]
-            for v in skipped:
-                lost.update(o.id for o in at[v])
-                _example(out, f"{c} replaced {at[v][0]}")
-        out.lost_updates += len(lost)
-        # regressions: an op's version below the highest version of ops completed before it
-        seen = sorted((o for o in key_ops if _observed(o) is not None),
-                      key=lambda o: o.complete)
-        order = sorted(seen, key=lambda o: o.invoke)
-        high: int = 0
-        i = 0
-        high_op: Op | None = None
-        for o in order:
-            while i < len(seen) and seen[i].complete < o.invoke:
-                before = _observed(seen[i])
-                assert before is not None
-                if before > high:
-                    high, high_op = before, seen[i]
-                i += 1
-            mine = _observed(o)
-            assert mine is not None
-            if mine < high or (o.kind != "read" and mine == high):  # a write moves forward
-                out.version_regressions += 1
-                if o.kind == "read":
-                    out.stale_reads += 1
-                _example(out, f"{o} after {high_op}")
-    return out
-
-
-def _observed(o: Op) -> int | None:
-    """The version `o` answered with, when it names one."""
-    if o.kind == "read":
-        return o.version if o.value is not ABSENT else None
-    if o.kind in ("write", "cas"):
-        return o.version
-    return None
-
-
-def _example(out: Counters, text: str) -> None:
-    if len(out.examples) < 10:
-        out.examples.append(text)
