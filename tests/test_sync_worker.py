@@ -59,7 +59,7 @@ def sink_of(store: StateStore) -> CentralStore:
 
 
 def worker_of(store: StateStore) -> SyncWorker:
-    worker = store._worker
+    worker = store.sync_worker
     assert worker is not None
     return worker
 
@@ -346,7 +346,7 @@ async def crashed_after_a_flush_outran_its_commit(
     await a.set(OWNER, "wm", 100)  # committed locally
     await a.flush()
     if clean:
-        await a._require_cache().sync_now()  # the mark-clean reaches the file
+        await a.sync_local()  # the mark-clean reaches the file
     await a.set(OWNER, "wm", 110, durability="memory")  # not committed locally...
     await a.set(OWNER, "wm", 120, durability="memory")
     await a.flush()  # ...but in the central DB: v3 = 120
