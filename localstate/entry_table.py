@@ -189,7 +189,7 @@ class EntryTable:
         e = self.entries.get(k)
         if e is None:
             e = self.entries[k] = entry_from_row(row)
-        elif e.dirty or row.version == e.version:  # TEMP: today's rule
+        elif e.dirty or row.version <= e.version:
             return e
         else:
             _take_row(e, row)

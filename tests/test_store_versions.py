@@ -1,0 +1,113 @@
+"""Versions never go backwards, and a write acknowledged centrally is never silently replaced.
+
+Deterministic regressions for the store-level mechanisms of issue #18 (a load that raced with a
+flush, the same live writer's stale base let through the fence) and for writes and deletes of
+keys not in memory while the central DB cannot be read (#21). Every race here is made with a
+held read or a stepped flush, never with timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import StoreFactory
+
+from localstate import StateStore, VersionConflict, WriteRejected
+from localstate.entry import StateKey
+from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+
+OWNER = "asset_watcher:versions"
+
+
+class HeldReads:
+    """A sink around a `CentralStore` whose `read_owner` can be held after it has read."""
+
+    def __init__(self, inner: CentralStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.hold: asyncio.Event | None = None
+        self.read_done = asyncio.Event()
+
+    @property
+    def transactions(self) -> int:
+        return self.inner.transactions
+
+    @property
+    def rows_written(self) -> int:
+        return self.inner.rows_written
+
+    async def read_owner(self, owner: str) -> list[CentralRow]:
+        rows = await self.inner.read_owner(owner)
+        if self.hold is not None:
+            self.read_done.set()
+            await self.hold.wait()
+        return rows
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        return await self.inner.read_many(keys)
+
+    async def write_batch(self, rows: Sequence[DirtyRow], policies: PolicyMap, **kw: Any
+                          ) -> list[FlushOutcome]:
+        return await self.inner.write_batch(rows, policies, **kw)
+
+    async def write_direct(self, owner: str, key: str, data: str | None, *, updated_at: float,
+                           updated_by: str) -> CentralRow:
+        return await self.inner.write_direct(owner, key, data, updated_at=updated_at,
+                                             updated_by=updated_by)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@contextlib.asynccontextmanager
+async def central(url: str) -> AsyncIterator[CentralStore]:
+    sink = await CentralStore.open(url)
+    try:
+        yield sink
+    finally:
+        await sink.close()
+
+
+async def central_record(url: str, key: str) -> tuple[Any, int] | None:
+    async with central(url) as reader:
+        row = (await reader.read_many([(OWNER, key)])).get((OWNER, key))
+    if row is None:
+        return None
+    return (None if row.data is None else orjson.loads(row.data)), row.version
+
+
+# -- a load never lowers an entry (#18, mechanism 1) ---------------------------------------
+
+
+async def test_a_load_read_before_a_flush_never_puts_the_entry_back(
+    central_url: str, tmp_path: Path,
+) -> None:
+    held = HeldReads(await CentralStore.open(central_url))
+    try:
+        async with StateStore(cache_path=tmp_path / "c.db", central_url=central_url,
+                              triggerer_id="t", flush_interval=60.0, sink=held) as store:
+            assert await store.set(OWNER, "k", "v1", durability="central") == 1
+            held.hold = asyncio.Event()
+            load = asyncio.create_task(store.load(OWNER))
+            await held.read_done.wait()  # the load has read v1 and is held
+            assert await store.compare_and_set(OWNER, "k", "x", expected_version=1,
+                                               durability="central") == 2
+            held.hold.set()
+            assert await load == 1
+            record = await store.record(OWNER, "k")
+            assert record is not None
+            assert (record.value, record.version) == ("x", 2)
+            with pytest.raises(VersionConflict):
+                await store.compare_and_set(OWNER, "k", "y", expected_version=1,
+                                            durability="central")
+            assert await central_record(central_url, "k") == ("x", 2)
+    finally:
+        await held.close()
