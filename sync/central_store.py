@@ -3,6 +3,32 @@
 One code path for both dialects; the SQL that differs lives in `localstate.sync.dialects`.
 Every driver error is wrapped: an unreachable or failing database is `CentralUnavailable`,
 anything else `CentralError`, with the driver's exception as the cause.
+
+How a flush tells a replay from a stale write. Each row a sync worker writes carries the id of
+its local cache file (``writer``, `LocalCache.writer_id`); every other write (direct mode, a
+compare-and-set on the central DB) clears it. Invariants:
+
+1. One live process per cache file (its file lock). So a central row carrying my file's id was
+   written by me, or by an earlier process on my file, which has ended: my own chain.
+2. Central versions of a key only grow: every write goes in above the record it replaces.
+3. In a running store an entry's base (``synced_version``) never goes backwards and, once a
+   flush's outcome for a write is recorded, is at least that write's central version
+   (`localstate.entry_table`).
+4. Hence a central row of my own chain at a version above my base and no higher than my
+   write's is a write of mine whose outcome was never recorded: a commit whose answer was
+   lost (a cut connection), or a flush whose mark-clean a crash lost. The fence lets my write
+   replace it: no one else's write is lost, and a replay of the same version keeps it.
+5. Any other central version than my base is a conflict, settled by the owner's policy. That
+   includes a row of another file under the same ``updated_by`` (a restart with a new cache
+   file, two hosts given one triggerer id) and a write based on an unknown version
+   (`UNKNOWN_BASE`: the central record could not be read when it was made), except that a
+   row of my own chain is then simply replaced (I was the last writer).
+6. My own chain *further on* than the write (central's version at or above the write's: a
+   flush took versions whose local commit a crash then lost) keeps the newer of the two by
+   ``updated_at``, with no conflict (step 3 of `_write_batch`).
+
+The common path (every row on its base) stays one statement; the writer travels once per
+statement.
 """
 
 from __future__ import annotations
@@ -58,10 +84,11 @@ def _epoch(value: datetime | str) -> float:
 
 
 def _central_row(row: Sequence[Any]) -> CentralRow:
-    owner, key, value, version, updated_at, updated_by = row
+    """A row of (owner, key, value, version, updated_at, updated_by[, writer])."""
+    owner, key, value, version, updated_at, updated_by, *writer = row
     return CentralRow(
         owner, key, value, int(version), _epoch(updated_at),
-        updated_by,
+        updated_by, writer[0] if writer else None,
     )
 
 
@@ -206,7 +233,7 @@ class CentralStore:
                 index_elements=[t.owner, t.key],
                 set_={"value": stmt.excluded.value, "version": t.version + 1,
                       "prev_version": t.version, "updated_at": stmt.excluded.updated_at,
-                      "updated_by": stmt.excluded.updated_by},
+                      "updated_by": stmt.excluded.updated_by, "writer": None},
                 where=t.value.is_(None),
             ).returning(t.version)
         else:
@@ -215,7 +242,7 @@ class CentralStore:
                 .where(t.owner == owner, t.key == key, t.version == expected_version,
                        t.value.is_not(None))
                 .values(value=value, version=t.version + 1, prev_version=t.version,
-                        updated_at=when, updated_by=updated_by)
+                        updated_at=when, updated_by=updated_by, writer=None)
                 .returning(t.version)
             )
         async with self._errors("write"), self.engine.begin() as conn:
@@ -234,20 +261,30 @@ class CentralStore:
         return CentralRow(owner, key, value, int(version), when.timestamp(), updated_by)
 
     async def write_batch(
-        self, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
-        """Write `rows` in one transaction, fenced; resolve conflicts by each owner's policy."""
+        """Write `rows` in one transaction, fenced; resolve conflicts by each owner's policy.
+
+        `writer`: the id of the local cache file the rows come from (`LocalCache.writer_id`),
+        recorded with each row; None for rows with no file behind them (no replay is then
+        recognised).
+        """
         if not rows:
             return []
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await self._write_batch(conn, rows, policies)
+            outcomes = await self._write_batch(conn, rows, policies, writer)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
 
     async def _write_batch(
-        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap,
+        writer: str | None,
     ) -> list[FlushOutcome]:
+        # this file's own chain: a central row its sync worker wrote (see the module docstring)
+        def own(c: CentralRow) -> bool:
+            return writer is not None and c.writer == writer
+
         outcomes: list[FlushOutcome] = []
         uniform = policies.uniform
         # every owner's policy: one for all (no lookup per row), or each looked up once
@@ -278,11 +315,10 @@ class CentralStore:
                 # too. Without this, max reported a spurious conflict and failed the `central`
                 # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
                 # version (no bump).
-                replay = stale and c.updated_by == r.updated_by and (
-                    r.base_version < c.version <= r.version)
+                replay = stale and own(c) and r.base_version < c.version <= r.version
                 if replay:
                     stale = False
-                elif c.updated_by == r.updated_by and c.version >= r.version:
+                elif own(c) and c.version >= r.version:
                     if r.updated_at <= c.updated_at:
                         # this writer's own later write (see step 3): keep it, no conflict
                         outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
@@ -295,7 +331,7 @@ class CentralStore:
                 else:
                     outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
-        written = await self._upsert(conn, to_write)
+        written = await self._upsert(conn, to_write, writer)
         refused: list[DirtyRow] = []
         if written is None and not replaced:
             # the common case, every row through the fence: one outcome per row, built flat
@@ -327,8 +363,8 @@ class CentralStore:
             c = current.get((r.owner, r.key))
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
-            elif c.updated_by == r.updated_by and c.version >= r.version:
-                # This writer's own chain, further on: a flush took versions whose local commit
+            elif own(c) and c.version >= r.version:
+                # This file's own chain, further on: a flush took versions whose local commit
                 # a crash then lost (flushes do not wait for the local commit). Nobody else
                 # wrote, so no conflict; the newer of the two writes stays. Central's, when
                 # this row is older (left dirty in the file from before the crash); this row,
@@ -343,7 +379,7 @@ class CentralStore:
                 replaced[(r.owner, r.key)] = c
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
-        written = await self._upsert(conn, retry)
+        written = await self._upsert(conn, retry, writer)
         for r, base, conflict in retry:
             version = _next_version(r.version, base) if written is None else written.get(
                 (r.owner, r.key))
@@ -357,18 +393,21 @@ class CentralStore:
         return outcomes
 
     async def _upsert(
-        self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]]
+        self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]],
+        writer: str | None,
     ) -> dict[StateKey, int] | None:
         """Write `rows` fenced on their bases. None: every row went in, each at
         `_next_version(row.version, base)`; else the versions of the rows that went in."""
         if not rows:
             return {}
+        # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
+        # fence never matches (central versions start at 1) and an insert records as it is
         packed: list[UpsertRow] = [
-            (r.owner, r.key, r.data, _next_version(r.version, base), base, r.updated_at,
-             r.updated_by)
+            (r.owner, r.key, r.data, _next_version(r.version, base), base if base > 0 else 0,
+             r.updated_at, r.updated_by)
             for r, base, _conflict in rows
         ]
-        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
+        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed, writer))
         if result.rowcount == len(packed):
             return None  # the fence let every row through: the common case
         intended = {(p[0], p[1]): p[3] for p in packed}
@@ -380,6 +419,7 @@ class CentralStore:
         return {
             k: v for k, v in intended.items()
             if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
+            and c.writer == writer
         }
 
 

@@ -6,7 +6,8 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     one row per state variable: owner, key (the primary key), value (JSON text; NULL marks a
     deletion, kept as a tombstone so a late writer cannot bring the key back unseen), version,
     prev_version (the version this write replaced: the flush's fencing condition compares it),
-    updated_at, updated_by.
+    updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
+    for any other write: see `localstate.sync.central_store` on replays).
 ``localstate_schema``
     one row per migration applied.
 
@@ -71,6 +72,7 @@ state_variable = Table(
     Column("prev_version", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("updated_by", String(250), nullable=False),
+    Column("writer", String(64), nullable=True),
 )
 
 schema_table = Table(
@@ -122,9 +124,17 @@ def _v2_state_variable_fillfactor(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE {STATE_TABLE} SET (fillfactor = {FILLFACTOR})"))
 
 
+def _v3_state_variable_writer(conn: Connection) -> None:
+    # The identity of the write itself: a flush recognises a replay of its own file's chain by
+    # it, not by updated_by (which restarts and misconfigured hosts share). Rows written
+    # before this migration have none: their replays are settled by the conflict policy.
+    conn.execute(text(f"ALTER TABLE {STATE_TABLE} ADD COLUMN writer VARCHAR(64)"))
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
+    Migration(3, "state table writer column", _v3_state_variable_writer),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

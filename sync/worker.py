@@ -237,8 +237,8 @@ class SyncWorker:
         return self.table.collect_dirty(keys)
 
     async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
-        """Step 2: one fenced transaction through the sink."""
-        return await self.sink.write_batch(rows, self.policies)
+        """Step 2: one fenced transaction through the sink, as this cache file's writes."""
+        return await self.sink.write_batch(rows, self.policies, writer=self.cache.writer_id)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:
