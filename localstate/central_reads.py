@@ -72,4 +72,4 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey) 
             log.warning("cannot read %s/%s from the central DB before writing it (%s); the "
                         "write is based on an unknown central version and settled by the "
                         "conflict policy at the flush", k[0], k[1], exc)
-    return table.first_write_base(k, row, unknown=unknown and False)  # TEMP
+    return table.first_write_base(k, row, unknown=unknown)

@@ -21,9 +21,17 @@ from typing import TYPE_CHECKING, Any
 from localstate.central_reads import first_write_base, known_entry, load_owner
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
-from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
+from localstate.entry import (
+    NOT_DECODED,
+    UNKNOWN_BASE,
+    Entry,
+    StateKey,
+    entry_from_row,
+    record_of,
+)
 from localstate.entry_table import EntryTable
 from localstate.errors import (
+    CentralUnavailable,
     InvalidInput,
     LocalStateError,
     StoreClosed,
@@ -361,6 +369,11 @@ class StateStore:
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
         e = await first_write_base(self._table, self._require_reader(), k)
+        if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
+            raise CentralUnavailable(
+                f"cannot compare {owner}/{key} with version {expected_version}: this store "
+                "does not hold it and the central DB could not be read; nothing was written"
+            )
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -374,7 +387,12 @@ class StateStore:
     async def delete(
         self, owner: str, key: str, *, durability: Durability | None = None
     ) -> bool:
-        """Delete ``(owner, key)``; return whether it had a value."""
+        """Delete ``(owner, key)``; return whether it had a value.
+
+        False only when the store knows the key had no value. When it cannot know (the key is
+        not in memory and the central DB cannot be read) the delete is recorded all the same
+        (based on an unknown version, applied when the DB answers) and the answer is True.
+        """
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
@@ -392,8 +410,8 @@ class StateStore:
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
         e = await first_write_base(self._table, self._require_reader(), k)
-        if e.data is None:
-            return False
+        if e.data is None and e.synced_version != UNKNOWN_BASE:
+            return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
         await self._write(k, e, None, None, durability)
         return True
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,12 @@ import orjson
 import pytest
 from conftest import StoreFactory
 
-from localstate import StateStore, VersionConflict, WriteRejected
+from localstate import CentralUnavailable, StateStore, VersionConflict, WriteRejected
 from localstate.entry import StateKey
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:versions"
 
@@ -168,3 +170,152 @@ async def test_a_stale_write_under_a_shared_triggerer_id_is_a_conflict_not_an_ov
     assert await b.get(OWNER, "k") == "a2"
     assert [(i.winner, i.central_version) for i in seen] == [("central", 2)]
 
+
+# -- keys not in memory while the central DB cannot be read (#21, items 1 and 2) -------------
+
+
+@pytest.fixture(scope="module")
+def own_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """A PostgreSQL server these tests stop and start (the suite's own one stays up)."""
+    server = PostgresServer(tmp_path_factory.mktemp("own-postgres"))
+    server.start()
+    yield server
+    server.close()
+
+
+class Outage:
+    """Makes the central DB of a test unreadable and readable again, on either backend:
+    PostgreSQL is stopped; the SQLite file is moved aside and a file that is not a database
+    put in its place (the tests run as root, which file modes do not stop)."""
+
+    def __init__(self, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.backend = backend
+        if backend == "postgresql":
+            self.pg: PostgresServer = request.getfixturevalue("own_pg")
+            self.url = self.pg.create_database(f"outage_{uuid.uuid4().hex[:12]}")
+        else:
+            self.path = tmp_path / "central.db"
+            self.url = f"sqlite:///{self.path}"
+        self.store: StateStore | None = None
+
+    @contextlib.asynccontextmanager
+    async def down(self) -> AsyncIterator[None]:
+        if self.backend == "postgresql":
+            await asyncio.to_thread(self.pg.stop, "fast")
+            try:
+                yield
+            finally:
+                await asyncio.to_thread(self.pg.start)
+            return
+        assert self.store is not None
+        assert self.store.central_store is not None
+        engine = self.store.central_store.engine
+        await engine.dispose()  # the pooled connections would go on reading the moved file
+        moved = _swap_out(self.path)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+            _swap_back(self.path, moved)
+
+    async def open_store(self, tmp_path: Path, **options: Any) -> StateStore:
+        # with the sink on this loop, the SQLite outage can drop its pooled connections
+        self.store = await StateStore.open(
+            central_url=self.url, cache_path=tmp_path / "cache.db", triggerer_id="t",
+            flush_interval=60.0, central_thread=False, **options)
+        return self.store
+
+
+def _swap_out(path: Path) -> list[tuple[Path, Path]]:
+    """Move the SQLite database `path` (and its WAL files) aside; put garbage in its place."""
+    moved = [(Path(f"{path}{s}"), Path(f"{path}{s}.away"))
+             for s in ("", "-wal", "-shm") if Path(f"{path}{s}").exists()]
+    for here, away in moved:
+        here.rename(away)
+    path.write_bytes(b"this is not a database " * 100)
+    return moved
+
+
+def _swap_back(path: Path, moved: list[tuple[Path, Path]]) -> None:
+    for s in ("", "-wal", "-shm"):
+        Path(f"{path}{s}").unlink(missing_ok=True)
+    for here, away in moved:
+        away.rename(here)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def outage(request: pytest.FixtureRequest, tmp_path: Path) -> Outage:
+    return Outage(str(request.param), tmp_path, request)
+
+
+async def forget_memory(store: StateStore) -> None:
+    """Empty the store's memory the way the issue did: turn the cache off and on again."""
+    await store.reconfigure(store.settings.replace(enabled=False))
+    await store.reconfigure(store.settings.replace(enabled=True))
+    assert store.stats().keys_in_memory == 0
+
+
+async def test_a_write_to_a_key_not_in_memory_while_central_is_down_never_goes_back(
+    outage: Outage, tmp_path: Path,
+) -> None:
+    store = await outage.open_store(tmp_path)
+    try:
+        for i in range(1, 6):
+            assert await store.set(OWNER, "k", i) == i
+        await store.flush()
+        await forget_memory(store)
+        async with outage.down():
+            v6 = await store.set(OWNER, "k", 6)
+            assert v6 > 5  # above any version the central DB holds, though it was not read
+            v7 = await store.set(OWNER, "k", 7, durability="memory")
+            assert v7 == v6 + 1
+        report = await store.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert await store.get(OWNER, "k") == 7
+        record = await store.record(OWNER, "k")
+        assert record is not None
+        assert record.version == v7
+    finally:
+        await store.close()
+    assert await central_record(outage.url, "k") == (7, v7)
+
+
+async def test_a_delete_of_a_key_not_in_memory_while_central_is_down_happens_later(
+    outage: Outage, tmp_path: Path,
+) -> None:
+    store = await outage.open_store(tmp_path, absent_ttl=0.2)
+    try:
+        await store.set(OWNER, "gone", "x")
+        await store.flush()
+        await forget_memory(store)
+        async with outage.down():
+            # it cannot tell whether the key has a value: never "there was nothing"
+            assert await store.delete(OWNER, "gone") is True
+            assert await store.get(OWNER, "gone") is None
+        report = await store.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert await central_record(outage.url, "gone") is not None
+        assert (await central_record(outage.url, "gone") or (0, 0))[0] is None  # a tombstone
+        assert await store.get(OWNER, "gone") is None
+        assert await store.delete(OWNER, "gone") is False  # known now: nothing to delete
+    finally:
+        await store.close()
+
+
+async def test_a_compare_and_set_of_a_key_not_in_memory_while_central_is_down_is_refused(
+    outage: Outage, tmp_path: Path,
+) -> None:
+    store = await outage.open_store(tmp_path)
+    try:
+        await store.set(OWNER, "k", "v1")
+        await store.flush()
+        await forget_memory(store)
+        async with outage.down():
+            with pytest.raises(CentralUnavailable):
+                await store.compare_and_set(OWNER, "k", "v2", expected_version=1)
+            assert store.stats().dirty_keys == 0  # nothing was written
+        assert await store.compare_and_set(OWNER, "k", "v2", expected_version=1) == 2
+        await store.flush()
+    finally:
+        await store.close()
+    assert await central_record(outage.url, "k") == ("v2", 2)
