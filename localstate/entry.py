@@ -98,5 +98,5 @@ def record_of(k: StateKey, e: Entry, conflicted: Container[StateKey]) -> Record:
     return Record(
         owner=k[0], key=k[1], value=decode(e.data), version=e.version,
         updated_at=epoch_to_datetime(e.updated_at), updated_by=e.updated_by,
-        flush_state=state, central_version=e.synced_version,
+        flush_state=state, central_version=max(e.synced_version, 0),  # UNKNOWN_BASE: 0
     )

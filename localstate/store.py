@@ -250,6 +250,34 @@ class StateStore:
                 return None
             return record_of((owner, key), e, self._conflicted())
 
+    async def read_committed(self, owner: str, key: str) -> Record | None:
+        """The record the central DB holds now (None: no value), read with a query of its own.
+
+        Linearizable with every write acknowledged centrally (``central`` durability, a
+        compare-and-set in ``central`` durability, any write in direct mode): a call that starts
+        after such a write returned sees it or a later one. Writes this store still owes the
+        central DB are not shown. The row also refreshes this store's entry when the entry is
+        clean and older (it never lowers an entry).
+        """
+        if self._closed:
+            raise self._closed_error()
+        k = (owner, key)
+        try:
+            hash(k)
+        except TypeError:  # an unhashable owner or key (a list, say)
+            refuse_unhashable_names(owner, key)
+        check_name("owner", owner)
+        check_name("key", key)
+        async with self._gate.call():
+            # not through the read-through: joining a read already in flight could return a
+            # row read before this call began
+            row = (await self._require_sink().read_many([k])).get(k)
+            if row is None or row.data is None:
+                return None
+            if not self._direct:
+                self._table.adopt(k, row)
+            return record_of(k, entry_from_row(row), ())
+
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
         if self._closed:

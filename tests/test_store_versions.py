@@ -319,3 +319,28 @@ async def test_a_compare_and_set_of_a_key_not_in_memory_while_central_is_down_is
     finally:
         await store.close()
     assert await central_record(outage.url, "k") == ("v2", 2)
+
+
+# -- a committed read through the store ----------------------------------------------------
+
+
+async def test_read_committed_shows_the_central_record_and_never_lowers_an_entry(
+    open_store: StoreFactory,
+) -> None:
+    a = await open_store()
+    b = await open_store()
+    await a.set(OWNER, "k", "a1", durability="central")
+    assert await b.get(OWNER, "k") == "a1"  # read through, now held by b
+    await a.set(OWNER, "k", "a2", durability="central")
+    assert await b.get(OWNER, "k") == "a1"  # b's memory: a2 was written elsewhere
+    committed = await b.read_committed(OWNER, "k")
+    assert committed is not None
+    assert (committed.value, committed.version) == ("a2", 2)
+    assert await b.get(OWNER, "k") == "a2"  # the newer row refreshed b's clean entry
+    # a write b still owes the central DB is not committed: not shown, and not lowered
+    assert await b.set(OWNER, "k", "b3", durability="memory") == 3
+    committed = await b.read_committed(OWNER, "k")
+    assert committed is not None
+    assert (committed.value, committed.version) == ("a2", 2)
+    assert await b.get(OWNER, "k") == "b3"
+    assert await b.read_committed(OWNER, "missing") is None
