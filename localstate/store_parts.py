@@ -107,9 +107,11 @@ async def open_central(s: Settings) -> Sink:
 
         return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema
+    # the store starts during a central outage: it serves its cache and flushes later
     if s.central_thread:
-        return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
-    return await CentralStore.open(url, upgrade_schema=upgrade)
+        return await ThreadedSink.open(lambda: CentralStore.open(
+            url, upgrade_schema=upgrade, defer_if_unreachable=True))
+    return await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True)
 
 
 def require_open(part: _T | None) -> _T:

@@ -103,21 +103,46 @@ class CentralStore:
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+        #: whether the schema is known to be current; None: checked (and upgraded when this
+        #: is True) before the next call, the database having been unreachable at `open`
+        self._schema_pending: bool | None = None
 
     @classmethod
-    async def open(cls, url: str, *, upgrade_schema: bool = True) -> CentralStore:
+    async def open(cls, url: str, *, upgrade_schema: bool = True,
+                   defer_if_unreachable: bool = False) -> CentralStore:
+        """Open the central DB and check (or upgrade) its schema.
+
+        `defer_if_unreachable`: when the database cannot be reached now, open anyway and do
+        the schema step before the first call that reaches it (a local-first store starts and
+        serves its cache during an outage); its calls raise `CentralUnavailable` meanwhile.
+        """
         engine = make_engine(url)
         store = cls(engine)
         try:
-            async with store._errors("open"):
-                if upgrade_schema:
-                    await upgrade(engine)
-                else:
-                    await require_current(engine)
+            await store._prepare(upgrade_schema)
+        except CentralUnavailable as exc:
+            if not defer_if_unreachable:
+                await engine.dispose()
+                raise
+            log.warning("%s; opening anyway, the schema is checked once it answers", exc)
+            store._schema_pending = upgrade_schema
         except BaseException:
             await engine.dispose()
             raise
         return store
+
+    async def _prepare(self, upgrade_schema: bool) -> None:
+        async with self._errors("open"):
+            if upgrade_schema:
+                await upgrade(self.engine)
+            else:
+                await require_current(self.engine)
+        self._schema_pending = None
+
+    async def _ready(self) -> None:
+        """Do the schema step `open` deferred, if any (one attribute test otherwise)."""
+        if self._schema_pending is not None:
+            await self._prepare(self._schema_pending)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -145,10 +170,12 @@ class CentralStore:
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         if not keys:
             return {}
+        await self._ready()
         async with self._errors("read"), self.engine.connect() as conn:
             return await self._select(conn, keys, lock=False)
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
+        await self._ready()
         t = state_variable.c
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
             t.owner == owner
@@ -161,6 +188,7 @@ class CentralStore:
         include_deleted: bool = False,
     ) -> list[CentralRow]:
         """Rows in (owner, key) order, starting after `after` (cursor pagination)."""
+        await self._ready()
         t = state_variable.c
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by)
         if owner_prefix:
@@ -188,6 +216,7 @@ class CentralStore:
         self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
     ) -> CentralRow:
         """One unconditional write in its own transaction: the cache-off (direct) path."""
+        await self._ready()
         params = {"owner": owner, "key": key, "value": data,
                   "at": self._sql.timestamp(updated_at), "by": updated_by}
         async with self._errors("write"), self.engine.begin() as conn:
@@ -245,6 +274,7 @@ class CentralStore:
                         updated_at=when, updated_by=updated_by, writer=None)
                 .returning(t.version)
             )
+        await self._ready()
         async with self._errors("write"), self.engine.begin() as conn:
             version = (await conn.execute(stmt)).scalar_one_or_none()
             if version is None:
@@ -271,6 +301,7 @@ class CentralStore:
         """
         if not rows:
             return []
+        await self._ready()
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await self._write_batch(conn, rows, policies, writer)
         self.transactions += 1

@@ -49,6 +49,15 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServ
     server.close()
 
 
+@pytest.fixture(scope="module")
+def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test module's own, for tests that stop and start it."""
+    server = PostgresServer(tmp_path_factory.mktemp("private-postgres"))
+    server.start()
+    yield server
+    server.close()
+
+
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,15 +174,6 @@ async def test_a_stale_write_under_a_shared_triggerer_id_is_a_conflict_not_an_ov
 # -- keys not in memory while the central DB cannot be read (#21, items 1 and 2) -------------
 
 
-@pytest.fixture(scope="module")
-def own_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    """A PostgreSQL server these tests stop and start (the suite's own one stays up)."""
-    server = PostgresServer(tmp_path_factory.mktemp("own-postgres"))
-    server.start()
-    yield server
-    server.close()
-
-
 class Outage:
     """Makes the central DB of a test unreadable and readable again, on either backend:
     PostgreSQL is stopped; the SQLite file is moved aside and a file that is not a database
@@ -191,7 +182,7 @@ class Outage:
     def __init__(self, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
         self.backend = backend
         if backend == "postgresql":
-            self.pg: PostgresServer = request.getfixturevalue("own_pg")
+            self.pg: PostgresServer = request.getfixturevalue("private_pg")
             self.url = self.pg.create_database(f"outage_{uuid.uuid4().hex[:12]}")
         else:
             self.path = tmp_path / "central.db"
