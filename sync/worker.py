@@ -209,7 +209,7 @@ class SyncWorker:
             try:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
-                # back from the central DB as this writer's own later write, which the flush
+                # back from the central DB as this cache file's own later write, which the flush
                 # adopts without a conflict (see CentralStore._write_batch).
                 keys = list(self.table.dirty)
                 for start in range(0, len(keys), self.max_batch):
@@ -298,7 +298,7 @@ class SyncWorker:
         else:
             report.adopted += 1
             if not o.conflict:
-                # the central DB holds this writer's own later write (a flushed version the
+                # the central DB holds this cache file's own later write (a flushed version the
                 # local file lost in a crash), newer than this row: take it, unless the entry
                 # was written again during the flush. Those writes are newer still: they go
                 # out next, based on central's record, and their waiters wait for that flush.
