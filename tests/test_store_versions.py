@@ -66,6 +66,12 @@ class HeldReads:
         return await self.inner.write_direct(owner, key, data, updated_at=updated_at,
                                              updated_by=updated_by)
 
+    async def write_if_version(self, owner: str, key: str, data: str | None,
+                               expected_version: int, *, updated_by: str,
+                               updated_at: float | None = None) -> CentralRow:
+        return await self.inner.write_if_version(owner, key, data, expected_version,
+                                                 updated_by=updated_by, updated_at=updated_at)
+
     async def close(self) -> None:
         await self.inner.close()
 
