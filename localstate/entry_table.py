@@ -77,6 +77,10 @@ def unknown_base_version() -> int:
 class EntryTable:
     """Entries, dirty keys and absent keys of one store (see the module docstring)."""
 
+    # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
+    __slots__ = ("_absent", "_cache", "absent_ttl", "dirty", "entries", "kick_at", "on_full",
+                 "sets", "updated_by")
+
     def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float) -> None:
         #: read by the store's hot path directly (one dict lookup); changed only here
         self.entries: dict[StateKey, Entry] = {}
