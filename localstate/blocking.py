@@ -182,6 +182,10 @@ class BlockingStateStore:
     def record(self, owner: str, key: str) -> Record | None:
         return self._call(self._store.record(owner, key))
 
+    def read_committed(self, owner: str, key: str) -> Record | None:
+        """`StateStore.read_committed`: the central DB's record, read now."""
+        return self._call(self._store.read_committed(owner, key))
+
     def items(self, owner: str) -> list[Record]:
         async def collect() -> list[Record]:
             return [r async for r in self._store.items(owner)]

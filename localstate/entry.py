@@ -19,12 +19,18 @@ from localstate.model import FlushState, Record, epoch_to_datetime
 if TYPE_CHECKING:
     from localstate.sync.rows import CentralRow
 
-__all__ = ["NOT_DECODED", "Entry", "StateKey", "entry_from_row", "purged", "record_of"]
+__all__ = [
+    "NOT_DECODED", "UNKNOWN_BASE", "Entry", "StateKey", "entry_from_row", "purged", "record_of",
+]
 
 StateKey = tuple[str, str]
 
 #: `Entry.obj` when the value is a container: decode `data` afresh for each reader.
 NOT_DECODED: Final[Any] = object()
+
+#: `Entry.synced_version` of a write made while its central record could not be read: the
+#: central DB's version is unknown (the flush settles it, see `localstate.entry_table`).
+UNKNOWN_BASE: Final = -1
 
 
 class Entry:
@@ -50,7 +56,8 @@ class Entry:
         #: POSIX timestamp of the last write
         self.updated_at = updated_at
         self.updated_by = updated_by
-        #: the version the central DB is known to hold; 0 when it holds none
+        #: the version the central DB is known to hold; 0 when it holds none, UNKNOWN_BASE
+        #: when it could not be read
         self.synced_version = synced_version
 
     @property
@@ -91,5 +98,5 @@ def record_of(k: StateKey, e: Entry, conflicted: Container[StateKey]) -> Record:
     return Record(
         owner=k[0], key=k[1], value=decode(e.data), version=e.version,
         updated_at=epoch_to_datetime(e.updated_at), updated_by=e.updated_by,
-        flush_state=state, central_version=e.synced_version,
+        flush_state=state, central_version=max(e.synced_version, 0),  # UNKNOWN_BASE: 0
     )

@@ -2,6 +2,9 @@
 
 Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = `APPLICATION_ID`)::
 
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+        -- 'writer_id': a random id given to the file when it is created (see `writer_id`)
+
     CREATE TABLE state (
         owner          TEXT    NOT NULL,
         key            TEXT    NOT NULL,
@@ -30,6 +33,7 @@ import errno
 import logging
 import os
 import sqlite3
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 
 #: "LSt1": marks a SQLite file as a localstate cache, so a stranger's database is never touched.
 APPLICATION_ID: Final = 0x4C537431
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 LocalSync = Literal["full", "normal"]
 
@@ -71,6 +75,8 @@ CREATE TABLE state (
     PRIMARY KEY (owner, key)
 ) WITHOUT ROWID
 """
+#: version 2 adds it: one row, the file's writer id
+_META: Final = "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
 UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
 _PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
 # The way on after a failed commit, for the messages of CacheWriteFailed and CacheFull.
@@ -118,6 +124,7 @@ class LocalCache:
         self._stopping = False
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        self._writer_id: str | None = None
         # figures for stats()
         self.commits = 0
         self.rows_committed = 0
@@ -243,15 +250,21 @@ class LocalCache:
             # Keep the -wal file from growing past 8 MiB after checkpoints (a soak stays flat).
             await conn.execute("PRAGMA journal_size_limit=8388608")
             await conn.execute("PRAGMA temp_store=MEMORY")
-            if app_id == 0:
+            if app_id == 0 or user_version < SCHEMA_VERSION:
                 # One transaction: sqlite3 runs DDL in autocommit, so without the BEGIN a
                 # crash right after CREATE TABLE left a file with a table and application_id
                 # 0, which every later open refused as "not a localstate cache".
                 await conn.execute("BEGIN IMMEDIATE")
-                await conn.execute(SCHEMA)
+                if app_id == 0:
+                    await conn.execute(SCHEMA)
+                await conn.execute(_META)
+                await conn.execute("INSERT INTO meta VALUES ('writer_id', ?)",
+                                   (uuid.uuid4().hex,))
                 await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 await conn.commit()
+            self._writer_id = str(
+                await self._scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))
 
     @staticmethod
     async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
@@ -326,6 +339,18 @@ class LocalCache:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def writer_id(self) -> str:
+        """The file's own id, made at random when the file was created and kept in it.
+
+        The sync worker records it with every row it writes centrally. The file lock lets one
+        process at a time use the file, so a central row carrying this id was written by
+        this process or by an earlier one on this file that has ended: this file's own chain.
+        """
+        if self._writer_id is None:
+            raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
+        return self._writer_id
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if not self._closed and self._conn is not None:

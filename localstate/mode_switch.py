@@ -14,7 +14,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
-from localstate.entry import purged
 from localstate.errors import CentralUnavailable
 from localstate.store_parts import start_cache
 from localstate.sync.worker import SyncWorker
@@ -53,7 +52,7 @@ async def apply_live_settings(store: StateStore, settings: Settings) -> tuple[st
         elif toggle:
             await _go_direct(store)
         store._durability = new.durability
-        store._max_batch = new.max_batch
+        store._table.kick_at = new.max_batch
         if store._worker is not None:
             store._worker.retune(flush_interval=new.flush_interval, max_batch=new.max_batch)
         store.settings = new
@@ -68,13 +67,12 @@ async def _go_local(store: StateStore, s: Settings) -> None:
     except BaseException:
         worker, cache = store._worker, store._cache
         store._worker = store._cache = None
-        store._entries, store._dirty = {}, {}
+        store._table.forget_all(purge=False)
         if worker is not None:
             await worker.stop(0)
         if cache is not None:
             await cache.close()
         raise
-    store._absent.clear()
     store._direct = False
 
 
@@ -89,20 +87,18 @@ async def _go_direct(store: StateStore) -> None:
         store._direct = False  # stay local-first: nothing was lost, nothing changed
         if isinstance(exc, asyncio.TimeoutError):
             raise CentralUnavailable(
-                f"could not flush {len(store._dirty)} dirty keys to {worker.sink.url} "
+                f"could not flush {len(store._table.dirty)} dirty keys to {worker.sink.url} "
                 f"within {timeout:g} s (close_timeout) to turn the cache off; it stays on"
             ) from None
         raise
     await worker.stop(timeout)  # nothing is dirty: this only ends its loop
     # The central DB holds every row now: empty the file, so that turning the cache on
     # again (or the next start) cannot serve a value written centrally meanwhile.
-    cache.stage_many({k: purged(e) for k, e in store._entries.items()})
+    store._table.forget_all(purge=True)
     await cache.close()
     store._worker = store._cache = None
-    store._entries, store._dirty = {}, {}
-    store._absent.clear()
 
 
 async def _drain(store: StateStore, worker: SyncWorker) -> None:
-    while store._dirty:
+    while store._table.dirty:
         await worker.flush()

@@ -7,7 +7,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localstate.store import StateStore
+    from localstate.entry_table import EntryTable
+    from localstate.local_cache import LocalCache
+    from localstate.sync.read_through import ReadThrough
+    from localstate.sync.sinks import Sink
+    from localstate.sync.worker import SyncWorker
 
 __all__ = ["StoreStats", "store_stats"]
 
@@ -48,20 +52,24 @@ class StoreStats:
         return asdict(self)
 
 
-def store_stats(store: StateStore) -> StoreStats:
-    """The figures of `store` now, read from its parts (none of them is changed)."""
-    w, c, sink = store._worker, store._cache, store._sink
+def store_stats(
+    *, table: EntryTable, worker: SyncWorker | None, cache: LocalCache | None,
+    sink: Sink | None, reader: ReadThrough | None, hits: int, misses: int,
+    cache_enabled: bool, config_error: str | None,
+) -> StoreStats:
+    """The figures of a store now, read from its parts (none of them is changed)."""
+    w, c = worker, cache
     now = time.time()
-    oldest = min(store._dirty.values(), default=None)
+    oldest = table.oldest_dirty()
     lags = list(w.lags) if w is not None else []
     last_error = (w.last_error if w is not None else None) or (
         c.last_error if c is not None else None)
     return StoreStats(
-        sets=store._sets, gets=store._hits + store._misses, cache_hits=store._hits,
-        read_through_queries=store._reader.queries if store._reader is not None else 0,
+        sets=table.sets, gets=hits + misses, cache_hits=hits,
+        read_through_queries=reader.queries if reader is not None else 0,
         local_commits=c.commits if c else 0, local_rows=c.rows_committed if c else 0,
         rows_per_commit=(c.rows_committed / c.commits) if c and c.commits else 0.0,
-        dirty_keys=len(store._dirty),
+        dirty_keys=len(table.dirty),
         oldest_unflushed_s=0.0 if oldest is None else max(0.0, now - oldest),
         flushes=w.flushes if w else 0,
         central_transactions=sink.transactions if sink else 0,
@@ -71,8 +79,8 @@ def store_stats(store: StateStore) -> StoreStats:
         last_flush_at=w.last_flush_at if w else None,
         flush_lag_p50_s=_percentile(lags, 0.5), flush_lag_p99_s=_percentile(lags, 0.99),
         last_error=None if last_error is None else str(last_error),
-        keys_in_memory=len(store._entries), cache_enabled=not store._direct,
-        config_error=store._watcher.last_error if store._watcher is not None else None,
+        keys_in_memory=len(table.entries), cache_enabled=cache_enabled,
+        config_error=config_error,
     )
 
 

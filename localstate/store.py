@@ -18,11 +18,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from localstate.central_reads import first_write_entry, known_entry, load_owner
+from localstate.central_reads import first_write_base, known_entry, load_owner
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
-from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
+from localstate.entry import (
+    NOT_DECODED,
+    UNKNOWN_BASE,
+    Entry,
+    StateKey,
+    entry_from_row,
+    record_of,
+)
+from localstate.entry_table import EntryTable
 from localstate.errors import (
+    CentralUnavailable,
     InvalidInput,
     LocalStateError,
     StoreClosed,
@@ -34,6 +43,7 @@ from localstate.mode_gate import ModeGate
 from localstate.mode_switch import apply_live_settings
 from localstate.model import (
     Durability,
+    FlushState,
     Record,
     check_durability,
     check_name,
@@ -99,7 +109,6 @@ class StateStore:
         self.triggerer_id = settings.resolved_triggerer_id
         self._durability: Durability = settings.durability
         self._max_value_bytes = settings.max_value_bytes
-        self._max_batch = settings.max_batch
         self._direct = not settings.enabled
         self._policies = PolicyMap(settings.conflict_policy)
         self._on_conflict = on_conflict
@@ -108,13 +117,18 @@ class StateStore:
         self._cache: LocalCache | None = None
         self._worker: SyncWorker | None = None
         self._reader: ReadThrough | None = None
-        self._entries: dict[StateKey, Entry] = {}
-        #: dirty keys, each with the time of its oldest write the central DB lacks
-        self._dirty: dict[StateKey, float] = {}
-        self._absent: dict[StateKey, float] = {}
+        #: the one owner of the entries, dirty keys and absent keys (see EntryTable)
+        self._table = EntryTable(updated_by=self.triggerer_id, kick_at=settings.max_batch,
+                                 absent_ttl=settings.absent_ttl)
+        # The table's map, read by the hot path without a call; never changed here. The same
+        # dict for the store's lifetime (the table fills and empties it in place).
+        self._entries = self._table.entries
+        # the hot path's one call, bound once (a lookup less per set than self._table.write)
+        self._write_entry = self._table.write
+        # read by api/view.py (through getattr) until it asks `unflushed()`
+        self._dirty = self._table.dirty
         self._opened = False
         self._closed = False
-        self._sets = 0
         self._hits = 0  # gets served from memory
         self._misses = 0  # gets that had to look further
         self._metrics: MetricsReporter | None = None  # off unless statsd_host / otel is set
@@ -171,6 +185,16 @@ class StateStore:
         sink = self._sink.inner if isinstance(self._sink, ThreadedSink) else self._sink
         return sink if isinstance(sink, CentralStore) else None
 
+    @property
+    def sync_worker(self) -> SyncWorker | None:
+        """The sync worker (None with the cache off): its named flush steps, for tests."""
+        return self._worker
+
+    @property
+    def entry_table(self) -> EntryTable:
+        """The owner of this store's entries (read it; its operations are the store's)."""
+        return self._table
+
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if self._opened and not self._closed:
             _warn(f"StateStore {self.triggerer_id!r} was never closed", ResourceWarning,
@@ -200,7 +224,7 @@ class StateStore:
             return obj if obj is not NOT_DECODED else decode(data)
         self._misses += 1
         async with self._gate.call():
-            e = await known_entry(self, (owner, key))
+            e = await self._read((owner, key))
         if e is None or e.data is None:
             return default
         return e.obj if e.obj is not NOT_DECODED else decode(e.data)
@@ -211,7 +235,7 @@ class StateStore:
             raise self._closed_error()
         keys = list(keys)
         async with self._gate.call():
-            found = await asyncio.gather(*(known_entry(self, (owner, k)) for k in keys))
+            found = await asyncio.gather(*(self._read((owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
             for k, e in zip(keys, found, strict=True)
@@ -223,10 +247,38 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
-            e = await known_entry(self, (owner, key))
+            e = await self._read((owner, key))
             if e is None or e.data is None:
                 return None
             return record_of((owner, key), e, self._conflicted())
+
+    async def read_committed(self, owner: str, key: str) -> Record | None:
+        """The record the central DB holds now (None: no value), read with a query of its own.
+
+        Linearizable with every write acknowledged centrally (``central`` durability, a
+        compare-and-set in ``central`` durability, any write in direct mode): a call that starts
+        after such a write returned sees it or a later one. Writes this store still owes the
+        central DB are not shown. The row also refreshes this store's entry when the entry is
+        clean and older (it never lowers an entry).
+        """
+        if self._closed:
+            raise self._closed_error()
+        k = (owner, key)
+        try:
+            hash(k)
+        except TypeError:  # an unhashable owner or key (a list, say)
+            refuse_unhashable_names(owner, key)
+        check_name("owner", owner)
+        check_name("key", key)
+        async with self._gate.call():
+            # not through the read-through: joining a read already in flight could return a
+            # row read before this call began
+            row = (await self._require_sink().read_many([k])).get(k)
+            if row is None or row.data is None:
+                return None
+            if not self._direct:
+                self._table.adopt(k, row)
+            return record_of(k, entry_from_row(row), ())
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
@@ -251,13 +303,30 @@ class StateStore:
         """Refresh `owner`'s keys from the central DB in one query; return how many it has.
 
         Call it when this process takes over an owner (a trigger moved here): clean entries
-        are replaced by the central records, dirty ones are left for the flush to reconcile.
+        take the central records that are newer, dirty ones are left for the flush to
+        reconcile. No entry ever goes back to an older version.
         """
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():
-            return await load_owner(self, owner)
+            if self._direct:
+                rows = await self._require_sink().read_owner(owner)
+                return sum(1 for r in rows if r.data is not None)
+            return await load_owner(self._table, self._require_sink(), owner)
+
+    async def _read(self, k: StateKey) -> Entry | None:
+        """The entry of `k` in the mode in force (inside the gate): memory, else central."""
+        if not self._direct:
+            return await known_entry(self._table, self._require_reader(), k)
+        try:
+            hash(k)
+        except TypeError:
+            refuse_unhashable_names(*k)
+        check_name("owner", k[0])
+        check_name("key", k[1])
+        row = (await self._require_sink().read_many([k])).get(k)
+        return None if row is None else entry_from_row(row)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -281,8 +350,10 @@ class StateStore:
             refuse_unhashable_names(owner, key)
         if e is None:
             return await self._set_slow(k, data, value, durability)
-        version = self._apply(
-            k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
+        # the hot path: one call into the table, which makes the write in memory (inline there)
+        version = self._write_entry(
+            k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED,
+            durability == "memory",
         )
         if durability == "memory":
             return version
@@ -294,7 +365,7 @@ class StateStore:
         async with self._gate.call():
             if self._direct:
                 return await self._set_direct(k, data, durability)
-            e = self._entries.get(k) or await first_write_entry(self, k)
+            e = await first_write_base(self._table, self._require_reader(), k)
             return await self._write(
                 k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
             )
@@ -329,10 +400,15 @@ class StateStore:
                 updated_at=_now())
             return row.version
         try:
-            found = self._entries.get(k)
+            hash(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
-        e = found if found is not None else await first_write_entry(self, k)
+        e = await first_write_base(self._table, self._require_reader(), k)
+        if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
+            raise CentralUnavailable(
+                f"cannot compare {owner}/{key} with version {expected_version}: this store "
+                "does not hold it and the central DB could not be read; nothing was written"
+            )
         actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
@@ -346,7 +422,12 @@ class StateStore:
     async def delete(
         self, owner: str, key: str, *, durability: Durability | None = None
     ) -> bool:
-        """Delete ``(owner, key)``; return whether it had a value."""
+        """Delete ``(owner, key)``; return whether it had a value.
+
+        False only when the store knows the key had no value. When it cannot know (the key is
+        not in memory and the central DB cannot be read) the delete is recorded all the same
+        (based on an unknown version, applied when the DB answers) and the answer is True.
+        """
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
@@ -354,57 +435,33 @@ class StateStore:
 
     async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
         if self._direct:
-            e = await known_entry(self, k)
+            e = await self._read(k)
             if e is None or e.data is None:
                 return False
             await self._set_direct(k, None, durability)
             return True
         try:
-            found = self._entries.get(k)
+            hash(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
-        e = found if found is not None else await first_write_entry(self, k)
-        if e.data is None:
-            return False
+        e = await first_write_base(self._table, self._require_reader(), k)
+        if e.data is None and e.synced_version != UNKNOWN_BASE:
+            return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
         await self._write(k, e, None, None, durability)
         return True
-
-    def _apply(
-        self, k: StateKey, e: Entry, data: str | None, obj: Any, durability: Durability
-    ) -> int:
-        """Make a write in memory; return its version. Synchronous: nothing sees it half done.
-
-        A memory-durability write is staged for the local writer here too (one call less on
-        the hot path); `_persist` does the waiting for the other modes.
-        """
-        e.data = data
-        e.obj = obj
-        version = e.version = e.version + 1
-        e.updated_at = now = _now()
-        e.updated_by = self.triggerer_id
-        dirty = self._dirty
-        if k not in dirty:
-            dirty[k] = now
-        self._sets += 1
-        if len(dirty) >= self._max_batch:
-            self._worker.kick()  # type: ignore[union-attr]  # set whenever not direct
-        if durability == "memory":
-            self._cache.stage(k, e)  # type: ignore[union-attr]  # set whenever not direct
-        return version
 
     async def _persist(
         self, k: StateKey, e: Entry, version: int, durability: Durability
     ) -> int:
         """Wait until the write `version` of `k` holds at `durability`."""
         if durability == "memory":
-            return version  # staged by _apply
+            return version  # staged by EntryTable.write
         if durability != "central":
             await self._require_cache().commit(k, e)
             return version
-        # Register the central waiter before awaiting the local commit: a flush running
-        # meanwhile can carry this version (LocalCache.sync_now does not wait for a commit
-        # already in flight), and a waiter registered after that flush was never settled, so
-        # the set timed out with CentralUnavailable although the central DB held the write.
+        # The central waiter is registered before the local commit is awaited: a flush
+        # running meanwhile can carry this version, and it settles only the waiters that
+        # exist when it marks the key clean.
         worker = self._require_worker()
         fut = worker.expect_flush(k, version)
         try:
@@ -421,8 +478,9 @@ class StateStore:
         self, k: StateKey, e: Entry, data: str | None, obj: Any,
         durability: Durability | None,
     ) -> int:
+        """A write off the hot path: `e` is `k`'s entry, or the new one it is based on."""
         mode = self._durability if durability is None else check_durability(durability)
-        version = self._apply(k, e, data, obj, mode)
+        version = self._table.write_first(k, e, data, obj, mode == "memory")
         return await self._persist(k, e, version, mode)
 
     def _count_direct_write(self, k: StateKey, durability: Durability | None) -> None:
@@ -431,7 +489,7 @@ class StateStore:
         check_name("key", k[1])
         if durability is not None:
             check_durability(durability)
-        self._sets += 1
+        self._table.count_direct_write()
 
     async def _set_direct(
         self, k: StateKey, data: str | None, durability: Durability | None
@@ -441,10 +499,6 @@ class StateStore:
             k[0], k[1], data, updated_at=time.time(), updated_by=self.triggerer_id
         )
         return row.version
-
-    def _stage(self, k: StateKey, e: Entry) -> None:
-        if self._cache is not None:
-            self._cache.stage(k, e)
 
     # -- flushing and figures ------------------------------------------------------------
 
@@ -477,7 +531,35 @@ class StateStore:
             return await apply_live_settings(self, settings)
 
     def stats(self) -> StoreStats:
-        return store_stats(self)
+        return store_stats(
+            table=self._table, worker=self._worker, cache=self._cache, sink=self._sink,
+            reader=self._reader, hits=self._hits, misses=self._misses,
+            cache_enabled=not self._direct,
+            config_error=self._watcher.last_error if self._watcher is not None else None,
+        )
+
+    def unflushed(self) -> list[tuple[StateKey, Entry, FlushState]]:
+        """The keys whose entry is dirty, or whose last flush lost a conflict, in key order.
+
+        A snapshot (the entries are the store's own: read them, do not change them).
+        """
+        table = self._table
+        conflicted = self._worker.conflicted if self._worker is not None else set()
+        out: list[tuple[StateKey, Entry, FlushState]] = []
+        for k in sorted({*table.dirty, *conflicted}):
+            e = table.entries.get(k)
+            if e is None:
+                continue
+            if e.dirty:
+                out.append((k, e, FlushState.DIRTY))
+            elif k in conflicted:
+                out.append((k, e, FlushState.CONFLICT))
+        return out
+
+    async def sync_local(self) -> None:
+        """Wait until every write made so far is committed to the local cache file."""
+        if self._cache is not None:
+            await self._cache.sync_now()
 
     def variable(self, key: str, *, owner: str) -> StateVariable:
         """A handle on one state variable: ``await sv.get()``, ``await sv.set(v)``."""

@@ -12,7 +12,6 @@ import logging
 from typing import TYPE_CHECKING, TypeVar
 
 from localstate.config import Settings, config_file_path
-from localstate.entry import purged
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
 from localstate.metrics import start_reporter
@@ -63,11 +62,9 @@ async def open_parts(store: StateStore) -> None:
 
 
 async def start_cache(store: StateStore, s: Settings, *, keep_clean: bool) -> None:
-    """Open the local cache, load it into memory and start the sync worker.
+    """Open the local cache, load it into the store's entry table and start the sync worker.
 
-    `keep_clean=False` (the cache turned on at run time) keeps only the writes the central
-    DB lacks: a clean row may be older than what was written centrally meanwhile, so it
-    is dropped (from the file too) and read through when asked for.
+    `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`.
     """
     store._cache = cache = await LocalCache.open(
         s.resolved_cache_path,
@@ -76,23 +73,19 @@ async def start_cache(store: StateStore, s: Settings, *, keep_clean: bool) -> No
         memory_window=s.memory_window,
     )
     entries = await cache.load()
-    if not keep_clean:
-        stale = {k: e for k, e in entries.items() if not e.dirty}
-        cache.stage_many({k: purged(e) for k, e in stale.items()})
-        entries = {k: e for k, e in entries.items() if e.dirty}
-    store._entries = entries
-    store._dirty = {k: e.updated_at for k, e in entries.items() if e.dirty}
-    store._worker = SyncWorker(
-        entries=store._entries, dirty=store._dirty, cache=cache,
+    table = store._table
+    store._worker = worker = SyncWorker(
+        table=table, cache=cache,
         sink=store._require_sink(), policies=store._policies,
         flush_interval=s.flush_interval, max_batch=s.max_batch,
         on_conflict=store._on_conflict,
     )
-    store._worker.start()
-    if store._dirty:
+    table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick)
+    worker.start()
+    if table.dirty:
         log.info("%d writes not yet in the central DB found in %s; flushing",
-                 len(store._dirty), cache.path)
-        store._worker.kick()
+                 len(table.dirty), cache.path)
+        worker.kick()
 
 
 async def release(store: StateStore) -> None:
@@ -114,9 +107,11 @@ async def open_central(s: Settings) -> Sink:
 
         return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema
+    # the store starts during a central outage: it serves its cache and flushes later
     if s.central_thread:
-        return await ThreadedSink.open(lambda: CentralStore.open(url, upgrade_schema=upgrade))
-    return await CentralStore.open(url, upgrade_schema=upgrade)
+        return await ThreadedSink.open(lambda: CentralStore.open(
+            url, upgrade_schema=upgrade, defer_if_unreachable=True))
+    return await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True)
 
 
 def require_open(part: _T | None) -> _T:

@@ -118,8 +118,9 @@ class AirflowSink:
         return accessors
 
     async def write_batch(
-        self, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
+        # `writer` is not kept: Airflow's table has no column for it (nor for versions)
         outcomes: list[FlushOutcome] = []
         attempted = 0
         failed: list[CentralUnavailable] = []

@@ -4,6 +4,32 @@ SQLite).
 One code path for both dialects; the SQL that differs lives in `localstate.sync.dialects`.
 Every driver error is wrapped: an unreachable or failing database is `CentralUnavailable`,
 anything else `CentralError`, with the driver's exception as the cause.
+
+How a flush tells a replay from a stale write. Each row a sync worker writes carries the id of
+its local cache file (``writer``, `LocalCache.writer_id`); every other write (direct mode, a
+compare-and-set on the central DB) clears it. Invariants:
+
+1. One live process per cache file (its file lock). So a central row carrying my file's id was
+   written by me, or by an earlier process on my file, which has ended: my own chain.
+2. Central versions of a key only grow: every write goes in above the record it replaces.
+3. In a running store an entry's base (``synced_version``) never goes backwards and, once a
+   flush's outcome for a write is recorded, is at least that write's central version
+   (`localstate.entry_table`).
+4. Hence a central row of my own chain at a version above my base and no higher than my
+   write's is a write of mine whose outcome was never recorded: a commit whose answer was
+   lost (a cut connection), or a flush whose mark-clean a crash lost. The fence lets my write
+   replace it: no one else's write is lost, and a replay of the same version keeps it.
+5. Any other central version than my base is a conflict, settled by the owner's policy. That
+   includes a row of another file under the same ``updated_by`` (a restart with a new cache
+   file, two hosts given one triggerer id) and a write based on an unknown version
+   (`UNKNOWN_BASE`: the central record could not be read when it was made), except that a
+   row of my own chain is then simply replaced (I was the last writer).
+6. My own chain *further on* than the write (central's version at or above the write's: a
+   flush took versions whose local commit a crash then lost) keeps the newer of the two by
+   ``updated_at``, with no conflict (step 3 of `_write_batch`).
+
+The common path (every row on its base) stays one statement; the writer travels once per
+statement.
 """
 
 from __future__ import annotations
@@ -51,10 +77,11 @@ def _epoch(value: datetime | str) -> float:
 
 
 def _central_row(row: Sequence[Any]) -> CentralRow:
-    owner, key, value, version, updated_at, updated_by = row
+    """A row of (owner, key, value, version, updated_at, updated_by[, writer])."""
+    owner, key, value, version, updated_at, updated_by, *writer = row
     return CentralRow(
         owner, key, value, int(version), _epoch(updated_at),
-        updated_by,
+        updated_by, writer[0] if writer else None,
     )
 
 
@@ -73,6 +100,9 @@ class CentralStore:
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+        #: whether the schema is known to be current; None: checked (and upgraded when this
+        #: is True) before the next call, the database having been unreachable at `open`
+        self._schema_pending: bool | None = None
 
     @property
     def _sql(self) -> BatchSql:
@@ -82,25 +112,48 @@ class CentralStore:
         return batch_sql_for("mariadb" if mariadb else self.dialect)
 
     @classmethod
-    def open(cls, url: str, *, upgrade_schema: bool = True) -> _Opening:
-        """Open the central DB at `url` (migrating it when `upgrade_schema`): await it, or use
-        it as an async context manager."""
-        return _Opening(cls._open(url, upgrade_schema=upgrade_schema))
+    def open(cls, url: str, *, upgrade_schema: bool = True,
+             defer_if_unreachable: bool = False) -> _Opening:
+        """Open the central DB at `url` and check (or upgrade, `upgrade_schema`) its schema:
+        await it, or use it as an async context manager.
+
+        `defer_if_unreachable`: when the database cannot be reached now, open anyway and do
+        the schema step before the first call that reaches it (a local-first store starts and
+        serves its cache during an outage); its calls raise `CentralUnavailable` meanwhile.
+        """
+        return _Opening(cls._open(url, upgrade_schema=upgrade_schema,
+                                  defer_if_unreachable=defer_if_unreachable))
 
     @classmethod
-    async def _open(cls, url: str, *, upgrade_schema: bool) -> CentralStore:
+    async def _open(cls, url: str, *, upgrade_schema: bool,
+                    defer_if_unreachable: bool) -> CentralStore:
         engine = make_engine(url)
         store = cls(engine)
         try:
-            async with store._errors("open"):
-                if upgrade_schema:
-                    await upgrade(engine)
-                else:
-                    await require_current(engine)
+            await store._prepare(upgrade_schema)
+        except CentralUnavailable as exc:
+            if not defer_if_unreachable:
+                await engine.dispose()
+                raise
+            log.warning("%s; opening anyway, the schema is checked once it answers", exc)
+            store._schema_pending = upgrade_schema
         except BaseException:
             await engine.dispose()
             raise
         return store
+
+    async def _prepare(self, upgrade_schema: bool) -> None:
+        async with self._errors("open"):
+            if upgrade_schema:
+                await upgrade(self.engine)
+            else:
+                await require_current(self.engine)
+        self._schema_pending = None
+
+    async def _ready(self) -> None:
+        """Do the schema step `open` deferred, if any (one attribute test otherwise)."""
+        if self._schema_pending is not None:
+            await self._prepare(self._schema_pending)
 
     async def close(self) -> None:
         """Release the connections. Safe twice."""
@@ -133,10 +186,12 @@ class CentralStore:
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         if not keys:
             return {}
+        await self._ready()
         async with self._errors("read"), self.engine.connect() as conn:
             return await self._select(conn, keys, lock=False)
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
+        await self._ready()
         t = state_variable.c
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
             t.owner == owner
@@ -155,6 +210,7 @@ class CentralStore:
         caller may continue after any row it was given, and merge or sort rows with Python's
         `sorted()`, and find the same order.
         """
+        await self._ready()
         t = state_variable.c
         owner, key = self._sql.bytewise(t.owner), self._sql.bytewise(t.key)
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by)
@@ -185,6 +241,7 @@ class CentralStore:
         self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
     ) -> CentralRow:
         """One unconditional write in its own transaction: the cache-off (direct) path."""
+        await self._ready()
         params = {"owner": owner, "key": key, "value": data,
                   "at": self._sql.timestamp(updated_at), "by": updated_by}
         async with self._errors("write"), self.engine.begin() as conn:
@@ -235,7 +292,7 @@ class CentralStore:
                 index_elements=[t.owner, t.key],
                 set_={"value": stmt.excluded.value, "version": t.version + 1,
                       "prev_version": t.version, "updated_at": stmt.excluded.updated_at,
-                      "updated_by": stmt.excluded.updated_by},
+                      "updated_by": stmt.excluded.updated_by, "writer": None},
                 where=t.value.is_(None),
             ).returning(t.version)
         else:
@@ -244,9 +301,10 @@ class CentralStore:
                 .where(t.owner == owner, t.key == key, t.version == expected_version,
                        t.value.is_not(None))
                 .values(value=value, version=t.version + 1, prev_version=t.version,
-                        updated_at=when, updated_by=updated_by)
+                        updated_at=when, updated_by=updated_by, writer=None)
                 .returning(t.version)
             )
+        await self._ready()
         async with self._errors("write"), self.engine.begin() as conn:
             version = (
                 (await conn.execute(stmt)).scalar_one_or_none() if stmt is not None
@@ -287,24 +345,35 @@ class CentralStore:
             .where(t.owner == owner, t.key == key, t.version == expected_version,
                    t.value.is_not(None))
             .values(value=value, version=t.version + 1, prev_version=t.version,
-                    updated_at=params["at"], updated_by=updated_by))
+                    updated_at=params["at"], updated_by=updated_by, writer=None))
         return expected_version + 1 if result.rowcount == 1 else None
 
     async def write_batch(
-        self, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
-        """Write `rows` in one transaction, fenced; resolve conflicts by each owner's policy."""
+        """Write `rows` in one transaction, fenced; resolve conflicts by each owner's policy.
+
+        `writer`: the id of the local cache file the rows come from (`LocalCache.writer_id`),
+        recorded with each row; None for rows with no file behind them (no replay is then
+        recognised).
+        """
         if not rows:
             return []
+        await self._ready()
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await self._write_batch(conn, rows, policies)
+            outcomes = await self._write_batch(conn, rows, policies, writer)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
 
     async def _write_batch(
-        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap,
+        writer: str | None,
     ) -> list[FlushOutcome]:
+        # this file's own chain: a central row its sync worker wrote (see the module docstring)
+        def own(c: CentralRow) -> bool:
+            return writer is not None and c.writer == writer
+
         outcomes: list[FlushOutcome] = []
         uniform = policies.uniform
         # every owner's policy: one for all (no lookup per row), or each looked up once
@@ -335,18 +404,17 @@ class CentralStore:
                 # too. Without this, max reported a spurious conflict and failed the `central`
                 # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
                 # version (no bump).
-                replay = stale and c.updated_by == r.updated_by and (
-                    r.base_version < c.version <= r.version)
+                replay = stale and own(c) and r.base_version < c.version <= r.version
                 if replay:
                     stale = False
-                elif c.updated_by == r.updated_by and c.version >= r.version:
+                elif own(c) and c.version >= r.version:
                     if r.updated_at <= c.updated_at:
                         # this writer's own later write (see step 3): keep it, no conflict
                         outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
                         continue
                     stale = False  # written after a restart (see step 3): based on c
                 # the writer's own chain (based on its own current record) always lands
-                if (not stale and c.updated_by == r.updated_by) or policy.exceeds(
+                if (not stale and own(c)) or policy.exceeds(
                         r.owner, r.data, c.data, strictly=stale):
                     to_write.append((r, r.base_version if replay else c.version, stale))
                     if stale:
@@ -354,7 +422,7 @@ class CentralStore:
                 else:
                     outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
-        written = await self._upsert(conn, to_write)
+        written = await self._upsert(conn, to_write, writer)
         refused: list[DirtyRow] = []
         if written is None and not replaced:
             # the common case, every row through the fence: one outcome per row, built flat
@@ -386,8 +454,8 @@ class CentralStore:
             c = current.get((r.owner, r.key))
             if c is None:  # the row vanished meanwhile: nothing to conflict with
                 retry.append((r, r.base_version, True))
-            elif c.updated_by == r.updated_by and c.version >= r.version:
-                # This writer's own chain, further on: a flush took versions whose local commit
+            elif own(c) and c.version >= r.version:
+                # This file's own chain, further on: a flush took versions whose local commit
                 # a crash then lost (flushes do not wait for the local commit). Nobody else
                 # wrote, so no conflict; the newer of the two writes stays. Central's, when
                 # this row is older (left dirty in the file from before the crash); this row,
@@ -402,7 +470,7 @@ class CentralStore:
                 replaced[(r.owner, r.key)] = c
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
-        written = await self._upsert(conn, retry)
+        written = await self._upsert(conn, retry, writer)
         for r, base, conflict in retry:
             version = _next_version(r.version, base) if written is None else written.get(
                 (r.owner, r.key))
@@ -416,18 +484,21 @@ class CentralStore:
         return outcomes
 
     async def _upsert(
-        self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]]
+        self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]],
+        writer: str | None,
     ) -> dict[StateKey, int] | None:
         """Write `rows` fenced on their bases. None: every row went in, each at
         `_next_version(row.version, base)`; else the versions of the rows that went in."""
         if not rows:
             return {}
+        # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
+        # fence never matches (central versions start at 1) and an insert records as it is
         packed: list[UpsertRow] = [
-            (r.owner, r.key, r.data, _next_version(r.version, base), base, r.updated_at,
-             r.updated_by)
+            (r.owner, r.key, r.data, _next_version(r.version, base), base if base > 0 else 0,
+             r.updated_at, r.updated_by)
             for r, base, _conflict in rows
         ]
-        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed))
+        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed, writer))
         if self._sql.upsert_complete(result.rowcount, packed):
             return None  # the fence let every row through: the common case
         intended = {(p[0], p[1]): p[3] for p in packed}
@@ -439,6 +510,7 @@ class CentralStore:
         return {
             k: v for k, v in intended.items()
             if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
+            and c.writer == writer
         }
 
 

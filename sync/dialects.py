@@ -12,12 +12,14 @@ so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
   ``JSON_TABLE`` (see `_MysqlSql` for its fence and its row count).
 
 The upsert's ``WHERE`` is the fence: a row replaces the central one only when the central
-version is the one the write was based on (``prev_version``), or when the central row is this
-writer's own earlier write of the same chain (a flush whose commit landed but whose local
-mark-clean was lost in a crash: replaying it is harmless). Rows the ``WHERE`` refuses are
-not counted in the statement's row count; when it falls short, the caller looks up which rows
-they were (the conflicts). No RETURNING: on the common path (no conflict) decoding one returned
-row per written row cost more than the write.
+version is the one the write was based on (``prev_version``), or when the central row was
+written by the same local cache file (``writer``) at a version above that base and no higher
+than this write's: a write of this file's own chain whose outcome it never recorded (see
+`localstate.sync.central_store` for why that is sound). Rows the ``WHERE`` refuses are not
+counted in the statement's row count; when it falls short, the caller looks up which rows they
+were (the conflicts). The writer travels once per statement (``:writer``), not once per row.
+No RETURNING: on the common path (no conflict) decoding one returned row per written row cost
+more than the write.
 
 Order: owners and keys are ordered and compared byte-wise (their UTF-8 bytes) on every
 backend, never by the database's default collation, which in a real installation is a
@@ -49,13 +51,16 @@ __all__ = ["BatchSql", "batch_sql_for", "prefix_upper_bound"]
 
 _SET: Final = (
     'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
-    'updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by'
+    'updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by, '
+    'writer = EXCLUDED.writer'
 )
 _FENCE: Final = (
-    "{t}.version = EXCLUDED.prev_version OR ({t}.updated_by = EXCLUDED.updated_by "
+    "{t}.version = EXCLUDED.prev_version OR ({t}.writer = EXCLUDED.writer "
     "AND {t}.version > EXCLUDED.prev_version AND {t}.version <= EXCLUDED.version)"
 )
-_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by'
+_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by, writer'
+# a write with no file behind it (direct mode, compare-and-set on the central DB) clears it
+_DIRECT_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by'
 
 #: one row for the upsert: owner, key, value text, version, prev_version, updated_at, by
 UpsertRow = tuple[str, str, str | None, int, int, float, str]
@@ -101,7 +106,7 @@ class BatchSql:
         """A POSIX time as this dialect's driver takes `updated_at`."""
         raise NotImplementedError
 
-    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+    def upsert_params(self, rows: Sequence[UpsertRow], writer: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
@@ -118,30 +123,31 @@ class _PostgresSql(BatchSql):
     upsert = text(
         f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
         "SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, "
-        "to_timestamp((r->>5)::float8), r->>6 FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r "
+        "to_timestamp((r->>5)::float8), r->>6, CAST(:writer AS TEXT) "
+        "FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
     )
     _select = (
-        f'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by '
+        f'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by, t.writer '
         f"FROM {STATE_TABLE} AS t JOIN unnest(CAST(:owners AS TEXT[]), CAST(:keys AS TEXT[])) "
         'AS k(owner, "key") ON t.owner = k.owner AND t."key" = k."key"'
     )
     select_keys = text(_select)
     select_keys_locked = text(_select + " FOR UPDATE OF t")
     direct_upsert = text(
-        f"INSERT INTO {STATE_TABLE} AS t ({_COLUMNS}) "
+        f"INSERT INTO {STATE_TABLE} AS t ({_DIRECT_COLUMNS}) "
         "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
         'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, '
         "version = t.version + 1, prev_version = t.version, "
-        "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by "
+        "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by, writer = NULL "
         "RETURNING t.version"
     )
 
     def timestamp(self, ts: float) -> datetime:
         return datetime.fromtimestamp(ts, tz=timezone.utc)
 
-    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
-        return {"rows": orjson.dumps(rows).decode()}
+    def upsert_params(self, rows: Sequence[UpsertRow], writer: str | None) -> dict[str, Any]:
+        return {"rows": orjson.dumps(rows).decode(), "writer": writer}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"owners": [k[0] for k in keys], "keys": [k[1] for k in keys]}
@@ -156,23 +162,25 @@ class _SqliteSql(BatchSql):
     _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
     # "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join
     upsert = text(
-        f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols} FROM json_each(:rows) AS j "
+        f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols}, :writer "
+        "FROM json_each(:rows) AS j "
         f'WHERE true ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
         f"WHERE {_FENCE.format(t=STATE_TABLE)} "
     )
     # CROSS JOIN: SQLite keeps the left side as the outer loop, so each key is one PK lookup
     select_keys = text(
-        'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by '
+        'SELECT t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by, t.writer '
         f"FROM json_each(:keys) AS j CROSS JOIN {STATE_TABLE} AS t "
         "ON t.owner = json_extract(j.value, '$[0]') AND t.\"key\" = json_extract(j.value, '$[1]')"
     )
     # the write lock of BEGIN IMMEDIATE already serializes every writer
     select_keys_locked = select_keys
     direct_upsert = text(
-        f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+        f"INSERT INTO {STATE_TABLE} ({_DIRECT_COLUMNS}) "
+        "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
         'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
         f"version = {STATE_TABLE}.version + 1, prev_version = {STATE_TABLE}.version, "
-        "updated_at = excluded.updated_at, updated_by = excluded.updated_by "
+        "updated_at = excluded.updated_at, updated_by = excluded.updated_by, writer = NULL "
         "RETURNING version"
     )
 
@@ -180,10 +188,10 @@ class _SqliteSql(BatchSql):
         # the text form SQLAlchemy's SQLite DateTime reads back
         return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
-    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
+    def upsert_params(self, rows: Sequence[UpsertRow], writer: str | None) -> dict[str, Any]:
         packed = [(o, k, v, ver, prev, self.timestamp(at), by)
                   for o, k, v, ver, prev, at, by in rows]
-        return {"rows": orjson.dumps(packed).decode()}
+        return {"rows": orjson.dumps(packed).decode(), "writer": writer}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"keys": orjson.dumps(keys).decode()}
@@ -204,8 +212,8 @@ class _MysqlSql(BatchSql):
     ``EXCLUDED``. MySQL has no ``ON DUPLICATE KEY UPDATE … WHERE``: each column is set to
     ``IF(fence, new, old)``. MySQL applies the assignments left to right, each later one
     seeing the columns already set, so the order is an invariant: the columns the fence reads
-    from the central row (``updated_by``, then ``version``) are set last, ``version`` the very
-    last. The others see the fence on the old row. ``updated_by`` changes only when the fence
+    from the central row (``writer``, then ``version``) are set last, ``version`` the very
+    last. The others see the fence on the old row. ``writer`` changes only when the fence
     holds, and then to the value that keeps its clause true, so ``version`` sees the same
     verdict. A column added to `_FENCE` goes into `_FENCED_LAST`, before ``version``.
 
@@ -217,7 +225,7 @@ class _MysqlSql(BatchSql):
     2 if it met a row, 0 refused) the count cannot tell and the caller looks the rows up.
     """
 
-    _FENCED_LAST: Final = ("updated_by", "version")
+    _FENCED_LAST: Final = ("updated_by", "writer", "version")
     # the columns are declared in a binary NO PAD collation (`localstate.sync.schema._name`),
     # which orders and compares by the UTF-8 bytes: naming it again would change nothing
     bytewise_collation = None
@@ -233,7 +241,9 @@ class _MysqlSql(BatchSql):
         # engine): formatting 10,000 datetimes in Python cost more than parsing the JSON
         rows = (
             "(SELECT jt.owner, jt.`key`, jt.value, jt.version, jt.prev_version, "
-            "FROM_UNIXTIME(jt.at) AS updated_at, jt.updated_by FROM "
+            "FROM_UNIXTIME(jt.at) AS updated_at, jt.updated_by, "
+            # the writer travels once per statement; ids are ASCII, compared byte-wise
+            "CONVERT(:writer USING ascii) COLLATE ascii_bin AS writer FROM "
             "JSON_TABLE(:rows, '$[*]' COLUMNS ("
             f"owner {name} PATH '$[0]', `key` {name} PATH '$[1]', "
             "value LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[2]', "
@@ -243,16 +253,16 @@ class _MysqlSql(BatchSql):
         columns = "owner, `key`, value, version, prev_version, updated_at, updated_by"
         assign = _if_fenced(fence, ("value", "prev_version", "updated_at", *self._FENCED_LAST))
         self.upsert = text(
-            f"INSERT INTO {t} ({columns}) "
+            f"INSERT INTO {t} ({columns}, writer) "
             "SELECT j.owner, j.`key`, j.value, j.version, j.prev_version, j.updated_at, "
-            f"j.updated_by FROM {rows} ON DUPLICATE KEY UPDATE {assign}"
+            f"j.updated_by, j.writer FROM {rows} ON DUPLICATE KEY UPDATE {assign}"
         )
         keys = (
             "JSON_TABLE(:keys, '$[*]' COLUMNS ("
             f"owner {name} PATH '$[0]', `key` {name} PATH '$[1]')) AS k"
         )
         select = (
-            "SELECT t.owner, t.`key`, t.value, t.version, t.updated_at, t.updated_by "
+            "SELECT t.owner, t.`key`, t.value, t.version, t.updated_at, t.updated_by, t.writer "
             f"FROM {keys} JOIN {t} AS t ON t.owner = k.owner AND t.`key` = k.`key`"
         )
         self.select_keys = text(select)
@@ -261,7 +271,7 @@ class _MysqlSql(BatchSql):
         self.direct_upsert = text(
             f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
             "ON DUPLICATE KEY UPDATE value = :value, prev_version = version, "
-            "version = version + 1, updated_at = :at, updated_by = :by"
+            "version = version + 1, updated_at = :at, updated_by = :by, writer = NULL"
         )
         self.direct_version = text(
             f"SELECT version FROM {t} WHERE owner = :owner AND `key` = :key")
@@ -272,6 +282,7 @@ class _MysqlSql(BatchSql):
             "version = IF(value IS NULL, version + 1, version), "
             "updated_at = IF(value IS NULL, :at, updated_at), "
             "updated_by = IF(value IS NULL, :by, updated_by), "
+            "writer = IF(value IS NULL, NULL, writer), "
             "value = IF(value IS NULL, :value, value)"
         )
 
@@ -282,8 +293,8 @@ class _MysqlSql(BatchSql):
         # DATETIME(6) text in UTC (the session time zone is UTC, see the engine)
         return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
-    def upsert_params(self, rows: Sequence[UpsertRow]) -> dict[str, Any]:
-        return {"rows": orjson.dumps(rows).decode()}
+    def upsert_params(self, rows: Sequence[UpsertRow], writer: str | None) -> dict[str, Any]:
+        return {"rows": orjson.dumps(rows).decode(), "writer": writer}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
         return {"keys": orjson.dumps(keys).decode()}

@@ -36,6 +36,9 @@ class CentralRow(NamedTuple):
     version: int
     updated_at: float
     updated_by: str
+    #: the local cache file whose sync worker wrote it (`LocalCache.writer_id`); None for any
+    #: other write, or when the sink does not say
+    writer: str | None = None
 
 
 #: What a flush did with one dirty row:

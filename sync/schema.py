@@ -6,7 +6,8 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     one row per state variable: owner, key (the primary key), value (JSON text; NULL marks a
     deletion, kept as a tombstone so a late writer cannot bring the key back unseen), version,
     prev_version (the version this write replaced: the flush's fencing condition compares it),
-    updated_at, updated_by.
+    updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
+    for any other write: see `localstate.sync.central_store` on replays).
 ``localstate_schema``
     one row per migration applied.
 
@@ -122,6 +123,7 @@ state_variable = Table(
     Column("prev_version", BigInteger, nullable=False),
     Column("updated_at", _timestamp(), nullable=False),
     Column("updated_by", _name(), nullable=False),
+    Column("writer", String(64), nullable=True),
     **_MYSQL_TABLE,
 )
 
@@ -179,9 +181,22 @@ def _v2_state_variable_fillfactor(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE {STATE_TABLE} SET (fillfactor = {FILLFACTOR})"))
 
 
+def _v3_state_variable_writer(conn: Connection) -> None:
+    # The identity of the write itself: a flush recognises a replay of its own file's chain by
+    # it, not by updated_by (which restarts and misconfigured hosts share). Rows written
+    # before this migration have none: their replays are settled by the conflict policy.
+    if "writer" in {c["name"] for c in inspect(conn).get_columns(STATE_TABLE)}:
+        return  # MySQL commits DDL at once: a crash before this migration's row was written
+    # ids are ASCII (hex); on MySQL compared byte-wise, as everywhere else
+    column = ("VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin"
+              if conn.dialect.name in ("mysql", "mariadb") else "VARCHAR(64)")
+    conn.execute(text(f"ALTER TABLE {STATE_TABLE} ADD COLUMN writer {column}"))
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
+    Migration(3, "state table writer column", _v3_state_variable_writer),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -72,9 +72,9 @@ class ThreadedSink:
         return self.inner.rows_written
 
     async def write_batch(
-        self, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
-        return await self._call(self.inner.write_batch(rows, policies))
+        return await self._call(self.inner.write_batch(rows, policies, writer=writer))
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         return await self._call(self.inner.read_many(keys))

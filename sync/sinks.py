@@ -30,9 +30,13 @@ class Sink(Protocol):
         """Rows those transactions wrote."""
 
     async def write_batch(
-        self, rows: Sequence[DirtyRow], policies: PolicyMap
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
-        """Write `rows` fenced on their base versions; settle conflicts by policy."""
+        """Write `rows` fenced on their base versions; settle conflicts by policy.
+
+        `writer`: the local cache file the rows come from (`LocalCache.writer_id`): a central
+        row carrying it is that file's own chain (see `localstate.sync.central_store`).
+        """
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         """The central records of `keys` (absent keys are left out)."""

@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from localstate.codec import IMMUTABLE_TYPES, decode
-from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate.entry import Entry, StateKey
+from localstate.entry_table import EntryTable
 from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
@@ -81,8 +81,7 @@ class SyncWorker:
     def __init__(
         self,
         *,
-        entries: dict[StateKey, Entry],
-        dirty: dict[StateKey, float],
+        table: EntryTable,
         cache: LocalCache,
         sink: Sink,
         policies: PolicyMap,
@@ -90,8 +89,8 @@ class SyncWorker:
         max_batch: int = 10_000,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
     ) -> None:
-        self.entries = entries
-        self.dirty = dirty
+        #: the store's entries: the worker reads them and changes them only through the table
+        self.table = table
         self.cache = cache
         self.sink = sink
         self.policies = policies
@@ -150,14 +149,14 @@ class SyncWorker:
             await self._task
             self._task = None
         report = None
-        if self.dirty:
+        if self.table.dirty:
             try:
                 report = await asyncio.wait_for(self.flush(), deadline)
             except (asyncio.TimeoutError, LocalStateError) as exc:
                 log.warning(
                     "could not flush %d dirty keys before closing (%s); they stay in the "
                     "local cache %s and are flushed at the next start",
-                    len(self.dirty), exc or "deadline passed", self.cache.path,
+                    len(self.table.dirty), exc or "deadline passed", self.cache.path,
                 )
         for waiters in self._waiters.values():
             for _version, fut in waiters:
@@ -187,7 +186,7 @@ class SyncWorker:
             if self._stop.is_set():
                 return
             self._kick.clear()
-            if not self.dirty:
+            if not self.table.dirty:
                 continue
             try:
                 await self.flush()
@@ -204,15 +203,15 @@ class SyncWorker:
 
     async def flush(self) -> FlushReport:
         """Flush every key dirty now, in batches of `max_batch`; one flush at a time."""
-        async with self._flush_lock, _gc_paused(len(self.dirty) >= _GC_PAUSE_ROWS):
+        async with self._flush_lock, _gc_paused(len(self.table.dirty) >= _GC_PAUSE_ROWS):
             started = time.monotonic()
             report = FlushReport(started_at=time.time())
             try:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
-                # back from the central DB as this writer's own later write, which the flush
+                # back from the central DB as this cache file's own later write, which the flush
                 # adopts without a conflict (see CentralStore._write_batch).
-                keys = list(self.dirty)
+                keys = list(self.table.dirty)
                 for start in range(0, len(keys), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
                     if not rows:
@@ -225,7 +224,7 @@ class SyncWorker:
                 self.last_error = exc
                 raise
             report.duration = time.monotonic() - started
-            report.still_dirty = len(self.dirty)
+            report.still_dirty = len(self.table.dirty)
             self.flushes += 1
             self.last_flush_at = time.time()
             self.last_flush = report
@@ -235,22 +234,11 @@ class SyncWorker:
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""
-        rows: list[DirtyRow] = []
-        entries = self.entries
-        for k in (list(self.dirty) if keys is None else keys):
-            e = entries.get(k)
-            if e is None or not e.dirty:
-                self.dirty.pop(k, None)
-                continue
-            rows.append(
-                DirtyRow(k[0], k[1], e.data, e.version, e.synced_version, e.updated_at,
-                         e.updated_by)
-            )
-        return rows
+        return self.table.collect_dirty(keys)
 
     async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
-        """Step 2: one fenced transaction through the sink."""
-        return await self.sink.write_batch(rows, self.policies)
+        """Step 2: one fenced transaction through the sink, as this cache file's writes."""
+        return await self.sink.write_batch(rows, self.policies, writer=self.cache.writer_id)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:
@@ -259,7 +247,8 @@ class SyncWorker:
         report.rows += len(outcomes)
         report.outcomes.extend(outcomes)
         now = time.time()
-        entries, dirty, lags = self.entries, self.dirty, self.lags
+        table, lags = self.table, self.lags
+        entries = table.entries
         staged: dict[StateKey, Entry] = {}
         written = 0
         for o in outcomes:
@@ -273,12 +262,11 @@ class SyncWorker:
                     and e.version == r.version):
                 # The common case, kept flat: the central DB holds exactly the local entry.
                 written += 1
-                e.version = e.synced_version = central.version
+                since = table.settle_written(k, e, central.version)
                 if self._waiters:
                     self._settle_waiters(k, r.version, None)
                 if self.conflicted:
                     self.conflicted.discard(k)
-                since = dirty.pop(k, None)
                 if since is not None:
                     # flush lag: from the oldest write the central DB lacked until it holds it
                     lags.append(now - since if now > since else 0.0)
@@ -286,13 +274,14 @@ class SyncWorker:
                 self._settle(o, e, k, report, now)
             staged[k] = e
         report.written += written
-        self.cache.stage_many(staged)
+        table.stage_settled(staged)
 
     def _settle(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
                 now: float) -> None:
         """`mark_clean` for one outcome off the common path: moved, adopted, conflicted."""
         r = o.row
-        since = self.dirty.get(k)
+        table = self.table
+        since = table.dirty.get(k)
         central = o.central
         if o.resolution == "retry" or central is None:
             report.retried += 1
@@ -301,40 +290,34 @@ class SyncWorker:
         discarded: tuple[int, str | None] | None = None
         if o.resolution == "written":
             report.written += 1
-            e.synced_version = central.version
-            if not moved:
-                e.version = central.version
-            elif e.version <= central.version:
-                e.version = central.version + 1
+            if moved:
+                table.settle_moved(e, central.version)
+            else:
+                table.settle_written(k, e, central.version)
             self._settle_waiters(k, r.version, None)
         else:
             report.adopted += 1
             if not o.conflict:
-                # the central DB holds this writer's own later write (a flushed version the
+                # the central DB holds this cache file's own later write (a flushed version the
                 # local file lost in a crash), newer than this row: take it, unless the entry
-                # was written again during the flush. Those writes are newer still (they used
-                # to be replaced when their versions did not pass central's): they go out
-                # next, based on central's record, and their waiters wait for that flush.
+                # was written again during the flush. Those writes are newer still: they go
+                # out next, based on central's record, and their waiters wait for that flush.
                 if moved:
-                    e.synced_version = central.version
-                    if e.version <= central.version:
-                        e.version = central.version + 1
+                    table.settle_moved(e, central.version)
                     self._settle_waiters(k, r.version, None)
                 else:
-                    self._adopt(e, central)
+                    table.settle_adopted(e, central)
                     self._settle_waiters(k, central.version, None)
             elif moved and self.policies.for_owner(r.owner).is_max:
                 # newer local writes came in meanwhile: the next flush weighs them
-                e.synced_version = central.version
-                if e.version <= central.version:
-                    e.version = central.version + 1
+                table.settle_moved(e, central.version)
                 self._settle_waiters(k, r.version, _rejected(r, central))
             else:
                 if moved:
                     # the writes made during the flush are replaced too: report the latest
                     # of them, not the refused row, so on_conflict names what was discarded
                     discarded = (e.version, e.data)
-                self._adopt(e, central)
+                table.settle_adopted(e, central)
                 self._settle_waiters(k, e.version, _rejected(r, central), every=True)
         if o.conflict:
             report.conflicts += 1
@@ -343,23 +326,7 @@ class SyncWorker:
             self.conflicted.discard(k)
         if o.resolution == "written" and since is not None:
             self.lags.append(max(0.0, now - since))
-        if not e.dirty:
-            self.dirty.pop(k, None)
-        else:
-            # written again during the flush: those writes are no older than its start
-            self.dirty[k] = report.started_at
-
-    @staticmethod
-    def _adopt(e: Entry, central: CentralRow) -> None:
-        e.data = central.data
-        if central.data is None:
-            e.obj = None
-        else:
-            value = decode(central.data)
-            e.obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-        e.version = e.synced_version = central.version
-        e.updated_at = central.updated_at
-        e.updated_by = central.updated_by
+        table.after_settle(k, e, report.started_at)
 
     def _report_conflict(self, o: FlushOutcome, central: CentralRow,
                          discarded: tuple[int, str | None] | None = None) -> None:

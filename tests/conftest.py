@@ -68,6 +68,15 @@ def mysql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MysqlServ
     server.close()
 
 
+@pytest.fixture(scope="module")
+def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test module's own, for tests that stop and start it."""
+    server = PostgresServer(tmp_path_factory.mktemp("private-postgres"))
+    server.start()
+    yield server
+    server.close()
+
+
 @pytest.fixture(params=["postgresql", "mysql"])
 def db_server(request: pytest.FixtureRequest) -> PostgresServer | MysqlServer:
     """A server the suite owns, for the tests that stop, restart or cut it (each backend)."""

@@ -139,6 +139,10 @@ def test_the_rest_of_the_api(store: BlockingStateStore) -> None:
     assert report.rows == 2
     assert store.stats().dirty_keys == 0
     assert store.load("dag:r") == 2
+    committed = store.read_committed("dag:r", "b")
+    assert committed is not None
+    assert (committed.value, committed.version) == (2, 1)
+    assert store.read_committed("dag:r", "nothing") is None
     sv = store.variable("b", owner="dag:r")
     assert sv.get() == 2
     assert sv.set(3) == 2

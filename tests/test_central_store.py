@@ -45,6 +45,16 @@ def dirty(
     return DirtyRow(owner, key, data, version, base, time.time() if at is None else at, by)
 
 
+async def write(sink: CentralStore, rows: list[DirtyRow], policies: PolicyMap
+                ) -> list[FlushOutcome]:
+    """`write_batch` as the sync worker of a cache file calls it. Here a file stands for each
+    writer: a row's `updated_by` is also the id of the file it comes from (a batch mixing
+    writers comes from no file)."""
+    writers = {r.updated_by for r in rows}
+    return await sink.write_batch(
+        rows, policies, writer=writers.pop() if len(writers) == 1 else None)
+
+
 def value_of(row: CentralRow | None) -> Any:
     assert row is not None
     assert row.data is not None
@@ -88,7 +98,7 @@ async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) ->
                 lambda c: inspect(c).get_pk_constraint(STATE_TABLE)["constrained_columns"]
             )
         assert columns == {"owner", "key", "value", "version", "prev_version", "updated_at",
-                           "updated_by"}
+                           "updated_by", "writer"}
         assert primary == ["owner", "key"]
 
         assert await upgrade(engine) == []  # a second run applies nothing...
@@ -100,7 +110,7 @@ async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) ->
     # opening on an up-to-date DB, with or without upgrading, works and keeps the data
     store = await CentralStore.open(central_url)
     try:
-        await store.write_batch([dirty("k", 1, version=1, base=0)], PolicyMap())
+        await write(store, [dirty("k", 1, version=1, base=0)], PolicyMap())
     finally:
         await store.close()
     store = await CentralStore.open(central_url, upgrade_schema=False)
@@ -118,8 +128,8 @@ async def test_postgres_state_table_leaves_room_for_hot_updates(
     store = await CentralStore.open(url)
     try:
         rows = [dirty(f"k{i}", 0, version=1, base=0) for i in range(500)]
-        await store.write_batch(rows, PolicyMap())
-        await store.write_batch(
+        await write(store, rows, PolicyMap())
+        await write(store,
             [dirty(f"k{i}", 1, version=2, base=1) for i in range(500)], PolicyMap())
     finally:
         await store.close()
@@ -184,7 +194,7 @@ async def test_open_without_upgrade_on_an_empty_db_says_to_run_db_upgrade(
 async def test_fresh_rows_are_inserted(central: CentralStore) -> None:
     rows = [dirty(f"k{i}", {"n": i}, version=1 + i % 3, base=0) for i in range(5)]
     rows.append(dirty("gone", _DELETED, version=2, base=0))
-    outcomes = await central.write_batch(rows, PolicyMap())
+    outcomes = await write(central, rows, PolicyMap())
     assert [(o.row.key, o.resolution, o.conflict) for o in outcomes] == [
         (r.key, "written", False) for r in rows
     ]
@@ -198,22 +208,22 @@ async def test_fresh_rows_are_inserted(central: CentralStore) -> None:
         assert got.updated_at == pytest.approx(r.updated_at, abs=1e-3)
     assert found[(OWNER, "gone")].data is None  # a deletion is kept as a tombstone
     assert (central.transactions, central.rows_written) == (1, 6)
-    assert await central.write_batch([], PolicyMap()) == []
+    assert await write(central, [], PolicyMap()) == []
 
 
 async def test_a_stale_write_under_reject_adopts_the_central_record(
     central: CentralStore,
 ) -> None:
-    await central.write_batch([dirty("k", 10, version=1, base=0, by="b")], PolicyMap())
+    await write(central, [dirty("k", 10, version=1, base=0, by="b")], PolicyMap())
     # "a" never saw b's write: its base (0) is stale
-    o = only(await central.write_batch([dirty("k", 99, version=3, base=0)], PolicyMap()))
+    o = only(await write(central, [dirty("k", 99, version=3, base=0)], PolicyMap()))
     assert (o.resolution, o.conflict, o.policy) == ("adopted", True, "reject")
     assert o.central is not None
     assert (value_of(o.central), o.central.version, o.central.updated_by) == (10, 1, "b")
     got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
     assert (value_of(got), got.version, got.updated_by) == (10, 1, "b")
     # a write based on the central version goes in
-    o = only(await central.write_batch([dirty("k", 11, version=2, base=1)], PolicyMap()))
+    o = only(await write(central, [dirty("k", 11, version=2, base=1)], PolicyMap()))
     assert (o.resolution, o.conflict) == ("written", False)
     assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == 11
 
@@ -222,8 +232,8 @@ async def test_a_stale_write_under_last_writer_wins_goes_in_above_both_versions(
     central: CentralStore,
 ) -> None:
     policies = PolicyMap("last_writer_wins")
-    await central.write_batch([dirty("k", "b's", version=5, base=0, by="b")], policies)
-    o = only(await central.write_batch([dirty("k", "a's", version=2, base=0)], policies))
+    await write(central, [dirty("k", "b's", version=5, base=0, by="b")], policies)
+    o = only(await write(central, [dirty("k", "a's", version=2, base=0)], policies))
     assert (o.resolution, o.conflict, o.policy) == ("written", True, "last_writer_wins")
     got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
     assert (value_of(got), got.updated_by) == ("a's", "triggerer-a")
@@ -243,8 +253,8 @@ async def test_a_stale_write_under_max_keeps_the_greater_value(
     central: CentralStore, central_value: float, local_value: float, winner: float,
 ) -> None:
     policies = PolicyMap("max")
-    await central.write_batch([dirty("wm", central_value, version=4, base=0, by="b")], policies)
-    o = only(await central.write_batch([dirty("wm", local_value, version=1, base=0)], policies))
+    await write(central, [dirty("wm", central_value, version=4, base=0, by="b")], policies)
+    o = only(await write(central, [dirty("wm", local_value, version=1, base=0)], policies))
     assert o.conflict
     assert o.resolution == ("written" if winner == local_value else "adopted")
     if o.resolution == "written":
@@ -261,12 +271,12 @@ async def test_max_never_lowers_another_writers_value_even_from_its_current_vers
     central: CentralStore,
 ) -> None:
     policies = PolicyMap("max")
-    await central.write_batch([dirty("wm", 100, version=1, base=0, by="b")], policies)
+    await write(central, [dirty("wm", 100, version=1, base=0, by="b")], policies)
     # based on b's current version, but lower: refused all the same
-    o = only(await central.write_batch([dirty("wm", 50, version=2, base=1)], policies))
+    o = only(await write(central, [dirty("wm", 50, version=2, base=1)], policies))
     assert (o.resolution, o.conflict) == ("adopted", True)
     # equal is not lower: a rewrite of the same value based on the current version goes in
-    o = only(await central.write_batch([dirty("wm", 100, version=2, base=1)], policies))
+    o = only(await write(central, [dirty("wm", 100, version=2, base=1)], policies))
     assert (o.resolution, o.conflict) == ("written", False)
     got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
     assert (value_of(got), got.version, got.updated_by) == (100, 2, "triggerer-a")
@@ -278,40 +288,40 @@ async def test_max_lets_a_writers_own_sequential_write_lower_its_value(
     """The writer's own chain is no conflict: its next write, based on the record it wrote,
     lands whatever max's order says (a trigger resetting its watermark, "10" after "9")."""
     policies = PolicyMap("max")
-    await central.write_batch([dirty("wm", "9", version=1, base=0)], policies)
-    o = only(await central.write_batch([dirty("wm", "10", version=2, base=1)], policies))
+    await write(central, [dirty("wm", "9", version=1, base=0)], policies)
+    o = only(await write(central, [dirty("wm", "10", version=2, base=1)], policies))
     assert (o.resolution, o.conflict) == ("written", False)
-    o = only(await central.write_batch([dirty("wm", 5, version=3, base=2)], policies))
+    o = only(await write(central, [dirty("wm", 5, version=3, base=2)], policies))
     assert (o.resolution, o.conflict) == ("written", False)
     got = (await central.read_many([(OWNER, "wm")]))[(OWNER, "wm")]
     assert (value_of(got), got.version) == (5, 3)
     # stale, though by the same writer: not its current record, so max compares (strictly)
-    o = only(await central.write_batch([dirty("wm", 4, version=1, base=0, by="b")], policies))
+    o = only(await write(central, [dirty("wm", 4, version=1, base=0, by="b")], policies))
     assert (o.resolution, o.conflict) == ("adopted", True)
 
 
 async def test_max_of_a_field_compares_that_field(central: CentralStore) -> None:
     policies = PolicyMap({"asset_watcher:*": "max:offset", "*": "reject"})
-    await central.write_batch(
+    await write(central,
         [dirty("cur", {"offset": 7, "file": "z"}, version=1, base=0, by="b")], policies)
     # a lower offset loses whatever the other fields say
-    o = only(await central.write_batch(
+    o = only(await write(central,
         [dirty("cur", {"offset": 6, "file": "zzz"}, version=9, base=0)], policies))
     assert (o.resolution, o.policy) == ("adopted", "max:offset")
     # an object without the field never wins
-    o = only(await central.write_batch([dirty("cur", {"file": "a"}, version=9, base=0)],
+    o = only(await write(central, [dirty("cur", {"file": "a"}, version=9, base=0)],
                                        policies))
     assert o.resolution == "adopted"
-    o = only(await central.write_batch(
+    o = only(await write(central,
         [dirty("cur", {"offset": 8, "file": "a"}, version=2, base=0)], policies))
     assert (o.resolution, o.conflict) == ("written", True)
     got = (await central.read_many([(OWNER, "cur")]))[(OWNER, "cur")]
     assert value_of(got) == {"offset": 8, "file": "a"}
     # owners the glob does not match fall back to reject
     other = "dag:x/y"
-    await central.write_batch([dirty("cur", {"offset": 1}, version=1, base=0, owner=other,
+    await write(central, [dirty("cur", {"offset": 1}, version=1, base=0, owner=other,
                                      by="b")], policies)
-    o = only(await central.write_batch([dirty("cur", {"offset": 5}, version=1, base=0,
+    o = only(await write(central, [dirty("cur", {"offset": 5}, version=1, base=0,
                                               owner=other)], policies))
     assert (o.resolution, o.policy) == ("adopted", "reject")
 
@@ -320,12 +330,12 @@ async def test_max_compares_iso_timestamps_as_times(central: CentralStore) -> No
     policies = PolicyMap("max")
     # As text "2024-01-01T00:30:00+02:00" sorts after "2023-12-31T23:00:00Z"; as a time it is
     # 22:30 UTC on Dec 31, half an hour earlier.
-    await central.write_batch(
+    await write(central,
         [dirty("ts", "2023-12-31T23:00:00Z", version=1, base=0, by="b")], policies)
-    o = only(await central.write_batch(
+    o = only(await write(central,
         [dirty("ts", "2024-01-01T00:30:00+02:00", version=1, base=0)], policies))
     assert o.resolution == "adopted"
-    o = only(await central.write_batch(
+    o = only(await write(central,
         [dirty("ts", "2024-01-01T01:30:00+02:00", version=1, base=0)], policies))
     assert o.resolution == "written"  # 23:30 UTC: later
     got = (await central.read_many([(OWNER, "ts")]))[(OWNER, "ts")]
@@ -338,19 +348,19 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
 ) -> None:
     """A flush committed but never marked clean (a crash) is replayed from the same base."""
     policies = PolicyMap(policy)
-    await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
+    await write(central, [dirty("k", "v1", version=1, base=0)], policies)
     first = dirty("k", "v3", version=3, base=1)
-    assert only(await central.write_batch([first], policies)).resolution == "written"
+    assert only(await write(central, [first], policies)).resolution == "written"
     # the same rows again: the central DB already holds this writer's v3 of this chain
-    o = only(await central.write_batch([first], policies))
+    o = only(await write(central, [first], policies))
     assert (o.resolution, o.conflict) == ("written", False)
     # and the chain moved on locally before the replay: still the same writer, still fine
-    o = only(await central.write_batch([dirty("k", "v4", version=4, base=1)], policies))
+    o = only(await write(central, [dirty("k", "v4", version=4, base=1)], policies))
     assert (o.resolution, o.conflict) == ("written", False)
     got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
     assert (value_of(got), got.version) == ("v4", 4)
     # another writer on the same stale base is a conflict, not a replay
-    o = only(await central.write_batch([dirty("k", "b's", version=4, base=1, by="b")],
+    o = only(await write(central, [dirty("k", "b's", version=4, base=1, by="b")],
                                        policies))
     assert (o.resolution, o.conflict) == ("adopted", True)
     # nor is the same writer's stale base with a *lower* version than central's (not a replay
@@ -358,7 +368,7 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
     # write (flushed, then lost from the local file in a crash). When the row is older than
     # it (left dirty in the file from before the crash) central's is kept under every
     # policy, last_writer_wins included, and is no conflict
-    o = only(await central.write_batch(
+    o = only(await write(central,
         [dirty("k", "old", version=2, base=1, at=time.time() - 60)], policies))
     assert (o.resolution, o.conflict) == ("adopted", False)
     assert o.central is not None
@@ -376,9 +386,9 @@ async def test_a_write_made_after_a_restart_goes_on_top_of_the_chain_the_crash_c
     the newer write: it goes in on top of v4, no conflict (it used to be replaced by v4, an
     acknowledged write lost). Under max too, even when lower: it is the writer's own chain."""
     policies = PolicyMap(policy)
-    await central.write_batch([dirty("k", "v1", version=1, base=0)], policies)
-    await central.write_batch([dirty("k", "v4", version=4, base=1)], policies)
-    o = only(await central.write_batch([dirty("k", value, version=2, base=1)], policies))
+    await write(central, [dirty("k", "v1", version=1, base=0)], policies)
+    await write(central, [dirty("k", "v4", version=4, base=1)], policies)
+    o = only(await write(central, [dirty("k", value, version=2, base=1)], policies))
     got = (await central.read_many([(OWNER, "k")]))[(OWNER, "k")]
     assert (o.resolution, o.conflict) == ("written", False)
     assert (value_of(got), got.version) == (value, 5)
@@ -386,9 +396,9 @@ async def test_a_write_made_after_a_restart_goes_on_top_of_the_chain_the_crash_c
 
 async def test_one_batch_mixes_inserts_updates_and_conflicts(central: CentralStore) -> None:
     policies = PolicyMap()
-    await central.write_batch(
+    await write(central,
         [dirty("a", 1, version=1, base=0), dirty("b", 1, version=1, base=0, by="b")], policies)
-    outcomes = await central.write_batch([
+    outcomes = await write(central, [
         dirty("a", 2, version=2, base=1),  # based on the current version
         dirty("b", 2, version=2, base=0),  # stale
         dirty("c", 1, version=1, base=0),  # new
@@ -408,14 +418,14 @@ async def test_names_differing_in_case_accents_or_trailing_spaces_are_different_
 ) -> None:
     rows = [dirty(k, i, version=1, base=0, owner=o)
             for i, (o, k) in enumerate((o, k) for o in LOOKALIKES for k in LOOKALIKES)]
-    outcomes = await central.write_batch(rows, PolicyMap())
+    outcomes = await write(central, rows, PolicyMap())
     assert [(o.resolution, o.conflict) for o in outcomes] == [("written", False)] * len(rows)
     found = await central.read_many([(r.owner, r.key) for r in rows])
     assert {k: value_of(r) for k, r in found.items()} == {
         (r.owner, r.key): orjson.loads(r.data or b"") for r in rows}
     # rewrites based on the versions just written: each row matches its own key only
     again = [dirty(r.key, -1, version=2, base=1, owner=r.owner) for r in rows]
-    outcomes = await central.write_batch(again, PolicyMap())
+    outcomes = await write(central, again, PolicyMap())
     assert [(o.resolution, o.conflict) for o in outcomes] == [("written", False)] * len(rows)
     for owner in LOOKALIKES:
         assert sorted(r.key for r in await central.read_owner(owner)) == sorted(LOOKALIKES)
@@ -433,7 +443,7 @@ async def test_read_owner_and_list_rows(central: CentralStore) -> None:
     rows = [dirty(k, f"{o}/{k}", version=1, base=0, owner=o)
             for o in owners for k in ("k1", "k2")]
     rows.append(dirty("k3", _DELETED, version=1, base=0, owner="a%b"))
-    await central.write_batch(rows, PolicyMap())
+    await write(central, rows, PolicyMap())
 
     own = {r.key: r for r in await central.read_owner("a%b")}
     assert sorted(own) == ["k1", "k2", "k3"]  # the tombstone is included
@@ -487,7 +497,7 @@ async def test_list_rows_orders_byte_wise_whatever_the_databases_collation(
     central: CentralStore,
 ) -> None:
     names = [(o, k) for o in MIXED_NAMES for k in ("k", "K", "k_1", "k1")]
-    await central.write_batch([dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
+    await write(central, [dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
                               PolicyMap())
     expected = sorted(names, key=utf8_order)
     assert sorted(names) == expected  # Python's str order is the UTF-8 byte order
@@ -508,7 +518,7 @@ async def test_list_rows_prefix_is_literal_and_case_sensitive(
     central: CentralStore, prefix: str
 ) -> None:
     names = [(o, "k") for o in MIXED_NAMES]
-    await central.write_batch([dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
+    await write(central, [dirty(k, 1, version=1, base=0, owner=o) for o, k in names],
                               PolicyMap())
     expected = sorted(n for n in names if n[0].startswith(prefix))
     listed = [(r.owner, r.key) for r in await central.list_rows(owner_prefix=prefix)]
@@ -568,12 +578,12 @@ async def test_a_batch_of_1000_rows_is_one_insert_in_one_transaction(
 ) -> None:
     policies = PolicyMap(policy)
     # half the keys exist already, so the batch is a mix of updates and inserts
-    await central.write_batch(
+    await write(central,
         [dirty(f"k{i:04}", i, version=1, base=0) for i in range(0, 1000, 2)], policies)
     batch = [dirty(f"k{i:04}", i + 1, version=2 if i % 2 == 0 else 1, base=1 if i % 2 == 0 else 0)
              for i in range(1000)]
     with StatementLog(central).watching() as log:
-        outcomes = await central.write_batch(batch, policies)
+        outcomes = await write(central, batch, policies)
     assert [o.resolution for o in outcomes].count("written") == 1000
     inserts = log.of_kind("INSERT")
     assert len(inserts) == 1

@@ -73,9 +73,9 @@ async def test_per_call_durability_overrides_the_store(open_store: StoreFactory,
     store = await open_store(durability="memory")
     await store.set("o", "k", 1, durability=durability)  # type: ignore[arg-type]
     if durability == "memory":
-        await store._require_cache().sync_now()
+        await store.sync_local()
     # local and central: on disk when set() returned; memory: after the commit above
-    assert local_rows(store._require_cache().path)[("o", "k")][:2] == ("1", 1)
+    assert local_rows(store.settings.resolved_cache_path)[("o", "k")][:2] == ("1", 1)
 
 
 async def test_get_many_items_and_handles(open_store: StoreFactory) -> None:
@@ -158,7 +158,7 @@ async def test_bad_names_are_refused_and_nothing_is_written(
     assert store.stats().sets == 0
     assert store.stats().dirty_keys == 0
     await store.flush()
-    assert local_rows(store._require_cache().path) == {}
+    assert local_rows(store.settings.resolved_cache_path) == {}
 
 
 BAD_VALUES: list[Any] = [

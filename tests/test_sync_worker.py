@@ -37,6 +37,7 @@ from localstate import (
     VersionConflict,
     WriteRejected,
 )
+from localstate.entry import UNKNOWN_BASE
 from localstate.local_cache import LocalCache
 from localstate.sync.central_store import CentralStore
 from localstate.sync.rows import CentralRow
@@ -62,7 +63,7 @@ def sink_of(store: StateStore) -> CentralStore:
 
 
 def worker_of(store: StateStore) -> SyncWorker:
-    worker = store._worker
+    worker = store.sync_worker
     assert worker is not None
     return worker
 
@@ -352,7 +353,7 @@ async def crashed_after_a_flush_outran_its_commit(
     await a.set(OWNER, "wm", 100)  # committed locally
     await a.flush()
     if clean:
-        await a._require_cache().sync_now()  # the mark-clean reaches the file
+        await a.sync_local()  # the mark-clean reaches the file
     await a.set(OWNER, "wm", 110, durability="memory")  # not committed locally...
     await a.set(OWNER, "wm", 120, durability="memory")
     await a.flush()  # ...but in the central DB: v3 = 120
@@ -703,8 +704,11 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
         await store.flush()
         db_server.stop()
         try:
-            for i in range(1, 6):
-                assert await store.set(OWNER, "wm", i) == i  # acknowledged locally
+            # acknowledged locally; "wm" is not in memory and its central record cannot be
+            # read, so its versions start above any the central DB can hold (#21)
+            versions = [await store.set(OWNER, "wm", i) for i in range(1, 6)]
+            assert versions == list(range(versions[0], versions[0] + 5))
+            assert versions[0] > 1
             await store.set(OWNER, "before", 2)
             with pytest.raises(CentralUnavailable):
                 await store.flush()
@@ -716,7 +720,8 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
                 db_server.start()
     finally:
         await store.close()
-    assert local_rows(cache) == {"before": (2, 2, 1), "wm": (5, 5, 0)}  # dirty on disk
+    assert local_rows(cache) == {  # dirty on disk
+        "before": (2, 2, 1), "wm": (5, versions[-1], UNKNOWN_BASE)}
     async with central_reader(url) as reader:
         assert await central_value(reader, "before") == 1
         assert await central_row(reader, "wm") is None
@@ -731,12 +736,13 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
             before = await central_row(reader, "before")
             assert wm is not None
             assert before is not None
-            assert (wm.version, before.version, orjson.loads(before.data or b"")) == (5, 2, 2)
+            assert (wm.version, before.version, orjson.loads(before.data or b"")) == (
+                versions[-1], 2, 2)
             await eventually(lambda: _async(store.stats().dirty_keys == 0), "clean keys")
             assert store.stats().conflicts == 0
         finally:
             await store.close()
-    assert local_rows(cache) == {"before": (2, 2, 2), "wm": (5, 5, 5)}
+    assert local_rows(cache) == {"before": (2, 2, 2), "wm": (5, versions[-1], versions[-1])}
 
 
 async def _async(value: bool) -> bool:

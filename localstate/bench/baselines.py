@@ -202,7 +202,7 @@ async def flush_rows_per_s(url: str, folder: Path, keys: int, *, tag: str = "flu
                           flush_interval=3600.0, max_batch=max_batch) as store:
         # Keep the max_batch kick from flushing in the background while the keys are dirtied:
         # the flush measured is the one below, in batches of `max_batch` rows.
-        store._max_batch = keys + 1
+        store.entry_table.kick_at = keys + 1
         owners = [f"bench:flush:{tag}:{i}" for i in range(keys)]
         for start in range(0, keys, 5000):  # first writes read through: many per query
             await asyncio.gather(*(store.set(o, "watermark", 0, durability="memory")
@@ -212,7 +212,7 @@ async def flush_rows_per_s(url: str, folder: Path, keys: int, *, tag: str = "flu
             for i, owner in enumerate(owners):
                 await store.set(owner, "watermark", n * keys + i + 1, durability="memory")
             # the local commit of those memory writes is the local writer's work, not the flush's
-            await store._require_cache().sync_now()
+            await store.sync_local()
             started = time.perf_counter()
             report = await store.flush()
             times.append(time.perf_counter() - started)

@@ -182,7 +182,7 @@ async def _run_store(cfg: BenchConfig, row: BenchRow, keys: list[tuple[str, str]
 
         event.listen(sink.engine.sync_engine, "commit", on_commit)
         rows_before = sink.rows_written
-        worker = store._worker
+        worker = store.sync_worker
         if worker is not None:
             worker.lags.clear()  # only the flushes of the measured window
 

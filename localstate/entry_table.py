@@ -1,0 +1,295 @@
+"""`EntryTable`: the one owner of a store's in-memory state.
+
+It holds three maps and is the only code that changes them:
+
+``entries``
+    one `Entry` per ``(owner, key)`` the store holds in memory.
+``dirty``
+    the keys whose entry the central DB does not hold yet, each with the time of the oldest
+    write it lacks.
+``absent``
+    keys the central DB was read and found to lack, each until ``absent_ttl`` runs out.
+
+Its operations are the only ways the state moves:
+
+* `write` (the hot path of every set and delete), `write_first` (a key not yet in memory);
+* `collect_dirty` (a flush's snapshot) and `settle_written` / `settle_moved` /
+  `settle_adopted` (what a flush's outcome does to an entry);
+* `adopt` (a row read from the central DB), `first_write_base`, the absent-key bookkeeping;
+* `fill` and `forget_all` (the cache turned on or off).
+
+Invariants:
+
+* An entry's ``version`` and ``synced_version`` never go backwards while the store runs,
+  except when a flush's conflict hands the key to the central record (then the entry becomes
+  the central record). A row read from the central DB is adopted only when the entry is clean
+  and the row is newer (``row.version > entry.version``): a row read before a flush it raced
+  with can never put the entry back.
+* An entry is dirty iff ``version != synced_version``; exactly the dirty entries are in
+  ``dirty`` (`collect_dirty` drops keys that became clean).
+* ``synced_version == UNKNOWN_BASE`` marks a write based on a central record that could not
+  be read (the central DB was down). Its version comes from `unknown_base_version`, above any
+  version the central DB can hold; the flush settles it like a write whose base turned out
+  stale (see `localstate.sync.central_store`).
+* A key the central DB lacks is never kept as an entry unless this store writes it: the
+  absence is remembered for ``absent_ttl`` seconds, no longer.
+
+Everything here runs on the event loop's thread, synchronously: nothing sees a change half made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from localstate.codec import IMMUTABLE_TYPES, decode
+from localstate.entry import (
+    NOT_DECODED,
+    UNKNOWN_BASE,
+    Entry,
+    StateKey,
+    entry_from_row,
+    purged,
+)
+from localstate.local_cache import LocalCache
+from localstate.sync.rows import CentralRow, DirtyRow
+
+__all__ = ["EntryTable", "unknown_base_version"]
+
+_now = time.time
+
+#: Versions given to writes whose base is unknown are POSIX microseconds (see
+#: `unknown_base_version`): 1.8e15 today, exact as a JSON number (below 2**53) until 2255.
+_MICROS: Final = 1_000_000
+
+
+def unknown_base_version() -> int:
+    """The version of a write whose central base could not be read: the time in microseconds.
+
+    Central versions grow by one per write, so this exceeds every version the central DB can
+    hold as long as the clocks of the writers agree within the number of microseconds that
+    separate this write from the last one of that kind (documented in the README).
+    """
+    return int(_now() * _MICROS)
+
+
+class EntryTable:
+    """Entries, dirty keys and absent keys of one store (see the module docstring)."""
+
+    # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
+    __slots__ = ("_absent", "_cache", "absent_ttl", "dirty", "entries", "kick_at", "on_full",
+                 "sets", "updated_by")
+
+    def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float) -> None:
+        #: read by the store's hot path directly (one dict lookup); changed only here
+        self.entries: dict[StateKey, Entry] = {}
+        self.dirty: dict[StateKey, float] = {}
+        self._absent: dict[StateKey, float] = {}
+        self.updated_by = updated_by
+        #: this many dirty keys start a flush at once (`on_full`)
+        self.kick_at = kick_at
+        self.absent_ttl = absent_ttl
+        self._cache: LocalCache | None = None
+        self.on_full: Callable[[], None] = _nothing
+        #: writes made (sets and deletes), for stats
+        self.sets = 0
+
+    # -- the cache turned on and off -----------------------------------------------------
+
+    def fill(self, cache: LocalCache, entries: dict[StateKey, Entry], *, keep_clean: bool,
+             on_full: Callable[[], None]) -> None:
+        """Take the entries loaded from `cache` (which the table stages to from now on).
+
+        `keep_clean=False` (the cache turned on at run time) keeps only the writes the central
+        DB lacks: a clean row may be older than what was written centrally meanwhile, so it is
+        dropped (from the file too) and read through when asked for.
+        """
+        if not keep_clean:
+            stale = {k: e for k, e in entries.items() if not e.dirty}
+            cache.stage_many({k: purged(e) for k, e in stale.items()})
+            entries = {k: e for k, e in entries.items() if e.dirty}
+        self._cache = cache
+        self.on_full = on_full
+        self.entries.clear()
+        self.entries.update(entries)
+        self.dirty.clear()
+        self.dirty.update({k: e.updated_at for k, e in entries.items() if e.dirty})
+        self._absent.clear()
+
+    def forget_all(self, *, purge: bool) -> None:
+        """Drop every entry (the cache is turned off or failed to turn on).
+
+        `purge`: stage a purge of every row first, so that the file holds nothing a later
+        start could serve after the central DB moved on.
+        """
+        if purge and self._cache is not None:
+            self._cache.stage_many({k: purged(e) for k, e in self.entries.items()})
+        self._cache = None
+        self.on_full = _nothing
+        self.entries.clear()
+        self.dirty.clear()
+        self._absent.clear()
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write(self, k: StateKey, e: Entry, data: str | None, obj: Any, memory: bool) -> int:
+        """Make a write in `e` (the entry of `k`); return its version. The hot path: kept flat.
+
+        `memory`: the write's durability is ``memory``: it is staged for the local writer
+        here (the other durabilities commit it themselves, see `LocalCache.commit`).
+        """
+        e.data = data
+        e.obj = obj
+        version = e.version = e.version + 1
+        e.updated_at = now = _now()
+        e.updated_by = self.updated_by
+        dirty = self.dirty
+        if k not in dirty:
+            dirty[k] = now
+        self.sets += 1
+        if len(dirty) >= self.kick_at:
+            self.on_full()
+        if memory:
+            self._cache.stage(k, e)  # type: ignore[union-attr]  # filled whenever written
+        return version
+
+    def write_first(self, k: StateKey, e: Entry, data: str | None, obj: Any,
+                    memory: bool) -> int:
+        """`write` of an entry `first_write_base` made: it joins the table now."""
+        held = self.entries.setdefault(k, e)
+        assert held is e, "first_write_base and write_first run without an await between"
+        self._absent.pop(k, None)
+        return self.write(k, e, data, obj, memory)
+
+    def first_write_base(self, k: StateKey, row: CentralRow | None, *, unknown: bool = False
+                         ) -> Entry:
+        """The entry a write of `k` is based on: the one in memory, else one made from `row`.
+
+        `unknown`: the central record could not be read; the entry is based on
+        `UNKNOWN_BASE`. A new entry joins the table only through `write_first`: a call that
+        does not write (a compare-and-set that fails) leaves nothing behind.
+        """
+        e = self.entries.get(k)
+        if e is not None:
+            return e
+        if unknown:
+            return Entry(None, None, unknown_base_version() - 1, 0.0, self.updated_by,
+                         UNKNOWN_BASE)
+        if row is None:
+            return Entry(None, None, 0, 0.0, self.updated_by, 0)
+        return self.adopt(k, row)
+
+    # -- reads from the central DB -------------------------------------------------------
+
+    def adopt(self, k: StateKey, row: CentralRow) -> Entry:
+        """Take the central row `row` of `k`, read a moment ago; return the entry now held.
+
+        A new key gets the row. A held entry takes it only when it is clean and the row is
+        newer: a dirty entry is the flush's to reconcile, and a row no newer than the entry
+        may have been read before a flush moved the entry on.
+        """
+        self._absent.pop(k, None)
+        e = self.entries.get(k)
+        if e is None:
+            e = self.entries[k] = entry_from_row(row)
+        elif e.dirty or row.version <= e.version:
+            return e
+        else:
+            _take_row(e, row)
+        self._stage(k, e)
+        return e
+
+    def is_absent(self, k: StateKey) -> bool:
+        """Whether `k` was found missing centrally less than ``absent_ttl`` seconds ago."""
+        expiry = self._absent.get(k)
+        if expiry is None:
+            return False
+        if expiry > time.monotonic():
+            return True
+        del self._absent[k]
+        return False
+
+    def mark_absent(self, k: StateKey) -> None:
+        """The central DB lacks `k` (a read found no row), unless this store holds it."""
+        if k not in self.entries:
+            self._absent[k] = time.monotonic() + self.absent_ttl
+
+    # -- a flush's steps -----------------------------------------------------------------
+
+    def collect_dirty(self, keys: Iterable[StateKey] | None = None) -> list[DirtyRow]:
+        """A snapshot of the dirty entries among `keys` (default: every dirty key)."""
+        rows: list[DirtyRow] = []
+        entries, dirty = self.entries, self.dirty
+        for k in (list(dirty) if keys is None else keys):
+            e = entries.get(k)
+            if e is None or not e.dirty:
+                dirty.pop(k, None)
+                continue
+            rows.append(
+                DirtyRow(k[0], k[1], e.data, e.version, e.synced_version, e.updated_at,
+                         e.updated_by)
+            )
+        return rows
+
+    def settle_written(self, k: StateKey, e: Entry, central_version: int) -> float | None:
+        """The central DB holds exactly `e` now, at `central_version`: `e` is clean.
+
+        Returns when `k` became dirty (None if it was not in the dirty map).
+        """
+        e.version = e.synced_version = central_version
+        return self.dirty.pop(k, None)
+
+    def settle_moved(self, e: Entry, central_version: int) -> None:
+        """The central DB holds `central_version` of `e`'s chain while `e` was written again
+        meanwhile: those writes go out next, based on it, at versions above it."""
+        e.synced_version = central_version
+        if e.version <= central_version:
+            e.version = central_version + 1
+
+    def settle_adopted(self, e: Entry, central: CentralRow) -> None:
+        """The central record replaces `e` (a conflict it won, or this writer's newer chain)."""
+        _take_row(e, central)
+
+    def after_settle(self, k: StateKey, e: Entry, started_at: float) -> None:
+        """Keep `dirty` in step with `e` after a flush settled it; the flush started then."""
+        if not e.dirty:
+            self.dirty.pop(k, None)
+        else:
+            # written again during the flush: those writes are no older than its start
+            self.dirty[k] = started_at
+
+    def stage_settled(self, entries: dict[StateKey, Entry]) -> None:
+        """Have the local writer record what a flush settled."""
+        if self._cache is not None:
+            self._cache.stage_many(entries)
+
+    def count_direct_write(self) -> None:
+        """A write the store made straight to the central DB (cache off), for stats."""
+        self.sets += 1
+
+    # -- figures -------------------------------------------------------------------------
+
+    def oldest_dirty(self) -> float | None:
+        """The time of the oldest write the central DB lacks (None: nothing is dirty)."""
+        return min(self.dirty.values(), default=None)
+
+    def _stage(self, k: StateKey, e: Entry) -> None:
+        if self._cache is not None:
+            self._cache.stage(k, e)
+
+
+def _take_row(e: Entry, row: CentralRow) -> None:
+    e.data = row.data
+    if row.data is None:
+        e.obj = None
+    else:
+        value = decode(row.data)
+        e.obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+    e.version = e.synced_version = row.version
+    e.updated_at = row.updated_at
+    e.updated_by = row.updated_by
+
+
+def _nothing() -> None:
+    return None
