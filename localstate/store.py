@@ -10,6 +10,7 @@ call goes straight to the central DB, one transaction per `set`, as Airflow's ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import warnings
@@ -36,6 +37,7 @@ from localstate.errors import (
     LocalStateError,
     StoreClosed,
     VersionConflict,
+    WriteRejected,
 )
 from localstate.local_cache import LocalCache
 from localstate.metrics import MetricsReporter
@@ -403,7 +405,7 @@ class StateStore:
             hash(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
-        e = await first_write_base(self._table, self._require_reader(), k)
+        e = await self._committed_base(k, durability)
         if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
             raise CentralUnavailable(
                 f"cannot compare {owner}/{key} with version {expected_version}: this store "
@@ -434,21 +436,40 @@ class StateStore:
             return await self._delete((owner, key), durability)
 
     async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
-        if self._direct:
-            e = await self._read(k)
-            if e is None or e.data is None:
-                return False
-            await self._set_direct(k, None, durability)
-            return True
+        if self._direct:  # a compare-and-delete on the central DB
+            self._count_direct_write(k, durability)
+            return await self._require_sink().delete_current(
+                k[0], k[1], updated_by=self.triggerer_id)
         try:
             hash(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
-        e = await first_write_base(self._table, self._require_reader(), k)
+        e = await self._committed_base(k, durability)
         if e.data is None and e.synced_version != UNKNOWN_BASE:
             return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
         await self._write(k, e, None, None, durability)
         return True
+
+    async def _committed_base(self, k: StateKey, durability: Durability | None) -> Entry:
+        """The entry a conditional write (compare-and-set, delete) decides on.
+
+        In ``central`` durability, the committed one: while this store still owes the central
+        DB a write of `k` (its own, pending), wait until the flush has settled it (written, or
+        replaced by the central record), so the decision is made on what the central DB holds
+        as far as this store can know, never on a write that may yet be refused. Other writers'
+        later commits are caught by the fence of this write's own flush. In ``local`` and
+        ``memory`` durability, this store's own view, pending writes included.
+        """
+        e = await first_write_base(self._table, self._require_reader(), k)
+        if (durability or self._durability) != "central":
+            return e
+        worker = self._require_worker()
+        while e.dirty and self._entries.get(k) is e:  # a new entry owes nothing yet
+            # a write that lost to the central record: the entry holds that record now
+            with contextlib.suppress(WriteRejected):
+                await worker.wait_flushed(k, e.version, self.settings.central_timeout)
+            e = await first_write_base(self._table, self._require_reader(), k)
+        return e
 
     async def _persist(
         self, k: StateKey, e: Entry, version: int, durability: Durability

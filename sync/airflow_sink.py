@@ -239,6 +239,15 @@ class AirflowSink:
             await self._put(accessor, key, data)
         return CentralRow(owner, key, data, _READ_VERSION, updated_at, updated_by)
 
+    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+        """Airflow's store keeps no versions: a read, then an unconditional delete (two
+        concurrent deletes may both answer True)."""
+        found = (await self.read_many([(owner, key)])).get((owner, key))
+        if found is None or found.data is None:
+            return False
+        await self.write_direct(owner, key, None, updated_at=time.time(), updated_by=updated_by)
+        return True
+
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
         updated_by: str, updated_at: float | None = None,

@@ -53,6 +53,7 @@ from localstate.errors import (
     InvalidInput,
     LocalStateError,
     VersionConflict,
+    WriteRejected,
 )
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
@@ -66,6 +67,8 @@ __all__ = ["CentralStore"]
 log = logging.getLogger(__name__)
 
 _MAX_VERSION = 2**63 - 1  # versions are BIGINT columns
+#: compare-and-delete rounds `delete_current` makes before it gives up under contention
+_DELETE_TRIES = 100
 
 
 def _epoch(value: datetime | str) -> float:
@@ -252,6 +255,32 @@ class CentralStore:
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)
+
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             tries: int = _DELETE_TRIES) -> bool:
+        """Delete whatever value `key` of `owner` has; False when it has none.
+
+        A compare-and-delete (`write_if_version`) on the version just read, repeated while other
+        writers move the key on: the delete that succeeds removed a committed value (it takes
+        effect at its statement), and False comes only from a read, or a conflict, that found
+        no value. Two deletes of one value: one answers True, the other False. After `tries`
+        rounds lost to other writers, `WriteRejected` and nothing deleted.
+        """
+        for _ in range(tries):
+            row = (await self.read_many([(owner, key)])).get((owner, key))
+            if row is None or row.data is None:
+                return False
+            try:
+                await self.write_if_version(owner, key, None, row.version, updated_by=updated_by)
+            except VersionConflict as exc:
+                if exc.actual == 0:  # deleted by another writer meanwhile
+                    return False
+                continue
+            return True
+        raise WriteRejected(
+            f"owner {owner!r} key {key!r} changed {tries} times while being deleted; nothing "
+            "was deleted: try again"
+        )
 
     async def write_if_version(
         self, owner: str, key: str, data: str | bytes | None, expected_version: int, *,

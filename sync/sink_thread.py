@@ -89,6 +89,9 @@ class ThreadedSink:
             owner, key, data, updated_at=updated_at, updated_by=updated_by,
         ))
 
+    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+        return await self._call(self.inner.delete_current(owner, key, updated_by=updated_by))
+
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
         updated_by: str, updated_at: float | None = None,

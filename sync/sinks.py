@@ -49,6 +49,10 @@ class Sink(Protocol):
     ) -> CentralRow:
         """One write in its own transaction (the cache-off path)."""
 
+    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+        """Delete the key's committed value in its own transaction (the cache-off path);
+        False when it has none. Of two deletes of one value, one answers True."""
+
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
         updated_by: str, updated_at: float | None = None,

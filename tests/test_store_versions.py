@@ -66,6 +66,9 @@ class HeldReads:
         return await self.inner.write_direct(owner, key, data, updated_at=updated_at,
                                              updated_by=updated_by)
 
+    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+        return await self.inner.delete_current(owner, key, updated_by=updated_by)
+
     async def write_if_version(self, owner: str, key: str, data: str | None,
                                expected_version: int, *, updated_by: str,
                                updated_at: float | None = None) -> CentralRow:
@@ -341,3 +344,55 @@ async def test_read_committed_shows_the_central_record_and_never_lowers_an_entry
     assert (committed.value, committed.version) == ("a2", 2)
     assert await b.get(OWNER, "k") == "b3"
     assert await b.read_committed(OWNER, "missing") is None
+
+
+# -- central-durability compare-and-set and delete decide on the committed record -------
+
+
+async def test_a_central_compare_and_set_decides_on_the_committed_record_not_a_pending_write(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """A holds a pending write of its own that B's commit will beat. A compare-and-set on the
+    version B committed succeeds (it used to be compared with A's pending version, pass, and
+    then lose at the flush with WriteRejected)."""
+    a = await open_store(triggerer_id="a", flush_interval=3600.0)
+    b = await open_store(triggerer_id="b", flush_interval=3600.0)
+    assert await a.set(OWNER, "k", "v1", durability="central") == 1
+    assert await a.set(OWNER, "k", "pending", durability="memory") == 2  # not flushed
+    assert await b.compare_and_set(OWNER, "k", "by b", expected_version=1,
+                                   durability="central") == 2
+    version = await a.compare_and_set(OWNER, "k", "z", expected_version=2,
+                                      durability="central")
+    assert version == 3
+    assert await central_record(central_url, "k") == ("z", 3)
+    with pytest.raises(VersionConflict) as caught:  # and the committed version is what counts
+        await a.compare_and_set(OWNER, "k", "again", expected_version=2, durability="central")
+    assert caught.value.actual == 3
+
+
+async def test_a_central_delete_is_not_answered_from_a_pending_tombstone(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    a = await open_store(triggerer_id="a", flush_interval=3600.0)
+    b = await open_store(triggerer_id="b", flush_interval=3600.0)
+    assert await a.set(OWNER, "k", "v1", durability="central") == 1
+    assert await a.delete(OWNER, "k", durability="memory")  # a pending tombstone, v2
+    assert await b.compare_and_set(OWNER, "k", "by b", expected_version=1,
+                                   durability="central") == 2
+    # the committed record has a value: the delete deletes it (it used to answer False)
+    assert await a.delete(OWNER, "k", durability="central")
+    record = await central_record(central_url, "k")
+    assert record is not None
+    assert record[0] is None  # a tombstone
+
+
+async def test_two_deletes_with_the_cache_off_have_one_winner(
+    open_store: StoreFactory,
+) -> None:
+    a = await open_store(triggerer_id="a", enabled=False)
+    b = await open_store(triggerer_id="b", enabled=False)
+    for round_ in range(10):
+        await a.set(OWNER, "k", round_)
+        answers = await asyncio.gather(a.delete(OWNER, "k"), b.delete(OWNER, "k"))
+        assert sorted(answers) == [False, True], (round_, answers)
+        assert await a.get(OWNER, "k") is None

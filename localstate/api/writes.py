@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import time
 
-from localstate.api.errors import ApiError
 from localstate.entry import StateKey
-from localstate.errors import StoreClosed, VersionConflict
+from localstate.errors import StoreClosed
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.rows import CentralRow
@@ -57,24 +56,7 @@ async def delete_if_version(store: StateStore, central: CentralStore, k: StateKe
 
 
 async def delete_current(store: StateStore, central: CentralStore, k: StateKey) -> bool:
-    """Delete whatever value `k` has; False when it has none.
-
-    A compare-and-delete on the version just read, repeated while other writers move the key
-    on: the delete that succeeds removed a value that was committed (it is linearized at its
-    statement), and False is answered only from a read, or a conflict, that found no value.
-    """
+    """Delete whatever value `k` has; False when it has none (see
+    `CentralStore.delete_current`: a compare-and-delete on the value it read)."""
     require_open(store)
-    for _ in range(DELETE_TRIES):
-        row = (await central.read_many([k])).get(k)
-        if row is None or row.data is None:
-            return False
-        try:
-            await central.write_if_version(k[0], k[1], None, row.version,
-                                           updated_by=store.triggerer_id)
-        except VersionConflict as exc:
-            if exc.actual == 0:  # deleted by another writer meanwhile
-                return False
-            continue
-        return True
-    raise ApiError(409, "conflict", f"owner {k[0]!r} key {k[1]!r} changed {DELETE_TRIES} times "
-                   "while being deleted; nothing was deleted: try again")
+    return await central.delete_current(k[0], k[1], updated_by=store.triggerer_id)
