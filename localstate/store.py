@@ -56,6 +56,7 @@ from localstate.store_parts import open_parts, release, require_open
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.read_through import ReadThrough
+from localstate.sync.rows import CentralRow
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
 from localstate.sync.worker import ConflictInfo, FlushReport, SyncWorker
@@ -273,14 +274,19 @@ class StateStore:
         check_name("owner", owner)
         check_name("key", key)
         async with self._gate.call():
-            # not through the read-through: joining a read already in flight could return a
-            # row read before this call began
-            row = (await self._require_sink().read_many([k])).get(k)
+            row = await self._read_central(k)
             if row is None or row.data is None:
                 return None
-            if not self._direct:
-                self._table.adopt(k, row)
             return record_of(k, entry_from_row(row), ())
+
+    async def _read_central(self, k: StateKey) -> CentralRow | None:
+        """`k`'s central record, read now with a query of its own (not through the
+        read-through: joining a read already in flight could return a row read before this
+        call began); a clean, older entry of this store takes it."""
+        row = (await self._require_sink().read_many([k])).get(k)
+        if row is not None and not self._direct:
+            self._table.adopt(k, row)
+        return row
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
@@ -412,6 +418,12 @@ class StateStore:
                 "does not hold it and the central DB could not be read; nothing was written"
             )
         actual = e.version if e.data is not None else 0
+        if actual != expected_version and self._decides_on_central(durability):
+            # this store's entry may be behind another store's commit: compare with the
+            # central record before refusing (a query on the refusal path only)
+            await self._read_central(k)
+            e = await self._committed_base(k, durability)
+            actual = e.version if e.data is not None else 0
         if actual != expected_version:
             raise VersionConflict(
                 f"{owner}/{key} is at version {actual}, not {expected_version}",
@@ -445,10 +457,18 @@ class StateStore:
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
         e = await self._committed_base(k, durability)
+        if e.data is None and e.synced_version != UNKNOWN_BASE and self._decides_on_central(
+                durability):
+            await self._read_central(k)  # another store may have written it since
+            e = await self._committed_base(k, durability)
         if e.data is None and e.synced_version != UNKNOWN_BASE:
             return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
         await self._write(k, e, None, None, durability)
         return True
+
+    def _decides_on_central(self, durability: Durability | None) -> bool:
+        """Whether a conditional write in `durability` decides on the central record."""
+        return (durability or self._durability) == "central"
 
     async def _committed_base(self, k: StateKey, durability: Durability | None) -> Entry:
         """The entry a conditional write (compare-and-set, delete) decides on.
@@ -458,10 +478,11 @@ class StateStore:
         replaced by the central record), so the decision is made on what the central DB holds
         as far as this store can know, never on a write that may yet be refused. Other writers'
         later commits are caught by the fence of this write's own flush. In ``local`` and
-        ``memory`` durability, this store's own view, pending writes included.
+        ``memory`` durability, this store's own view, pending writes included. A refusal in
+        ``central`` durability is checked against the central record first (`_read_central`).
         """
         e = await first_write_base(self._table, self._require_reader(), k)
-        if (durability or self._durability) != "central":
+        if not self._decides_on_central(durability):
             return e
         worker = self._require_worker()
         while e.dirty and self._entries.get(k) is e:  # a new entry owes nothing yet

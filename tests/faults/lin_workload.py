@@ -11,10 +11,11 @@ checker and reports into the fault tally.
 Reads through a store: a store is local-first, so its `get` of a key another store wrote is
 stale until its next load (documented). What the scenarios check through a store is that its
 writes are linearizable, with reads of the committed record: `committed_read` is the one place
-that says how a store surface reads: ``LOCALSTATE_LIN_STORE_READ=central`` (the default) reads
-the central DB through the test's own `CentralStore`; ``store`` reads the store's own view
-(`StateStore.record`: its memory, its pending writes included). Switch the default to the
-store's own fresh read of the committed record once it has one.
+that says how a store surface reads: ``LOCALSTATE_LIN_STORE_READ=committed`` (the default)
+reads through the store's `StateStore.read_committed` (the central DB's record, linearizable);
+``central`` reads the central DB through the test's own `CentralStore`; ``store`` reads the
+store's own view (`StateStore.record`: its memory, its pending writes included, not
+linearizable across stores by design).
 """
 
 from __future__ import annotations
@@ -87,14 +88,15 @@ class Surface(Protocol):
         """Something a real user does now and then that is no operation of the model."""
 
 
-STORE_READ = os.environ.get("LOCALSTATE_LIN_STORE_READ", "central")
+STORE_READ = os.environ.get("LOCALSTATE_LIN_STORE_READ", "committed")
 
 
 async def committed_read(store: StateStore, central: CentralStore, key: str
                          ) -> tuple[Any, int]:
     """A read through a store surface, as (value, version); (ABSENT, 0) when it has none."""
-    if STORE_READ == "store":
-        record = await store.record(OWNER, key)
+    if STORE_READ in ("store", "committed"):
+        record = await (store.record(OWNER, key) if STORE_READ == "store"
+                        else store.read_committed(OWNER, key))
         return (ABSENT, 0) if record is None else (record.value, record.version)
     row = (await central.read_many([(OWNER, key)])).get((OWNER, key))
     if row is None or row.data is None:
