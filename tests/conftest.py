@@ -102,6 +102,7 @@ def central_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     name = f"central_{os.getpid()}_{next(_db_names)}"
     if backend == "mysql":
         my: MysqlServer = request.getfixturevalue("mysql_server")
+        my.ensure_running()
         return my.create_database(name)
     pg: PostgresServer = request.getfixturevalue("pg_server")
     return pg.create_database(name, locale=PG_LOCALES[backend])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import pathlib
 import pwd
@@ -40,6 +41,8 @@ from types import TracebackType
 from typing import Any
 
 __all__ = ["MysqlServer", "find_mysql_binaries"]
+
+_log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "MariaDB server binaries (mariadbd, mariadb-install-db) were not found on PATH nor in "
@@ -221,6 +224,19 @@ class MysqlServer:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def ensure_running(self) -> bool:
+        """Start the server again if it died by itself (MariaDB 10.11 has crashed here with
+        SIGSEGV inside an information_schema query, a server bug); True if it had to.
+        A server this object stopped on purpose is started again too: call it only where
+        the server should be up."""
+        if self._closed or not self._initialized or self.is_running():
+            return False
+        log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        _log.warning("MariaDB at port %s had died; starting it again. Its log ends:\n%s",
+                     self._port, log)
+        self.start()
+        return True
+
     def close(self) -> None:
         """Stop the server (immediately) and remove its directory. Idempotent."""
         if self._closed:
@@ -327,8 +343,12 @@ class MysqlServer:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         # a short path: the unix socket's must fit in 107 bytes
         self._runtime_dir = pathlib.Path(tempfile.mkdtemp(prefix="localstate-my-"))
+        # a temporary-file folder of its own: servers of parallel test workers, and servers
+        # killed earlier, never meet in /tmp (internal temporary tables are files there)
+        (self._runtime_dir / "tmp").mkdir()
         if self._uid_gid is not None:
             os.chown(self._runtime_dir, *self._uid_gid)
+            os.chown(self._runtime_dir / "tmp", *self._uid_gid)
 
     def _user_args(self) -> list[str]:
         return [f"--user={_SYSTEM_USER}"] if self._as_root else []
@@ -355,6 +375,7 @@ class MysqlServer:
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
             "--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0",
             "--innodb-buffer-pool-size=128M", "--max-connections=500",
+            f"--tmpdir={self.runtime_dir / 'tmp'}",
         ]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process = subprocess.Popen(args, cwd=self.runtime_dir, stdin=subprocess.DEVNULL,
