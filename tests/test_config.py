@@ -215,6 +215,7 @@ BAD_VALUES = [
     ("otel", "yes please", "true or false"),
     ("metrics_interval", "0", "greater than 0"),
     ("watch_config", "sometimes", "true or false"),
+    ("api_open", "perhaps", "true or false"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
 FREE_FORM = {"cache_dir", "cache_path", "central_url"}
