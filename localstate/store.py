@@ -198,7 +198,8 @@ class StateStore:
         return self._table
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if self._opened and not self._closed:
+        # a constructor that raised leaves an object without these: it was never opened
+        if getattr(self, "_opened", False) and not getattr(self, "_closed", True):
             _warn(f"StateStore {self.triggerer_id!r} was never closed", ResourceWarning,
                   stacklevel=1)
 
