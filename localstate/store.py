@@ -121,7 +121,8 @@ class StateStore:
         self._reader: ReadThrough | None = None
         #: the one owner of the entries, dirty keys and absent keys (see EntryTable)
         self._table = EntryTable(updated_by=self.triggerer_id, kick_at=settings.max_batch,
-                                 absent_ttl=settings.absent_ttl)
+                                 absent_ttl=settings.absent_ttl,
+                                 max_keys=settings.max_keys_in_memory)
         # The table's map, read by the hot path without a call; never changed here. The same
         # dict for the store's lifetime (the table fills and empties it in place).
         self._entries = self._table.entries
@@ -220,6 +221,7 @@ class StateStore:
             refuse_unhashable_names(owner, key)
         if e is not None:
             self._hits += 1
+            e.used = True  # its second chance at the next eviction pass
             data = e.data
             if data is None:
                 return default
@@ -276,11 +278,12 @@ class StateStore:
         async with self._gate.call():
             # not through the read-through: joining a read already in flight could return a
             # row read before this call began
+            since = self._table.evictions
             row = (await self._require_sink().read_many([k])).get(k)
             if row is None or row.data is None:
                 return None
             if not self._direct:
-                self._table.adopt(k, row)
+                self._table.adopt(k, row, since)
             return record_of(k, entry_from_row(row), ())
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
