@@ -41,7 +41,8 @@ Invariants:
   key absent; the reader reads again.
 * Eviction is amortized: a pass runs when the map has grown by a tenth since the last one (or
   after a flush, above ``max_keys`` and a tenth), never per write. Recency is a second-chance
-  bit (``Entry.used``, set by every hit and write): a pass scans from the oldest key, moves a
+  bit (``Entry.used``, set by every hit, and for a write when its flush settles it, since a
+  dirty entry stays anyway): a pass scans from the oldest key, moves a
   used one to the end with its bit cleared, and evicts an unused clean one.
 
 Everything here runs on the event loop's thread, synchronously: nothing sees a change half made.
@@ -167,7 +168,6 @@ class EntryTable:
         version = e.version = e.version + 1
         e.updated_at = now = _now()
         e.updated_by = self.updated_by
-        e.used = True
         dirty = self.dirty
         if k not in dirty:
             dirty[k] = now
@@ -276,6 +276,7 @@ class EntryTable:
         Returns when `k` became dirty (None if it was not in the dirty map).
         """
         e.version = e.synced_version = central_version
+        e.used = True  # written since the last pass (a write's recency, off the hot path)
         return self.dirty.pop(k, None)
 
     def settle_moved(self, e: Entry, central_version: int) -> None:

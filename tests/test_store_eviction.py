@@ -168,3 +168,27 @@ async def test_an_eviction_between_collect_and_mark_clean_loses_nothing(
     assert record is not None
     assert (record.value, record.version) == ("3", 3)
     assert store.stats().conflicts == 0
+
+
+async def test_conflicted_and_awaited_keys_stay_in_memory(open_store: StoreFactory) -> None:
+    first = await open_store(max_keys_in_memory=10)
+    second = await open_store(max_keys_in_memory=10)
+    k = ("o", "contested")
+    await first.set(*k, "first")
+    await second.set(*k, "second")  # based on "absent" too: a conflict at its flush
+    await first.flush()
+    await second.flush()
+    table, worker = second.entry_table, second.sync_worker
+    assert worker is not None
+    assert k in worker.conflicted
+    assert table.evict(0) == 0  # its flush state ("conflict") is still to be read
+    record = await second.record(*k)
+    assert record is not None
+    assert record.value == "first"
+    waiter = worker.expect_flush(("o", "awaited"), 1)
+    await second.set("o", "awaited", 1)
+    await second.flush()
+    assert ("o", "awaited") in table.entries
+    assert table.evict(0) == 0
+    worker.drop_waiter(("o", "awaited"), waiter)
+    assert table.evict(0) == 1
