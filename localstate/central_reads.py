@@ -26,9 +26,10 @@ log = logging.getLogger("localstate.store")
 
 async def load_owner(table: EntryTable, sink: Sink, owner: str) -> int:
     """Adopt `owner`'s central rows (none lowers an entry); return how many have a value."""
+    since = table.evictions
     rows = await sink.read_owner(owner)
-    for row in rows:
-        table.adopt((row.owner, row.key), row)
+    for row in rows:  # a key evicted during the read is left to be read through
+        table.adopt((row.owner, row.key), row, since)
     return sum(1 for r in rows if r.data is not None)
 
 
@@ -39,18 +40,22 @@ async def known_entry(table: EntryTable, reader: ReadThrough, k: StateKey) -> En
     except TypeError:
         refuse_unhashable_names(*k)
     if e is not None:
+        e.used = True
         return e
     check_name("owner", k[0])
     check_name("key", k[1])
-    if table.is_absent(k):
-        return None
-    row = await reader.fetch(k)
-    if row is not None:
-        return table.adopt(k, row)
-    e = table.entries.get(k)  # written meanwhile by a call of this store
-    if e is None:
-        table.mark_absent(k)
-    return e
+    while True:  # again when an eviction made the row read possibly stale
+        if table.is_absent(k):
+            return None
+        since = table.evictions
+        row = await reader.fetch(k)
+        e = table.entries.get(k)  # written meanwhile by a call of this store
+        if row is not None:
+            e = table.adopt(k, row, since)
+            if e is not None:
+                return e
+        elif e is not None or table.mark_absent(k, since):
+            return e
 
 
 async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey) -> Entry:
@@ -64,7 +69,8 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey) 
     check_name("key", k[1])
     row: CentralRow | None = None
     unknown = False
-    if k not in table.entries and not table.is_absent(k):
+    while k not in table.entries and not table.is_absent(k):
+        since = table.evictions
         try:
             row = await reader.fetch(k)
         except CentralError as exc:
@@ -72,4 +78,8 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey) 
             log.warning("cannot read %s/%s from the central DB before writing it (%s); the "
                         "write is based on an unknown central version and settled by the "
                         "conflict policy at the flush", k[0], k[1], exc)
+            break
+        if since == table.evictions:
+            break
+        row = None  # an entry was evicted during the read: `k` at a newer version, maybe
     return table.first_write_base(k, row, unknown=unknown)

@@ -339,6 +339,9 @@ _SPECS: Final[dict[str, _Spec]] = {
     "close_timeout": _Spec(_positive_float, 10.0, "seconds close() spends flushing"),
     "absent_ttl": _Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
+    "max_keys_in_memory": _Spec(_positive_int, 100_000, "entries a store keeps in memory; "
+                                "beyond it the least recently used clean ones are evicted "
+                                "and read through again when asked for"),
     "upgrade_schema": _Spec(_bool, True, "create or upgrade the central schema on open"),
     "sink": _Spec(_choice("sql", "airflow"), "sql", "where flushes go: sql (localstate's own "
                   "central table at central_url) or airflow (Airflow 3.3's asset state store, "
@@ -402,6 +405,7 @@ class Settings:
     central_timeout: float = _DEFAULTS["central_timeout"]
     close_timeout: float = _DEFAULTS["close_timeout"]
     absent_ttl: float = _DEFAULTS["absent_ttl"]
+    max_keys_in_memory: int = _DEFAULTS["max_keys_in_memory"]
     upgrade_schema: bool = _DEFAULTS["upgrade_schema"]
     sink: str = _DEFAULTS["sink"]
     central_thread: bool = _DEFAULTS["central_thread"]

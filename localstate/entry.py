@@ -36,7 +36,7 @@ UNKNOWN_BASE: Final = -1
 class Entry:
     """One state variable in memory. Mutated only on the event loop's thread."""
 
-    __slots__ = ("data", "obj", "synced_version", "updated_at", "updated_by", "version")
+    __slots__ = ("data", "obj", "synced_version", "updated_at", "updated_by", "used", "version")
 
     def __init__(
         self,
@@ -59,6 +59,9 @@ class Entry:
         #: the version the central DB is known to hold; 0 when it holds none, UNKNOWN_BASE
         #: when it could not be read
         self.synced_version = synced_version
+        #: read or written since the table's last eviction pass looked at it (its second
+        #: chance: see `EntryTable.evict`)
+        self.used = True
 
     @property
     def dirty(self) -> bool:

@@ -16,7 +16,8 @@ Its operations are the only ways the state moves:
 * `collect_dirty` (a flush's snapshot) and `settle_written` / `settle_moved` /
   `settle_adopted` (what a flush's outcome does to an entry);
 * `adopt` (a row read from the central DB), `first_write_base`, the absent-key bookkeeping;
-* `fill` and `forget_all` (the cache turned on or off).
+* `fill` and `forget_all` (the cache turned on or off);
+* `evict` (the bounded working set: ``max_keys_in_memory``).
 
 Invariants:
 
@@ -33,6 +34,16 @@ Invariants:
   stale (see `localstate.sync.central_store`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
   absence is remembered for ``absent_ttl`` seconds, no longer.
+* Only clean entries are evicted, and never one the worker still needs (`pinned`: a central
+  waiter, a conflict to report). An evicted key's record is the central DB's (and the local
+  file's). ``evictions`` counts them: a row read from the central DB while it grew (``since``
+  below it) may predate a version evicted meanwhile, so it neither adds an entry nor marks a
+  key absent; the reader reads again.
+* Eviction is amortized: a pass runs when the map has grown by a tenth since the last one (or
+  after a flush, above ``max_keys`` and a tenth), never per write. Recency is a second-chance
+  bit (``Entry.used``, set by every hit, and for a write when its flush settles it, since a
+  dirty entry stays anyway): a pass scans from the oldest key, moves a
+  used one to the end with its bit cleared, and evicts an unused clean one.
 
 Everything here runs on the event loop's thread, synchronously: nothing sees a change half made.
 """
@@ -78,10 +89,11 @@ class EntryTable:
     """Entries, dirty keys and absent keys of one store (see the module docstring)."""
 
     # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
-    __slots__ = ("_absent", "_cache", "absent_ttl", "dirty", "entries", "kick_at", "on_full",
-                 "sets", "updated_by")
+    __slots__ = ("_absent", "_cache", "_evict_at", "absent_ttl", "dirty", "entries", "evictions",
+                 "kick_at", "max_keys", "on_full", "pinned", "sets", "updated_by")
 
-    def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float) -> None:
+    def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float,
+                 max_keys: int = 100_000) -> None:
         #: read by the store's hot path directly (one dict lookup); changed only here
         self.entries: dict[StateKey, Entry] = {}
         self.dirty: dict[StateKey, float] = {}
@@ -94,12 +106,21 @@ class EntryTable:
         self.on_full: Callable[[], None] = _nothing
         #: writes made (sets and deletes), for stats
         self.sets = 0
+        #: clean entries beyond this many are evicted (`evict`)
+        self.max_keys = max_keys
+        self._evict_at = _grown(max_keys)
+        #: entries evicted so far: stats, and the epoch of the reads (see the module docstring)
+        self.evictions = 0
+        #: whether the sync worker still needs `k`'s entry in memory
+        self.pinned: Callable[[StateKey], bool] = _never
 
     # -- the cache turned on and off -----------------------------------------------------
 
     def fill(self, cache: LocalCache, entries: dict[StateKey, Entry], *, keep_clean: bool,
-             on_full: Callable[[], None]) -> None:
+             on_full: Callable[[], None], pinned: Callable[[StateKey], bool]) -> None:
         """Take the entries loaded from `cache` (which the table stages to from now on).
+
+        `pinned`: the sync worker's `holds` (entries it still needs in memory).
 
         `keep_clean=False` (the cache turned on at run time) keeps only the writes the central
         DB lacks: a clean row may be older than what was written centrally meanwhile, so it is
@@ -111,11 +132,13 @@ class EntryTable:
             entries = {k: e for k, e in entries.items() if e.dirty}
         self._cache = cache
         self.on_full = on_full
+        self.pinned = pinned
         self.entries.clear()
         self.entries.update(entries)
         self.dirty.clear()
         self.dirty.update({k: e.updated_at for k, e in entries.items() if e.dirty})
         self._absent.clear()
+        self._joined()
 
     def forget_all(self, *, purge: bool) -> None:
         """Drop every entry (the cache is turned off or failed to turn on).
@@ -127,6 +150,7 @@ class EntryTable:
             self._cache.stage_many({k: purged(e) for k, e in self.entries.items()})
         self._cache = None
         self.on_full = _nothing
+        self.pinned = _never
         self.entries.clear()
         self.dirty.clear()
         self._absent.clear()
@@ -160,7 +184,9 @@ class EntryTable:
         held = self.entries.setdefault(k, e)
         assert held is e, "first_write_base and write_first run without an await between"
         self._absent.pop(k, None)
-        return self.write(k, e, data, obj, memory)
+        version = self.write(k, e, data, obj, memory)
+        self._joined()
+        return version
 
     def first_write_base(self, k: StateKey, row: CentralRow | None, *, unknown: bool = False
                          ) -> Entry:
@@ -168,7 +194,8 @@ class EntryTable:
 
         `unknown`: the central record could not be read; the entry is based on
         `UNKNOWN_BASE`. A new entry joins the table only through `write_first`: a call that
-        does not write (a compare-and-set that fails) leaves nothing behind.
+        does not write (a compare-and-set that fails) leaves nothing behind. `row` (or its
+        absence) was read with no eviction since (`since_evictions`).
         """
         e = self.entries.get(k)
         if e is not None:
@@ -178,25 +205,32 @@ class EntryTable:
                          UNKNOWN_BASE)
         if row is None:
             return Entry(None, None, 0, 0.0, self.updated_by, 0)
-        return self.adopt(k, row)
+        return entry_from_row(row)
 
     # -- reads from the central DB -------------------------------------------------------
 
-    def adopt(self, k: StateKey, row: CentralRow) -> Entry:
+    def adopt(self, k: StateKey, row: CentralRow, since: int) -> Entry | None:
         """Take the central row `row` of `k`, read a moment ago; return the entry now held.
 
-        A new key gets the row. A held entry takes it only when it is clean and the row is
-        newer: a dirty entry is the flush's to reconcile, and a row no newer than the entry
-        may have been read before a flush moved the entry on.
+        `since`: ``evictions`` when the read began. A new key gets the row, unless an entry
+        was evicted meanwhile (it may have been `k` at a newer version: None, read again). A
+        held entry takes it only when it is clean and the row is newer: a dirty entry is the
+        flush's to reconcile, and a row no newer than the entry may have been read before a
+        flush moved the entry on.
         """
-        self._absent.pop(k, None)
         e = self.entries.get(k)
         if e is None:
+            if since != self.evictions:
+                return None
+            self._absent.pop(k, None)
             e = self.entries[k] = entry_from_row(row)
-        elif e.dirty or row.version <= e.version:
+            self._stage(k, e)
+            self._joined()
             return e
-        else:
-            _take_row(e, row)
+        self._absent.pop(k, None)
+        if e.dirty or row.version <= e.version:
+            return e
+        _take_row(e, row)
         self._stage(k, e)
         return e
 
@@ -210,10 +244,14 @@ class EntryTable:
         del self._absent[k]
         return False
 
-    def mark_absent(self, k: StateKey) -> None:
-        """The central DB lacks `k` (a read found no row), unless this store holds it."""
+    def mark_absent(self, k: StateKey, since: int) -> bool:
+        """The central DB lacks `k` (a read begun at `since` found no row), unless this store
+        holds it. False: an entry was evicted since the read began (read again)."""
+        if since != self.evictions:
+            return False
         if k not in self.entries:
             self._absent[k] = time.monotonic() + self.absent_ttl
+        return True
 
     # -- a flush's steps -----------------------------------------------------------------
 
@@ -238,6 +276,7 @@ class EntryTable:
         Returns when `k` became dirty (None if it was not in the dirty map).
         """
         e.version = e.synced_version = central_version
+        e.used = True  # written since the last pass (a write's recency, off the hot path)
         return self.dirty.pop(k, None)
 
     def settle_moved(self, e: Entry, central_version: int) -> None:
@@ -260,9 +299,53 @@ class EntryTable:
             self.dirty[k] = started_at
 
     def stage_settled(self, entries: dict[StateKey, Entry]) -> None:
-        """Have the local writer record what a flush settled."""
+        """Have the local writer record what a flush settled; evict what it made evictable."""
         if self._cache is not None:
             self._cache.stage_many(entries)
+        if len(self.entries) > _grown(self.max_keys):
+            self.evict()
+
+    # -- the bounded working set ---------------------------------------------------------
+
+    def evict(self, down_to: int | None = None) -> int:
+        """Evict least recently used clean entries until `down_to` (``max_keys``) remain.
+
+        One pass from the oldest key, each entry looked at once at most: a used one gets its
+        second chance (moved to the end, bit cleared), a dirty or pinned one stays where it
+        is. Returns how many were evicted; the next pass waits for a tenth more keys.
+        """
+        entries, dirty, pinned = self.entries, self.dirty, self.pinned
+        target = self.max_keys if down_to is None else down_to
+        excess = len(entries) - target
+        evicted = 0
+        if excess > 0:
+            for k in list(entries):
+                e = entries[k]
+                if e.used:
+                    e.used = False
+                    del entries[k]
+                    entries[k] = e  # to the end: the most recently used
+                elif e.version == e.synced_version and k not in dirty and not pinned(k):
+                    del entries[k]
+                    evicted += 1
+                    if evicted == excess:
+                        break
+            if evicted < excess:  # every unused one is gone: the oldest used ones go next
+                for k in list(entries):
+                    e = entries[k]
+                    if e.version == e.synced_version and k not in dirty and not pinned(k):
+                        del entries[k]
+                        evicted += 1
+                        if evicted == excess:
+                            break
+        self.evictions += evicted
+        self._evict_at = _grown(max(len(entries), self.max_keys))
+        return evicted
+
+    def _joined(self) -> None:
+        """A key joined the map: a pass when it has grown by a tenth since the last one."""
+        if len(self.entries) > self._evict_at:
+            self.evict()
 
     def count_direct_write(self) -> None:
         """A write the store made straight to the central DB (cache off), for stats."""
@@ -291,5 +374,14 @@ def _take_row(e: Entry, row: CentralRow) -> None:
     e.updated_by = row.updated_by
 
 
+def _grown(n: int) -> int:
+    """The size at which a map of `n` keys is due another eviction pass."""
+    return n + max(1, n // 10)
+
+
 def _nothing() -> None:
     return None
+
+
+def _never(k: StateKey) -> bool:
+    return False

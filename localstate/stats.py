@@ -42,11 +42,14 @@ class StoreStats:
     flush_lag_p50_s: float | None
     flush_lag_p99_s: float | None
     last_error: str | None
+    #: entries held in memory now (at most about max_keys_in_memory, plus the dirty ones)
     keys_in_memory: int
     cache_enabled: bool
     #: why the last edit of airflow.cfg was not applied (the settings in force are the last
     #: good ones); None when it was, or when the store does not watch the file
     config_error: str | None = None
+    #: clean entries evicted from memory (beyond max_keys_in_memory) since the store opened
+    evictions: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +83,7 @@ def store_stats(
         flush_lag_p50_s=_percentile(lags, 0.5), flush_lag_p99_s=_percentile(lags, 0.99),
         last_error=None if last_error is None else str(last_error),
         keys_in_memory=len(table.entries), cache_enabled=cache_enabled,
-        config_error=config_error,
+        config_error=config_error, evictions=table.evictions,
     )
 
 

@@ -122,7 +122,8 @@ class StateStore:
         self._reader: ReadThrough | None = None
         #: the one owner of the entries, dirty keys and absent keys (see EntryTable)
         self._table = EntryTable(updated_by=self.triggerer_id, kick_at=settings.max_batch,
-                                 absent_ttl=settings.absent_ttl)
+                                 absent_ttl=settings.absent_ttl,
+                                 max_keys=settings.max_keys_in_memory)
         # The table's map, read by the hot path without a call; never changed here. The same
         # dict for the store's lifetime (the table fills and empties it in place).
         self._entries = self._table.entries
@@ -199,7 +200,8 @@ class StateStore:
         return self._table
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if self._opened and not self._closed:
+        # a constructor that raised leaves an object without these: it was never opened
+        if getattr(self, "_opened", False) and not getattr(self, "_closed", True):
             _warn(f"StateStore {self.triggerer_id!r} was never closed", ResourceWarning,
                   stacklevel=1)
 
@@ -220,6 +222,7 @@ class StateStore:
             refuse_unhashable_names(owner, key)
         if e is not None:
             self._hits += 1
+            e.used = True  # its second chance at the next eviction pass
             data = e.data
             if data is None:
                 return default
@@ -283,9 +286,10 @@ class StateStore:
         """`k`'s central record, read now with a query of its own (not through the
         read-through: joining a read already in flight could return a row read before this
         call began); a clean, older entry of this store takes it."""
+        since = self._table.evictions
         row = (await self._require_sink().read_many([k])).get(k)
         if row is not None and not self._direct:
-            self._table.adopt(k, row)
+            self._table.adopt(k, row, since)  # not as a new key if an eviction ran meanwhile
         return row
 
     async def items(self, owner: str) -> AsyncIterator[Record]:

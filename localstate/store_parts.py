@@ -80,7 +80,8 @@ async def start_cache(store: StateStore, s: Settings, *, keep_clean: bool) -> No
         flush_interval=s.flush_interval, max_batch=s.max_batch,
         on_conflict=store._on_conflict,
     )
-    table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick)
+    table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
+               pinned=worker.holds)
     worker.start()
     if table.dirty:
         log.info("%d writes not yet in the central DB found in %s; flushing",

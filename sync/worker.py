@@ -134,6 +134,11 @@ class SyncWorker:
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
         self._kick.set()
 
+    def holds(self, key: StateKey) -> bool:
+        """Whether `key`'s entry must stay in memory for this worker: a central-durability
+        waiter waits on it, or its last flush lost a conflict (its flush state says so)."""
+        return key in self._waiters or key in self.conflicted
+
     def kick(self) -> None:
         """Flush now rather than at the next interval (enough keys are dirty, or a waiter)."""
         self._kick.set()

@@ -190,6 +190,8 @@ BAD_VALUES = [
     ("central_timeout", "-5", "greater than 0"),
     ("close_timeout", "never", "greater than 0"),
     ("absent_ttl", "0", "greater than 0"),
+    ("max_keys_in_memory", "0", "greater than 0"),
+    ("max_keys_in_memory", "lots", "greater than 0"),
     ("upgrade_schema", "perhaps", "true or false"),
     ("central_thread", "sometimes", "true or false"),
     ("api_tokens", "short:read:*", "at least 16"),
