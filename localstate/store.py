@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 __all__ = ["StateStore"]
 
 log = logging.getLogger(__name__)
+#: rounds a central-durability compare-and-set makes when its flush meets an unseen commit
+_CAS_ROUNDS = 3
 _now = time.time
 
 
@@ -415,27 +417,36 @@ class StateStore:
             hash(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(*k)
-        e = await self._committed_base(k, durability)
-        if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
-            raise CentralUnavailable(
-                f"cannot compare {owner}/{key} with version {expected_version}: this store "
-                "does not hold it and the central DB could not be read; nothing was written"
-            )
-        actual = e.version if e.data is not None else 0
-        if actual != expected_version and self._decides_on_central(durability):
-            # this store's entry may be behind another store's commit: compare with the
-            # central record before refusing (a query on the refusal path only)
-            await self._read_central(k)
+        obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+        for attempt in range(_CAS_ROUNDS):
             e = await self._committed_base(k, durability)
+            if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
+                raise CentralUnavailable(
+                    f"cannot compare {owner}/{key} with version {expected_version}: this store "
+                    "does not hold it and the central DB could not be read; nothing was written"
+                )
             actual = e.version if e.data is not None else 0
-        if actual != expected_version:
-            raise VersionConflict(
-                f"{owner}/{key} is at version {actual}, not {expected_version}",
-                expected=expected_version, actual=actual,
-            )
-        return await self._write(
-            k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
-        )
+            if actual != expected_version and self._decides_on_central(durability):
+                # this store's entry may be behind another store's commit: compare with the
+                # central record before refusing (a query on the refusal path only)
+                await self._read_central(k)
+                e = await self._committed_base(k, durability)
+                actual = e.version if e.data is not None else 0
+            if actual != expected_version:
+                raise VersionConflict(
+                    f"{owner}/{key} is at version {actual}, not {expected_version}",
+                    expected=expected_version, actual=actual,
+                )
+            try:
+                return await self._write(k, e, data, obj, durability)
+            except WriteRejected:
+                # Its flush met a commit this store had not seen (the entry holds it now, and
+                # the refused write never took effect). The comparison is with the committed
+                # record, so make it again: a key another store deleted still has no value
+                # for expected_version 0, whatever the tombstone's version.
+                if attempt == _CAS_ROUNDS - 1:
+                    raise
+        raise AssertionError("unreachable")  # the last round returns or raises
 
     async def delete(
         self, owner: str, key: str, *, durability: Durability | None = None

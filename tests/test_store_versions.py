@@ -396,3 +396,22 @@ async def test_two_deletes_with_the_cache_off_have_one_winner(
         answers = await asyncio.gather(a.delete(OWNER, "k"), b.delete(OWNER, "k"))
         assert sorted(answers) == [False, True], (round_, answers)
         assert await a.get(OWNER, "k") is None
+
+
+async def test_a_central_insert_if_absent_over_another_stores_tombstone_succeeds(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """The key has no value (another store wrote and deleted it since this store's own
+    delete): a compare-and-set on version 0 succeeds. Its first flush meets the unseen
+    tombstone and is refused; the compare is made again on the committed record."""
+    a = await open_store(triggerer_id="a", flush_interval=3600.0)
+    b = await open_store(triggerer_id="b", flush_interval=3600.0)
+    assert await a.set(OWNER, "k", "v1", durability="central") == 1
+    assert await a.delete(OWNER, "k", durability="central")  # a tombstone at v2, flushed
+    assert await b.compare_and_set(OWNER, "k", "by b", expected_version=0,
+                                   durability="central") == 3
+    assert await b.delete(OWNER, "k", durability="central")  # b's tombstone at v4
+    version = await a.compare_and_set(OWNER, "k", "mine", expected_version=0,
+                                      durability="central")
+    assert version == 5
+    assert await central_record(central_url, "k") == ("mine", 5)
