@@ -365,6 +365,9 @@ _SPECS: Final[dict[str, _Spec]] = {
                   "opentelemetry-api)"),
     "metrics_interval": _Spec(_positive_float, 10.0, "seconds between two metric reports "
                               "(sampled from stats(), never per set)"),
+    "asset_mirror": _Spec(_choice("auto", "on", "off"), "auto", "also write each flushed "
+                          "row of an asset_watcher:<asset> owner to Airflow's asset_state_store "
+                          "in the flush's transaction; auto: when the central DB is Airflow's"),
     "watch_config": _Spec(_bool, False, "watch airflow.cfg and apply changes of the live "
                           "settings (enabled, flush_interval, max_batch, durability) to the "
                           "running store"),
@@ -418,6 +421,7 @@ class Settings:
     statsd_prefix: str = _DEFAULTS["statsd_prefix"]
     otel: bool = _DEFAULTS["otel"]
     metrics_interval: float = _DEFAULTS["metrics_interval"]
+    asset_mirror: str = _DEFAULTS["asset_mirror"]
     watch_config: bool = _DEFAULTS["watch_config"]
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)

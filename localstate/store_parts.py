@@ -15,6 +15,7 @@ from localstate.config import Settings, config_file_path
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
 from localstate.metrics import start_reporter
+from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.read_through import ReadThrough
 from localstate.sync.sink_thread import ThreadedSink
@@ -108,11 +109,16 @@ async def open_central(s: Settings) -> Sink:
 
         return process_sink()
     url, upgrade = s.resolved_central_url, s.upgrade_schema
-    # the store starts during a central outage: it serves its cache and flushes later
+
+    async def opened() -> CentralStore:
+        # the store starts during a central outage: it serves its cache and flushes later
+        central = await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True)
+        central.asset_mirror = None if s.asset_mirror == "off" else AssetMirror(s.asset_mirror)
+        return central
+
     if s.central_thread:
-        return await ThreadedSink.open(lambda: CentralStore.open(
-            url, upgrade_schema=upgrade, defer_if_unreachable=True))
-    return await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True)
+        return await ThreadedSink.open(opened)
+    return await opened()
 
 
 def require_open(part: _T | None) -> _T:

@@ -55,6 +55,7 @@ from localstate.errors import (
     VersionConflict,
     WriteRejected,
 )
+from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
@@ -106,6 +107,8 @@ class CentralStore:
         #: whether the schema is known to be current; None: checked (and upgraded when this
         #: is True) before the next call, the database having been unreachable at `open`
         self._schema_pending: bool | None = None
+        #: set by the opener from the asset_mirror setting (`localstate.sync.asset_mirror`)
+        self.asset_mirror: AssetMirror | None = None
 
     @property
     def _sql(self) -> BatchSql:
@@ -391,6 +394,8 @@ class CentralStore:
         await self._ready()
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await self._write_batch(conn, rows, policies, writer)
+            if self.asset_mirror is not None:  # Airflow's asset_state_store, same transaction
+                await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes

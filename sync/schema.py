@@ -55,6 +55,7 @@ __all__ = [
     "MYSQL_NAME_COLLATION",
     "STATE_TABLE",
     "Migration",
+    "apply_step",
     "current_version",
     "metadata",
     "name_collation",
@@ -275,3 +276,32 @@ async def upgrade(engine: AsyncEngine) -> list[Migration]:
                 )
             )
             applied.append(migration)
+
+
+def apply_step(conn: Connection, version: int) -> bool:
+    """Apply migration `version` on a synchronous connection, in its transaction, unless the
+    schema has it already; True when applied.
+
+    The step of the Alembic revision of each migration (`localstate.airflow.migrations`, run by
+    ``airflow db migrate``): the same function `upgrade` applies, and the same row in
+    ``localstate_schema``, so a database migrated by either path is current for the other
+    (``localstate_schema`` is the one record of what was applied; Alembic's version table only
+    says how far ``airflow db migrate`` went). Takes `upgrade`'s lock on PostgreSQL, so a
+    triggerer upgrading at the same moment waits, then finds the step applied.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    schema_table.create(conn, checkfirst=True)
+    have = int(conn.execute(select(func.max(schema_table.c.version))).scalar() or 0)
+    if have >= version:
+        return False
+    url = conn.engine.url.render_as_string(hide_password=True)
+    if have != version - 1:
+        raise SchemaError(f"the central DB {url} has localstate schema version {have}: "
+                          f"migration {version} needs {version - 1} first")
+    migration = next(m for m in MIGRATIONS if m.version == version)
+    migration.apply(conn)
+    conn.execute(schema_table.insert().values(
+        version=migration.version, description=migration.description,
+        applied_at=datetime.now(timezone.utc)))
+    return True

@@ -25,7 +25,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,13 +34,12 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
+from airflow_harness import Deployment, new_deployment, stop, wait_for
 
-from localstate.config import default_triggerer_id
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
-AIRFLOW = Path(sys.executable).with_name("airflow")
 DAG_FILE = Path(__file__).parents[1] / "localstate" / "examples" / "new_rows_dag.py"
 OWNER = "asset_watcher:new_orders"
 ACK_DELAY = 2.0
@@ -58,86 +56,34 @@ FOR EACH ROW EXECUTE FUNCTION localstate_e2e_count();
 """
 
 
-@dataclass
-class Deployment:
-    home: Path
-    env: dict[str, str]
-    airflow_dsn: str
-    source_dsn: str
-    logs: Path
-
-    @property
-    def cache_path(self) -> Path:
-        return self.home / "localstate" / f"{default_triggerer_id()}.db"
-
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        # own session: a SIGKILL of the group takes the triggerer's runner child with it
-        with (self.logs / f"{name}.log").open("ab") as log:
-            return subprocess.Popen([str(AIRFLOW), *args], env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-
-    def tail(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-40:])
-            for p in sorted(self.logs.glob("*.log"))
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 20) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(wait)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
 @pytest.fixture
 def deployment(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
-    suffix = f"{os.getpid()}_{int(time.time())}"
-    pg_server.create_database(f"airflow_{suffix}")
-    pg_server.create_database(f"source_{suffix}")
-    airflow_dsn = pg_server.dsn_for(f"airflow_{suffix}")
-    home = tmp_path / "airflow-home"
-    home.mkdir(exist_ok=True)
+    source = f"source_{os.getpid()}_{time.monotonic_ns()}"
+    pg_server.create_database(source)
     dags = tmp_path / "dags"
     dags.mkdir()
     shutil.copy(DAG_FILE, dags / DAG_FILE.name)
-    logs = tmp_path / "logs"
-    logs.mkdir()
     # localstate's section through airflow.cfg (read there through Airflow's conf)
-    (home / "airflow.cfg").write_text(
-        "[localstate]\nsink = airflow\nflush_interval = 1.0\n"
-        "conflict_policy = asset_watcher:*=max, *=reject\n"
+    return new_deployment(
+        pg_server, tmp_path,
+        cfg="[localstate]\nsink = airflow\nflush_interval = 1.0\n"
+            "conflict_policy = asset_watcher:*=max, *=reject\n",
+        env={
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
+            "LOCALSTATE_EXAMPLE_DSN": pg_server.dsn_for(source),
+            "LOCALSTATE_EXAMPLE_TABLE": "orders",
+            "LOCALSTATE_EXAMPLE_BATCH": "20",
+            "LOCALSTATE_EXAMPLE_POLL": "0.02",
+            "LOCALSTATE_EXAMPLE_ACK_DELAY": str(ACK_DELAY),
+        },
     )
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW__", "LOCALSTATE_"))}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_dsn.replace(
-            "postgresql://", "postgresql+psycopg://"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(logs / "airflow"),
-        "LOCALSTATE_EXAMPLE_DSN": pg_server.dsn_for(f"source_{suffix}"),
-        "LOCALSTATE_EXAMPLE_TABLE": "orders",
-        "LOCALSTATE_EXAMPLE_BATCH": "20",
-        "LOCALSTATE_EXAMPLE_POLL": "0.02",
-        "LOCALSTATE_EXAMPLE_ACK_DELAY": str(ACK_DELAY),
-        "PYTHONWARNINGS": "ignore",
-    })
-    return Deployment(home, env, airflow_dsn, pg_server.dsn_for(f"source_{suffix}"), logs)
 
 
 @pytest_asyncio.fixture
@@ -147,19 +93,6 @@ async def airflow_db(deployment: Deployment) -> AsyncIterator[asyncpg.Connection
         yield conn
     finally:
         await conn.close()
-
-
-async def _wait_for(what: str, check: Any, deployment: Deployment, timeout: float) -> Any:
-    """Await `check()` until it returns something truthy; fail with the logs after `timeout`."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if loop.time() > end:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{deployment.tail()}")
-        await asyncio.sleep(0.5)
 
 
 def _local_watermark(cache: Path) -> tuple[int, int]:
@@ -245,17 +178,9 @@ async def test_example_watcher_in_real_airflow(deployment: Deployment,
 
 
 async def _scenario(d: Deployment, airflow_db: asyncpg.Connection) -> Outcome:
-    migrate = await asyncio.create_subprocess_exec(
-        str(AIRFLOW), "db", "migrate", env=d.env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    try:
-        output, _ = await migrate.communicate()
-    except BaseException:  # stopped by the bound: leave no migration running
-        migrate.kill()
-        raise
-    assert migrate.returncode == 0, output.decode()[-3000:]
+    await d.run("db", "migrate")
     await airflow_db.execute(_COUNT_WRITES_SQL)
-    source_conn = await asyncpg.connect(d.source_dsn)
+    source_conn = await asyncpg.connect(d.env["LOCALSTATE_EXAMPLE_DSN"])
     await source_conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, amount int)")
     source = Source(source_conn)
     procs: list[subprocess.Popen[bytes]] = []
@@ -268,18 +193,18 @@ async def _scenario(d: Deployment, airflow_db: asyncpg.Connection) -> Outcome:
             return bool(await airflow_db.fetchval(
                 "SELECT count(*) FROM asset_active WHERE name = 'new_orders'"))
 
-        await _wait_for("the scheduler to activate the asset", asset_active, d, 90)
-        _stop(scheduler)  # its job is done; DAG runs would only compete for the CPU
+        await wait_for("the scheduler to activate the asset", asset_active, d, 90)
+        stop(scheduler)  # its job is done; DAG runs would only compete for the CPU
 
         async def watcher_registered() -> bool:
             return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_watcher"))
 
-        await _wait_for("the dag processor to register the watcher", watcher_registered, d, 60)
+        await wait_for("the dag processor to register the watcher", watcher_registered, d, 60)
         triggerer = d.start("triggerer-1", "triggerer", "--skip-serve-logs")
         procs.append(triggerer)
 
         # first run: rows arrive, events and the watermark follow
-        await _wait_for("the first watermark in asset_state_store",
+        await wait_for("the first watermark in asset_state_store",
                         lambda: _write_and_read(source, airflow_db), d, 90)
         first_stored = await _stored_watermark(airflow_db)
         await source.insert_for(5)
@@ -292,7 +217,7 @@ async def _scenario(d: Deployment, airflow_db: asyncpg.Connection) -> Outcome:
         # the crash: kill the triggerer's whole process group while rows keep coming
         insert_more = asyncio.ensure_future(source.insert_for(2))
         await asyncio.sleep(1)
-        _stop(triggerer, signal.SIGKILL)
+        stop(triggerer, signal.SIGKILL)
         await insert_more
         persisted, _ = _local_watermark(d.cache_path)
         emitted_before = _covered(await _events(airflow_db))
@@ -305,14 +230,14 @@ async def _scenario(d: Deployment, airflow_db: asyncpg.Connection) -> Outcome:
         async def all_stored() -> bool:
             return (await _stored_watermark(airflow_db) or 0) >= total
 
-        await _wait_for(f"the stored watermark to reach row {total}", all_stored, d, 60)
-        _stop(triggerer2)  # SIGTERM: cleanup() flushes
+        await wait_for(f"the stored watermark to reach row {total}", all_stored, d, 60)
+        stop(triggerer2)  # SIGTERM: cleanup() flushes
         events = await _events(airflow_db)
         writes = int(await airflow_db.fetchval("SELECT n FROM localstate_e2e_writes"))
         value, updates = _local_watermark(d.cache_path)
     finally:
         for proc in procs:
-            _stop(proc, signal.SIGKILL, 5)
+            stop(proc, signal.SIGKILL, 5)
         await source_conn.close()
 
     return Outcome(total, events, writes, value, updates, persisted, emitted_before)

@@ -733,7 +733,8 @@ async def test_the_ui_page_and_its_assets(api: Api) -> None:
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in r.headers["content-security-policy"]
-    assert '<script src="/ui/app.js">' in r.text
+    assert '<script src="ui/app.js">' in r.text  # relative: the page also works mounted
+    assert "frame-ancestors 'self'" in r.headers["content-security-policy"]
     js = await api.client.get("/ui/app.js")
     assert js.status_code == 200
     assert "expected_version" in js.text

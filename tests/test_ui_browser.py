@@ -15,7 +15,7 @@ import orjson
 import pytest_asyncio
 import uvicorn
 from conftest import StoreFactory
-from playwright.async_api import Dialog, Page, async_playwright, expect
+from playwright.async_api import Page, async_playwright, expect
 
 from localstate import Settings
 from localstate.api import create_app
@@ -100,25 +100,23 @@ async def test_list_filter_edit_and_conflict_in_chromium(
             assert owners == ["asset_watcher:orders", "asset_watcher:users"]
 
             # edit a value: confirm, sent with expected_version, the version moves
-            confirms: list[str] = []
-
-            async def accept(dialog: Dialog) -> None:
-                confirms.append(dialog.message)
-                await dialog.accept()
-
-            page.on("dialog", accept)
             await orders.locator("button.edit").click()
             await expect(page.locator("#editor")).to_be_visible()
             await expect(page.locator("#edit-version")).to_have_text("1")
             await page.fill("#edit-value", "42")
             await page.click("#edit-save")
+            question = page.locator("#edit-question")
+            await expect(question).to_contain_text("asset_watcher:orders / watermark")
+            await expect(question).to_contain_text("version 1")
+            await page.click("#edit-back")  # not confirmed: nothing is written
+            await expect(page.locator("#edit-error")).to_have_text("not saved")
+            await expect(orders.locator("td.version")).to_have_text("1")
+            await page.click("#edit-save")
+            await page.click("#edit-confirm-save")
             await expect(orders.locator("td.version")).to_have_text("2")
             await expect(orders.locator("td.value")).to_have_text("42")
             await expect(orders.locator("td.updated-by")).to_have_text("ui-api")
             await expect(page.locator("#message")).to_contain_text("version 1 → 2")
-            assert len(confirms) == 1
-            assert "asset_watcher:orders / watermark" in confirms[0]
-            assert "version 1" in confirms[0]
 
             # a stale edit: the triggerer wrote meanwhile, so nothing changes and the UI says so
             await triggerer.set("asset_watcher:users", "watermark", 8)
@@ -127,6 +125,7 @@ async def test_list_filter_edit_and_conflict_in_chromium(
             await users.locator("button.edit").click()
             await page.fill("#edit-value", "99")
             await page.click("#edit-save")
+            await page.click("#edit-confirm-save")
             await expect(page.locator("#edit-error")).to_contain_text(
                 "changed meanwhile (now at version 2)")
             await expect(users.locator("td.value")).to_have_text("8")

@@ -3,7 +3,9 @@
 Airflow's ProvidersManager calls it to list the provider (``airflow providers list``) and merges
 its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``[localstate]``
 and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
-settings specs in `localstate.config`: one source of truth for names, defaults and help.
+settings specs in `localstate.config`: one source of truth for names, defaults and help. Its
+``db-managers`` make ``airflow db migrate`` migrate localstate's tables
+(`localstate.airflow.db_manager`).
 Imports nothing from Airflow.
 """
 
@@ -52,6 +54,8 @@ def get_provider_info() -> dict[str, Any]:
                        "from a local SQLite cache, flushed to Airflow's asset state store or "
                        "a central table.\n",
         "versions": versions,
+        # `airflow db migrate` creates and upgrades localstate's tables (see db_manager.py)
+        "db-managers": ["localstate.airflow.db_manager.LocalStateDBManager"],
         "config": {
             "localstate": {
                 "description": "localstate: local-first state for triggers "

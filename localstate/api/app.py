@@ -90,7 +90,10 @@ class RawStatePath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") if scope["type"] == "http" else None
-        if isinstance(raw, bytes) and raw.startswith(_STATE_PATH):
+        # mounted (Airflow's API server mounts the app under /localstate): the raw path holds
+        # the mount's root_path before the app's own path, as Starlette's decoded path does
+        root = str(scope.get("root_path", "")).encode()
+        if isinstance(raw, bytes) and raw.startswith(root + _STATE_PATH):
             with contextlib.suppress(UnicodeDecodeError):  # not ASCII: state_name says 400
                 scope = {**scope, "path": raw.split(b"?", 1)[0].decode("ascii")}
         await self.app(scope, receive, send)
@@ -103,15 +106,18 @@ def create_app(
     tokens: Sequence[ApiToken] | None = None,
     central: CentralStore | None = None,
     manage_store: bool = False,
+    auth: Authorizer | None = None,
 ) -> FastAPI:
     """The API and UI over `store`.
 
     `tokens` default to ``settings.api_tokens`` (`settings` defaults to the store's); with
-    none the API is open. `central` defaults to one the lifespan opens on the store's
-    ``central_url`` (give one when the store's sink is not the SQL central DB).
+    none the API is open. `auth` replaces the token check altogether (the Airflow plugin's
+    authorizer also admits Airflow's users). `central` defaults to one the lifespan opens on
+    the store's ``central_url`` (give one when the store's sink is not the SQL central DB).
     """
     s = settings or store.settings
-    auth = Authorizer(s.api_tokens if tokens is None else tokens)
+    if auth is None:
+        auth = Authorizer(s.api_tokens if tokens is None else tokens)
     reader: list[CentralStore | None] = [central]
 
     @asynccontextmanager

@@ -21,10 +21,12 @@ import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from starlette.requests import Request
+
 from localstate.api.errors import ApiError
 from localstate.config import ApiToken
 
-__all__ = ["Authorizer", "Principal"]
+__all__ = ["Authorizer", "Principal", "unauthorized"]
 
 
 def _minimal(prefixes: Iterable[str]) -> tuple[str, ...]:
@@ -101,26 +103,46 @@ class Authorizer:
     def required(self) -> bool:
         return bool(self._known)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The principal of an ``Authorization`` header value (401 when it names none)."""
-        if not self._known:
-            return OPEN
-        if authorization is None or not authorization.strip():
-            raise _unauthorized("this API needs a bearer token: send "
-                                "'Authorization: Bearer <token>'")
+    def token_principal(self, authorization: str | None) -> Principal | None:
+        """The principal of a configured bearer token in `authorization`; None when the header
+        names none (no 401: the caller may know the request by other means)."""
+        if not self._known or authorization is None:
+            return None
         scheme, _, credentials = authorization.strip().partition(" ")
         credentials = credentials.strip()
         if scheme.lower() != "bearer" or not credentials:
-            raise _unauthorized("expected 'Authorization: Bearer <token>'")
+            return None
         candidate = hashlib.sha256(credentials.encode("utf-8", "surrogateescape")).digest()
         found: Principal | None = None
         for known in self._known:  # every one, matched or not: constant time
             if hmac.compare_digest(candidate, known.digest):
                 found = known.principal
+        return found
+
+    async def principal(self, request: Request) -> Principal:
+        """The caller of `request`: every route's dependency asks this (401/403 raised).
+
+        Here the bearer token alone; a subclass may also know other callers (the Airflow
+        plugin's `localstate.airflow.auth.AirflowAuthorizer`: Airflow's logged-in users).
+        """
+        return self.authenticate(request.headers.get("authorization"))
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an ``Authorization`` header value (401 when it names none)."""
+        if not self._known:
+            return OPEN
+        if authorization is None or not authorization.strip():
+            raise unauthorized("this API needs a bearer token: send "
+                               "'Authorization: Bearer <token>'")
+        scheme, _, credentials = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise unauthorized("expected 'Authorization: Bearer <token>'")
+        found = self.token_principal(authorization)
         if found is None:
-            raise _unauthorized("the bearer token is not valid")
+            raise unauthorized("the bearer token is not valid")
         return found
 
 
-def _unauthorized(message: str) -> ApiError:
+def unauthorized(message: str) -> ApiError:
+    """401 with ``WWW-Authenticate: Bearer``."""
     return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})

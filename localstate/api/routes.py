@@ -117,7 +117,7 @@ def build_router(store: StateStore, auth: Authorizer,
 
     async def principal(request: Request, _credentials: Annotated[Any, Depends(_bearer)]
                         ) -> Principal:
-        return auth.authenticate(request.headers.get("authorization"))
+        return await auth.principal(request)
 
     Caller = Annotated[Principal, Depends(principal)]
     OwnerDoc = Annotated[str, Path(description="the owner, percent-encoded (a '/' is %2F)")]

@@ -1,6 +1,8 @@
 """The web UI: one static page (``static/index.html`` + ``app.js`` + ``style.css``) that calls
 the API from the browser. No front-end build; no inline script, so the page is served with a
-Content-Security-Policy that allows scripts from this origin only.
+Content-Security-Policy that allows scripts from this origin only, and framing by this origin
+only (Airflow's UI shows the page, mounted at /localstate/ by the plugin, in an iframe). The
+page's URLs are relative, so it works at / and under a mount.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi.responses import Response
 __all__ = ["build_ui_router"]
 
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+        "connect-src 'self'; frame-ancestors 'self'; base-uri 'none'; form-action 'none'")
 _TYPES = {"index.html": "text/html; charset=utf-8",
           "app.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}

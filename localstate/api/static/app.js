@@ -1,6 +1,9 @@
 // localstate web UI: lists state variables, shows the serving store's status, edits a value
-// with a confirmation and the version it was read at. Plain JS against /api/v1; every value
-// goes into the page as text (textContent), never as HTML.
+// with a confirmation and the version it was read at. Plain JS against api/v1; every value
+// goes into the page as text (textContent), never as HTML. URLs are relative to the page, so
+// the same page works at `localstate serve`'s / and mounted in Airflow's API server at
+// /localstate/ (where it is shown in a sandboxed iframe of Airflow's UI: no window.confirm
+// there, so the confirmation is part of the page).
 "use strict";
 
 (function () {
@@ -9,10 +12,10 @@
   const PAGE = 100;
   const $ = (id) => document.getElementById(id);
 
-  let authRequired = false;
   let nextCursor = null;
   let ownerPrefix = "";
   let editing = null; // the item being edited
+  let pendingValue; // the value waiting for its confirmation (undefined: none)
 
   // Each name is one path segment: encode '/', and dots too (a segment "." or ".." would be
   // resolved away by the browser before it reached the server).
@@ -89,7 +92,7 @@
 
   async function loadStatus() {
     try {
-      const s = await api("/api/v1/status");
+      const s = await api("api/v1/status");
       $("st-id").textContent = `${s.triggerer_id}${s.cache_enabled ? "" : " (direct)"}`;
       $("st-dirty").textContent = String(s.dirty_keys);
       $("st-lag").textContent = seconds(s.flush_lag_s);
@@ -108,6 +111,7 @@
       $("st-updated").textContent = `status at ${new Date().toLocaleTimeString()}`;
       $("st-updated").dataset.polls = String(Number($("st-updated").dataset.polls || 0) + 1);
     } catch (e) {
+      if (e.status === 401) $("token-form").hidden = false;
       $("st-updated").textContent = e.status === 401 || e.status === 403
         ? "status: enter a valid token" : `status unavailable: ${e.message}`;
     }
@@ -160,7 +164,7 @@
     if (ownerPrefix) params.set("owner_prefix", ownerPrefix);
     if (nextCursor) params.set("cursor", nextCursor);
     try {
-      const page = await api(`/api/v1/state?${params}`);
+      const page = await api(`api/v1/state?${params}`);
       for (const item of page.items) {
         const tr = document.createElement("tr");
         fillRow(tr, item);
@@ -173,6 +177,7 @@
       if (reset) say(ownerPrefix ? `owners starting with "${ownerPrefix}"` : "all owners");
     } catch (e) {
       $("more").hidden = true;
+      if (e.status === 401) $("token-form").hidden = false;
       say(e.status === 401 ? "this server needs a token: enter it above" : e.message, "error");
     }
   }
@@ -192,6 +197,8 @@
     $("edit-version").textContent = String(item.version);
     $("edit-value").value = JSON.stringify(item.value, null, 2);
     $("edit-error").textContent = "";
+    $("edit-confirm").hidden = true;
+    pendingValue = undefined;
     $("editor").showModal();
     $("edit-value").focus();
   }
@@ -207,13 +214,27 @@
       $("edit-error").textContent = `not valid JSON: ${e.message}`;
       return;
     }
-    const question = `Set ${item.owner} / ${item.key} to ${preview(value)}?\n` +
+    pendingValue = value;
+    $("edit-error").textContent = "";
+    $("edit-question").textContent = `Set ${item.owner} / ${item.key} to ${preview(value)}? ` +
       `It is written only if it is still at version ${item.version}.`;
-    if (!window.confirm(question)) {
-      $("edit-error").textContent = "not saved";
-      return;
-    }
-    const path = `/api/v1/state/${encodeName(item.owner)}/${encodeName(item.key)}`;
+    $("edit-confirm").hidden = false;
+    $("edit-confirm-save").focus();
+  }
+
+  function back() {
+    pendingValue = undefined;
+    $("edit-confirm").hidden = true;
+    $("edit-error").textContent = "not saved";
+  }
+
+  async function confirmSave() {
+    const item = editing;
+    const value = pendingValue;
+    if (!item || value === undefined) return;
+    pendingValue = undefined;
+    $("edit-confirm").hidden = true;
+    const path = `api/v1/state/${encodeName(item.owner)}/${encodeName(item.key)}`;
     try {
       const saved = await api(path, {
         method: "PUT",
@@ -260,6 +281,8 @@
     });
     $("more").addEventListener("click", () => loadRows(false));
     $("edit-form").addEventListener("submit", save);
+    $("edit-back").addEventListener("click", back);
+    $("edit-confirm-save").addEventListener("click", confirmSave);
     $("edit-cancel").addEventListener("click", () => {
       $("editor").close();
       editing = null;
@@ -275,13 +298,8 @@
       sessionStorage.removeItem(TOKEN_KEY);
       loadRows(true);
     });
-    try {
-      const health = await api("/api/v1/health");
-      authRequired = health.auth_required;
-    } catch (_e) {
-      authRequired = true;
-    }
-    $("token-form").hidden = !authRequired;
+    // the token form shows when the server answers 401 (a server with api_tokens and no
+    // token in this tab); inside Airflow the session cookie is enough and it stays hidden
     loadStatus();
     setInterval(loadStatus, STATUS_EVERY_MS);
     loadRows(true);

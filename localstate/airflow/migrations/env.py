@@ -1,0 +1,33 @@
+"""Alembic environment of localstate's revisions (run by ``airflow db migrate``).
+
+Runs online only, on the connection Airflow's DB manager gives (``config.attributes``), else on
+Airflow's engine, with localstate's own version table; each revision in its own transaction.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+
+from localstate.airflow.migrations import VERSION_TABLE
+from localstate.sync.schema import metadata
+
+config = context.config
+
+
+def run_migrations_online() -> None:
+    connectable = config.attributes.get("connection")
+    if connectable is None:
+        from airflow import settings
+
+        connectable = settings.engine
+    with connectable.connect() as connection:
+        context.configure(connection=connection, target_metadata=metadata,
+                          version_table=VERSION_TABLE, transaction_per_migration=True)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("localstate's migrations inspect the database they migrate: they cannot "
+                     "be shown as SQL offline (--show-sql-only)")
+run_migrations_online()

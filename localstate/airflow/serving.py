@@ -1,0 +1,67 @@
+"""What the app mounted in Airflow's API server serves: localstate's API and UI over Airflow's
+metadata DB.
+
+`open_serving()` builds it, once, in the API server process:
+
+* the central DB is Airflow's metadata DB (``[database] sql_alchemy_conn``, whatever sync
+  driver Airflow uses there, turned into the dialect's async driver by `central_url_of`);
+* the serving store runs with the cache off (``enabled = false``, direct): every REST write is
+  already one statement on the central DB, and a flush posted by a triggerer is one
+  transaction; nothing waits in this process to be flushed;
+* its flushes also write Airflow's ``asset_state_store`` for asset owners (the
+  ``asset_mirror`` setting, ``auto``: on, since this DB is Airflow's);
+* callers are authorized by `AirflowAuthorizer`: Airflow's users, and the machine tokens of
+  the ``api_tokens`` setting.
+
+Every other setting resolves as usual (``[localstate]`` in airflow.cfg,
+``AIRFLOW__LOCALSTATE__*``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+
+from localstate.airflow.auth import AirflowAuthorizer
+from localstate.api.app import create_app
+from localstate.config import Settings, default_triggerer_id
+from localstate.store import StateStore
+from localstate.sync.asset_mirror import AssetMirror
+from localstate.sync.central_store import CentralStore
+from localstate.sync.engine import async_url
+
+__all__ = ["central_url_of", "open_serving"]
+
+
+def central_url_of(sql_alchemy_conn: str) -> str:
+    """Airflow's metadata DB URL (``postgresql+psycopg://…``, ``mysql+mysqldb://…``,
+    ``sqlite:///…``) as a central URL with the dialect's async driver (`async_url`)."""
+    parsed = make_url(sql_alchemy_conn)
+    plain = parsed.set(drivername=parsed.get_backend_name())
+    return async_url(plain.render_as_string(hide_password=False))
+
+
+async def open_serving() -> tuple[FastAPI, Callable[[], Awaitable[None]]]:
+    """The app over Airflow's metadata DB, and the coroutine function that closes it."""
+    from airflow.configuration import conf
+
+    settings = Settings.resolve({
+        "central_url": central_url_of(conf.get("database", "sql_alchemy_conn")),
+        "enabled": False,
+        "central_thread": False,
+        "triggerer_id": f"api-server@{default_triggerer_id()}",
+    })
+    async with contextlib.AsyncExitStack() as stack:
+        central = await CentralStore.open(settings.resolved_central_url,
+                                          upgrade_schema=settings.upgrade_schema)
+        stack.push_async_callback(central.close)
+        if settings.asset_mirror != "off":
+            central.asset_mirror = AssetMirror(settings.asset_mirror)
+        store = await StateStore.open(settings=settings, sink=central)
+        stack.push_async_callback(store.close)
+        app = create_app(store, central=central, auth=AirflowAuthorizer(settings.api_tokens))
+        return app, stack.pop_all().aclose
+    raise AssertionError("unreachable")  # pragma: no cover - the with block returns
