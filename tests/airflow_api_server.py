@@ -1,0 +1,102 @@
+"""A real ``airflow api-server`` with localstate's plugin, on a migrated metadata DB.
+
+`start_api_server` migrates a fresh metadata database (``airflow db migrate``), writes the
+SimpleAuthManager users (`USERS`: one per role the tests need, with known passwords) and
+starts ``airflow api-server`` on a free loopback port, waiting until localstate's health
+route answers through it (synchronous: a module's tests share one server).
+`ApiServer.login(user)` returns the JWT Airflow's ``/auth/token`` gives that user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from airflow_harness import AIRFLOW, Deployment, new_deployment, stop
+
+from localstate.testing.postgres_server import PostgresServer
+
+#: SimpleAuthManager users: name -> (role, password)
+USERS = {"admin": ("ADMIN", "admin-pw"), "op": ("OP", "op-pw"),
+         "viewer": ("VIEWER", "viewer-pw")}
+#: the machine token the API server knows (a triggerer's: read-write, asset watchers only)
+MACHINE_TOKEN = "machine-token-0123456789abcdef"
+MACHINE_PREFIX = "asset_watcher:"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ApiServer:
+    deployment: Deployment
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def login(self, user: str) -> str:
+        """A JWT of `user` from Airflow's SimpleAuthManager (``POST /auth/token``)."""
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            r = client.post("/auth/token", json={"username": user, "password": USERS[user][1]})
+        assert r.status_code == 201, r.text
+        return str(r.json()["access_token"])
+
+
+def new_airflow(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
+    """A deployment with localstate's machine token and the test users configured."""
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({u: pw for u, (_, pw) in USERS.items()}))
+    port = free_port()
+    return new_deployment(
+        pg_server, tmp_path,
+        cfg=f"[localstate]\napi_tokens = {MACHINE_TOKEN}:read-write:{MACHINE_PREFIX}\n",
+        env={
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{u}:{role}" for u, (role, _) in USERS.items()),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "localstate-tests-jwt-secret-0123456789abcdef",
+        },
+    )
+
+
+@contextlib.contextmanager
+def api_server(d: Deployment, timeout: float = 240) -> Iterator[ApiServer]:
+    """``airflow api-server`` on `d` (migrated), from when localstate answers through it."""
+    url = d.env["AIRFLOW__API__BASE_URL"]
+    proc = d.start("api-server", "api-server", "--workers", "1")
+    try:
+        end = time.monotonic() + timeout
+        with httpx.Client(base_url=url, timeout=10) as client:
+            while True:
+                assert proc.poll() is None, f"the api-server exited\n{d.tail()}"
+                with contextlib.suppress(httpx.TransportError):
+                    r = client.get("/localstate/api/v1/health")
+                    if r.headers.get("content-type", "").startswith("application/json"):
+                        break
+                assert time.monotonic() < end, f"no localstate in the api-server\n{d.tail()}"
+                time.sleep(0.5)
+        yield ApiServer(d, url, proc)
+    finally:
+        stop(proc)
+
+
+def migrate(d: Deployment) -> str:
+    """``airflow db migrate`` on `d`, to the end; its output."""
+    done = subprocess.run([str(AIRFLOW), "db", "migrate"], env=d.env, capture_output=True,
+                          timeout=600, check=False)
+    text = (done.stdout + done.stderr).decode(errors="replace")
+    assert done.returncode == 0, f"airflow db migrate failed:\n{text[-4000:]}"
+    return text
