@@ -192,7 +192,11 @@ async def test_a_machine_token_works_within_its_owners(server: ApiServer,
 # -- airflow db migrate --------------------------------------------------------------------------
 
 
-async def _schema_snapshot(db: asyncpg.Connection) -> tuple[object, ...]:
+Snapshot = tuple[tuple[tuple[object, ...], ...], tuple[str, ...], tuple[tuple[str, str], ...],
+                 tuple[str, ...]]
+
+
+async def _schema_snapshot(db: asyncpg.Connection) -> Snapshot:
     rows = await db.fetch("SELECT version, description, applied_at FROM localstate_schema "
                           "ORDER BY version")
     heads = await db.fetch("SELECT version_num FROM localstate_alembic_version")
@@ -201,8 +205,8 @@ async def _schema_snapshot(db: asyncpg.Connection) -> tuple[object, ...]:
         "WHERE table_name = 'localstate_state_variable' ORDER BY column_name")
     options = await db.fetchval("SELECT reloptions FROM pg_class "
                                 "WHERE relname = 'localstate_state_variable'")
-    return (tuple(tuple(r) for r in rows), tuple(h[0] for h in heads),
-            tuple(tuple(c) for c in columns), tuple(options or ()))
+    return (tuple(tuple(r) for r in rows), tuple(str(h[0]) for h in heads),
+            tuple((str(c[0]), str(c[1])) for c in columns), tuple(options or ()))
 
 
 async def test_airflow_db_migrate_creates_the_tables_and_twice_changes_nothing(
@@ -210,7 +214,7 @@ async def test_airflow_db_migrate_creates_the_tables_and_twice_changes_nothing(
     d, _ = migrated
     first = await _schema_snapshot(db)
     versions, heads, columns, options = first
-    assert [v[0] for v in versions] == [m.version for m in MIGRATIONS]  # type: ignore[index]
+    assert [v[0] for v in versions] == [m.version for m in MIGRATIONS]
     assert heads == (revision_id(LATEST_VERSION),)
     assert ("writer", "character varying") in columns
     assert "fillfactor=50" in options  # the steps' own DDL ran, not a create_all
@@ -302,3 +306,79 @@ async def test_a_flush_mirrors_asset_watermarks_into_asset_state_store(
                             "JOIN asset a ON a.id = s.asset_id ORDER BY a.name, s.key")
     assert [tuple(r) for r in stored] == [(ASSET, "watermark", "42")]
     assert orjson.loads(stored[0]["value"]) == 42
+
+
+# -- the state page inside Airflow's UI, in headless Chromium -----------------------------------
+
+
+async def test_the_state_page_in_airflows_ui_in_chromium(
+        server: ApiServer, db: asyncpg.Connection, tmp_path: Path) -> None:
+    """Log in through SimpleAuthManager, open Browse → State variables, see the table, edit a
+    value with its version check (and meet a conflict when a triggerer wrote meanwhile)."""
+    from playwright.async_api import async_playwright, expect
+    from test_ui_browser import ARGS, CHROMIUM
+
+    owner = f"{MACHINE_PREFIX}ui"
+    machine = {"Authorization": f"Bearer {MACHINE_TOKEN}"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for key, value in (("watermark", 41), ("cursor", 7)):
+            r = await client.put(state_path(owner, key), json={"value": value},
+                                 headers=machine)
+            assert r.status_code == 200, r.text
+
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = await browser.new_page(viewport={"width": 1400, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                await page.goto(server.url + "/", timeout=120_000)
+                # SimpleAuthManager's login page
+                await page.locator("input[name=username]").fill("admin")
+                await page.locator("input[name=password]").fill("admin-pw")
+                await page.get_by_role("button", name="Sign in").click()
+                # Airflow's navigation: Browse, then our entry
+                await page.get_by_role("button", name="Browse").click(timeout=120_000)
+                await page.get_by_role("menuitem", name="State variables").click()
+                await expect(page).to_have_url(f"{server.url}/plugin/localstate")
+                frame = page.frame_locator("iframe")
+                await frame.locator("#owner-filter").fill(owner)
+                await frame.locator("#filter-apply").click()
+                rows = frame.locator("#rows tr")
+                await expect(rows).to_have_count(2, timeout=60_000)
+                await expect(frame.locator("#token-form")).to_be_hidden()  # the session is enough
+                wm = frame.locator(f'#rows tr[data-owner="{owner}"][data-key="watermark"]')
+                await expect(wm.locator("td.value")).to_have_text("41")
+
+                # edit with the version check: confirmed in the page, written at version 2
+                await wm.locator("button.edit").click()
+                await expect(frame.locator("#edit-version")).to_have_text("1")
+                await frame.locator("#edit-value").fill("42")
+                await frame.locator("#edit-save").click()
+                await expect(frame.locator("#edit-question")).to_contain_text("version 1")
+                await frame.locator("#edit-confirm-save").click()
+                await expect(wm.locator("td.version")).to_have_text("2")
+                await expect(wm.locator("td.value")).to_have_text("42")
+                await expect(wm.locator("td.updated-by")).to_contain_text("api-server@")
+
+                # a triggerer writes meanwhile: the stale edit changes nothing, the page says so
+                r = await client.put(state_path(owner, "cursor"), json={"value": 8},
+                                     headers=machine)
+                assert r.json()["version"] == 2
+                cursor = frame.locator(f'#rows tr[data-owner="{owner}"][data-key="cursor"]')
+                await cursor.locator("button.edit").click()
+                await frame.locator("#edit-value").fill("99")
+                await frame.locator("#edit-save").click()
+                await frame.locator("#edit-confirm-save").click()
+                await expect(frame.locator("#edit-error")).to_contain_text(
+                    "changed meanwhile (now at version 2)")
+                await expect(cursor.locator("td.value")).to_have_text("8")
+                shot = tmp_path / "localstate-in-airflow.png"
+                await page.screenshot(path=str(shot), full_page=True)
+                assert errors == []
+            finally:
+                await browser.close()
+    print(f"screenshot: {shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert await central_value(db, owner, "watermark") == (42, 2)
+    assert await central_value(db, owner, "cursor") == (8, 2)

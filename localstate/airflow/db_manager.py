@@ -32,7 +32,7 @@ __all__ = ["LocalStateDBManager"]
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-class LocalStateDBManager(BaseDBManager):  # type: ignore[misc]
+class LocalStateDBManager(BaseDBManager):
     """localstate's tables in Airflow's metadata DB (see the module)."""
 
     metadata = metadata

@@ -20,6 +20,7 @@ def run_migrations_online() -> None:
         from airflow import settings
 
         connectable = settings.engine
+        assert connectable is not None, "Airflow's settings have no engine: not configured"
     with connectable.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata,
                           version_table=VERSION_TABLE, transaction_per_migration=True)
