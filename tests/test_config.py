@@ -218,6 +218,7 @@ BAD_VALUES = [
     ("metrics_interval", "0", "greater than 0"),
     ("watch_config", "sometimes", "true or false"),
     ("api_open", "perhaps", "true or false"),
+    ("asset_mirror", "sometimes", "auto, on, off"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
 FREE_FORM = {"cache_dir", "cache_path", "central_url"}

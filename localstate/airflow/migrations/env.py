@@ -7,6 +7,7 @@ Airflow's engine, with localstate's own version table; each revision in its own 
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
 from localstate.airflow.migrations import VERSION_TABLE
 from localstate.sync.schema import metadata
@@ -14,18 +15,23 @@ from localstate.sync.schema import metadata
 config = context.config
 
 
-def run_migrations_online() -> None:
-    connectable = config.attributes.get("connection")
-    if connectable is None:
-        from airflow import settings
+def _migrate(connection: Connection) -> None:
+    context.configure(connection=connection, target_metadata=metadata,
+                      version_table=VERSION_TABLE, transaction_per_migration=True)
+    with context.begin_transaction():
+        context.run_migrations()
 
-        connectable = settings.engine
-        assert connectable is not None, "Airflow's settings have no engine: not configured"
-    with connectable.connect() as connection:
-        context.configure(connection=connection, target_metadata=metadata,
-                          version_table=VERSION_TABLE, transaction_per_migration=True)
-        with context.begin_transaction():
-            context.run_migrations()
+
+def run_migrations_online() -> None:
+    given = config.attributes.get("connection")
+    if given is not None:
+        _migrate(given)
+        return
+    from airflow import settings
+
+    assert settings.engine is not None, "Airflow's settings have no engine: not configured"
+    with settings.engine.connect() as connection:
+        _migrate(connection)
 
 
 if context.is_offline_mode():
