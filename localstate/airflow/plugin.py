@@ -14,7 +14,8 @@ process finds it (``airflow plugins`` lists it). It adds:
 The tables migrate with ``airflow db migrate``: the provider info declares
 `localstate.airflow.db_manager.LocalStateDBManager` (see there).
 
-Importing this module opens nothing: the mounted app opens its store at its first request.
+Importing this module opens nothing and imports no web framework: the mounted app is built
+when the API server first reads ``fastapi_apps``, and opens its store at its first request.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from urllib.parse import urlsplit
 
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
-
-from localstate.airflow.mount import LocalStateMount
 
 __all__ = ["MOUNT_PREFIX", "LocalStatePlugin"]
 
@@ -39,12 +38,27 @@ def _page_href() -> str:
     return f"{root}{MOUNT_PREFIX}/"
 
 
+class _FastApiApps:
+    """``fastapi_apps``, built at first read. Every Airflow process loads its plugins (task
+    runners and triggerers too), and only the API server reads this: importing FastAPI and
+    localstate's API here cost seconds per process on a loaded machine."""
+
+    def __init__(self) -> None:
+        self._apps: list[dict[str, Any]] | None = None
+
+    def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
+        if self._apps is None:
+            from localstate.airflow.mount import LocalStateMount
+
+            self._apps = [{"app": LocalStateMount(), "url_prefix": MOUNT_PREFIX,
+                           "name": "localstate"}]
+        return self._apps
+
+
 class LocalStatePlugin(AirflowPlugin):
     name = "localstate"
-    fastapi_apps: list[Any] = [  # noqa: RUF012 - Airflow reads these class attributes
-        {"app": LocalStateMount(), "url_prefix": MOUNT_PREFIX, "name": "localstate"},
-    ]
-    external_views: list[Any] = [  # noqa: RUF012
+    fastapi_apps = _FastApiApps()  # type: ignore[assignment]
+    external_views: list[Any] = [  # noqa: RUF012 - Airflow reads these class attributes
         {
             "name": "State variables",
             "href": _page_href(),
