@@ -57,7 +57,7 @@ class _FastApiApps:
 
 class LocalStatePlugin(AirflowPlugin):
     name = "localstate"
-    fastapi_apps = _FastApiApps()  # type: ignore[assignment]
+    fastapi_apps = _FastApiApps()
     external_views: list[Any] = [  # noqa: RUF012 - Airflow reads these class attributes
         {
             "name": "State variables",
