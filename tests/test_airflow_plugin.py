@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -81,8 +82,6 @@ async def central_value(db: asyncpg.Connection, owner: str, key: str) -> tuple[o
 
 
 def test_airflow_plugins_lists_it(migrated: tuple[Deployment, str]) -> None:
-    import subprocess
-
     d = migrated[0]
     done = subprocess.run([str(AIRFLOW), "plugins", "--output", "json"], env=d.env,
                           capture_output=True, timeout=300, check=True)
