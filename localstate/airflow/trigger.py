@@ -40,7 +40,8 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
-from localstate.errors import LocalStateError
+from localstate.airflow import shutdown
+from localstate.errors import LocalStateError, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
@@ -103,9 +104,11 @@ class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
     async def aset(self, key: str, value: Any) -> None:
         if value is None:
             raise ValueError("Cannot set value as None")  # Airflow's rule: use adelete
+        await shutdown.write_gate()
         await (await trigger_store()).set(self.owner, key, value)
 
     async def adelete(self, key: str) -> None:
+        await shutdown.write_gate()
         await (await trigger_store()).delete(self.owner, key)
 
     async def aclear(self) -> None:
@@ -224,6 +227,7 @@ class StateEnabledTrigger:
         self._register_accessors()
         store = await trigger_store()
         self._localstate_store = store
+        shutdown.install(store)  # in Airflow's trigger runner: a graceful stop flushes first
         return store
 
     def _open_store(self) -> StateStore:
@@ -252,17 +256,21 @@ class StateEnabledTrigger:
     async def set_watermark(self, value: Any) -> int:
         """Set the watermark; returns its new local version once the store's durability holds."""
         store = await self.open_state()
+        await shutdown.write_gate()
         return await store.set(self.state_owner, self.watermark_key, value)
 
     async def cleanup(self) -> None:
         """Leaving this triggerer (moved, stopped): flush so the next one starts from here."""
         store = self._localstate_store
-        if store is not None and not store.closed:
+        # after a graceful stop's drain (`localstate.airflow.shutdown`) there is nothing left
+        # to flush from the mixin's writes, and the airflow sink's channel is gone
+        if store is not None and not store.closed and not shutdown.drained():
             try:
                 await asyncio.wait_for(store.flush(), self.cleanup_flush_timeout)
             except (asyncio.TimeoutError, LocalStateError) as exc:
                 log.warning("could not flush %s's state on cleanup (%s); it stays in the local "
-                            "cache and is flushed later", self.state_owner, exc or "timeout")
+                            "cache and is flushed later", self.state_owner,
+                            reason(exc))
         parent: Any = super()
         if hasattr(parent, "cleanup"):
             await parent.cleanup()
