@@ -211,13 +211,13 @@ async def _scenario(pg_server: PostgresServer, tmp: Path, sink: str) -> None:
         procs.append(scheduler)
 
         async def active() -> bool:
-            return await airflow_db.fetchval("SELECT count(*) FROM asset_active") == WATCHERS
+            return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_active") == WATCHERS)
 
         await _wait_for("the assets to be active", active, logs, 120)
         _signal_and_wait(scheduler, signal.SIGTERM)
 
         async def watchers() -> bool:
-            return await airflow_db.fetchval("SELECT count(*) FROM asset_watcher") == WATCHERS
+            return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_watcher") == WATCHERS)
 
         await _wait_for("the watchers", watchers, logs, 60)
         first = _start({**env, "AIRFLOW__LOCALSTATE__TRIGGERER_ID": "host-a"}, logs,
