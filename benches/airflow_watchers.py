@@ -20,6 +20,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger
 
 from localstate.airflow.trigger import StateEnabledTrigger
+from localstate.sync.airflow_sink import process_sink
 
 #: (generation, seconds) of each collection in this process since the module was imported
 GC_PAUSES: list[tuple[int, float]] = []
@@ -35,6 +36,8 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
 
 if _on_gc not in gc.callbacks:
     gc.callbacks.append(_on_gc)
+if os.environ.get("LOCALSTATE_BENCH_IN_FLIGHT"):  # the airflow sink's pipeline depth, for A/B
+    process_sink().in_flight = int(os.environ["LOCALSTATE_BENCH_IN_FLIGHT"])
 
 
 class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):

@@ -17,9 +17,13 @@ uses it directly, never through `localstate.sync.sink_thread.ThreadedSink`.
 
 Pipelining: the runner's comms (``TriggerCommsDecoder.asend``) tag each request with an id and
 match the answers as they come, so up to `AirflowSink.in_flight` calls are sent without waiting
-for the previous answer: a flush or a batch of reads costs the supervisor's time per call, not
-a trigger-loop turn plus a socket round trip per call. The supervisor still answers them one by
-one (its loop handles one request at a time), which is the sink's throughput limit.
+for the previous answer, and the trigger loop never waits on one. The supervisor serializes them
+all the same: ``TriggerRunnerSupervisor.run_once`` reads at most one request frame per
+iteration of its loop, and each iteration also runs ``load_triggers`` (metadata-DB queries), the
+event handling and the heartbeat. So Airflow answers about one request per supervisor iteration
+(tens of ms), whatever the runner does: that is this sink's throughput limit (README,
+"Measured limits of sink = airflow"). A deep pipeline would only queue the runner's own state
+messages (``TriggerStateChanges``) behind the sink's, so `IN_FLIGHT` is small.
 
 A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
 no new row is started after `AirflowSink.flush_budget` seconds; the rest stay dirty, at the head
@@ -62,7 +66,7 @@ AIRFLOW_WRITER: Final = "airflow"
 #: the version given to a record read from Airflow's store, which keeps no version
 _READ_VERSION: Final = 1
 #: accessor calls kept in flight at once by a flush or a batch of reads
-IN_FLIGHT: Final = 32
+IN_FLIGHT: Final = 4
 #: seconds after which a flush starts no new row (the rest wait for the next flush)
 FLUSH_BUDGET: Final = 2.0
 
