@@ -40,7 +40,7 @@ pytestmark = pytest.mark.postgres
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 WATCHERS = 4
-BOUND = 240.0
+BOUND = 420.0
 
 TRIGGER = '''
 from __future__ import annotations

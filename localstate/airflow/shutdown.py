@@ -12,18 +12,23 @@ So the runner's own signal handler is the first sign of shutdown, and `install` 
 the first SIGTERM/SIGINT the wrapper starts `_drain` on the trigger loop and passes the signal
 on to Airflow only when the drain is over:
 
-1. writes through the mixin (``set_watermark``, the local ``asset_state_store``) are held from
-   here on: they wait, unacknowledged, until the trigger is cancelled (`write_gate`);
+1. calls through the mixin (``get_watermark``/``set_watermark``, ``open_state``, the local
+   ``asset_state_store``) are held from here on: they wait, unanswered and unacknowledged,
+   until the trigger is cancelled (`gate`);
 2. the store flushes, again while its flush leaves keys dirty (the ``airflow`` sink's flush is
    bounded), for up to `DRAIN_SECONDS`, under the supervisor's first escalation delay;
-3. Airflow's handler runs: the runner stops as it would have.
+3. the store closes. Left open, its SQLite connection's thread (aiosqlite's, not a daemon)
+   kept the runner's interpreter from exiting after ``asyncio.run`` returned, until the
+   supervisor's SIGTERM 10 s later broke the wait: the slow stops of issue #20;
+4. Airflow's handler runs: the runner stops as it would have.
 
 Every write acknowledged before step 1 is in the central store when the runner exits, unless
 the drain runs out of time (logged, with the keys left; they stay in the local cache and are
 flushed when a triggerer next opens that cache file, where the conflict policy decides: under
 ``max`` the greater, newer watermark wins). Signals arriving during the drain (the supervisor's
 SIGINT after a SIGTERM to the process group) are absorbed; it stops at its deadline anyway.
-Writes made through the store directly, not through the mixin, are not held.
+Calls made through the store directly, not through the mixin, are not held: after the drain
+they raise `StoreClosed`.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any, Final
 from localstate.errors import LocalStateError, reason
 from localstate.store import StateStore
 
-__all__ = ["DRAIN_SECONDS", "drained", "install", "write_gate"]
+__all__ = ["DRAIN_SECONDS", "drained", "gate", "install"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +131,8 @@ async def _drain(store: StateStore, pass_on: Callable[[], None]) -> None:
             if not report.written and not report.adopted:
                 break  # nothing could go out (no accessor, a failing asset): do not spin
         left = 0 if store.closed else store.stats().dirty_keys
+        if not store.closed:
+            await store.close()  # flushes again only what is still dirty (close_timeout)
         if left:
             log.warning("graceful stop: %d keys could not be flushed before the trigger runner "
                         "stops; they stay in the local cache and are flushed when a triggerer "
@@ -137,9 +144,10 @@ async def _drain(store: StateStore, pass_on: Callable[[], None]) -> None:
         pass_on()
 
 
-async def write_gate() -> None:
+async def gate() -> None:
     """Return at once, except during and after a graceful stop's drain: then wait until the
-    calling trigger is cancelled, so no write is acknowledged that the drain cannot flush."""
+    calling trigger is cancelled, so no write is acknowledged that the drain cannot flush and
+    nothing reopens the store it closed."""
     if _STOP.started:
         await _STOP.never.wait()
 

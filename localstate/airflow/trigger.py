@@ -99,16 +99,17 @@ class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
         self.owner = owner
 
     async def aget(self, key: str, default: Any = None) -> Any:
+        await shutdown.gate()
         return await (await trigger_store()).get(self.owner, key, default)
 
     async def aset(self, key: str, value: Any) -> None:
         if value is None:
             raise ValueError("Cannot set value as None")  # Airflow's rule: use adelete
-        await shutdown.write_gate()
+        await shutdown.gate()
         await (await trigger_store()).set(self.owner, key, value)
 
     async def adelete(self, key: str) -> None:
-        await shutdown.write_gate()
+        await shutdown.gate()
         await (await trigger_store()).delete(self.owner, key)
 
     async def aclear(self) -> None:
@@ -222,6 +223,7 @@ class StateEnabledTrigger:
 
         Runs by itself before the first event of ``run()``; call it to use the state earlier.
         """
+        await shutdown.gate()  # a graceful stop holds every call from its start
         if self._localstate_store is not None and not self._localstate_store.closed:
             return self._localstate_store
         self._register_accessors()
@@ -256,7 +258,6 @@ class StateEnabledTrigger:
     async def set_watermark(self, value: Any) -> int:
         """Set the watermark; returns its new local version once the store's durability holds."""
         store = await self.open_state()
-        await shutdown.write_gate()
         return await store.set(self.state_owner, self.watermark_key, value)
 
     async def cleanup(self) -> None:
