@@ -55,6 +55,8 @@ class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
         started = time.perf_counter()
         n = await self.get_watermark(default=0)
         get_s = time.perf_counter() - started
+        if os.environ.get("LOCALSTATE_BENCH_GC_UNFREEZE") and gc.get_freeze_count():
+            gc.unfreeze()  # the baseline: the start-up heap in every full collection
         sets: list[float] = []
         loop = asyncio.get_running_loop()
         end = loop.time() + self.seconds
@@ -73,6 +75,8 @@ class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
             out["stats"] = {k: v for k, v in dataclasses.asdict(store.stats()).items()
                             if isinstance(v, (int, float, str)) or v is None}
             out["gc"] = GC_PAUSES[gc_before:]
+            out["heap_objects"] = len(gc.get_objects())
+            out["frozen_objects"] = gc.get_freeze_count()
         folder = Path(os.environ["LOCALSTATE_BENCH_RESULTS"])
         (folder / f"{self.name}.json").write_text(json.dumps(out))
         await asyncio.Event().wait()  # idle until the triggerer stops

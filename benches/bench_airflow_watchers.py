@@ -203,6 +203,7 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
         "gc_collections": len(gc_pauses), "gc_gen2": len(full),
         "gc_max_ms": 1000 * max((p for _, p in gc_pauses), default=0.0),
         "gc_gen2_max_ms": 1000 * max(full, default=0.0),
+        "heap_objects": first.get("heap_objects"), "frozen_objects": first.get("frozen_objects"),
         "sigterm_exit_s": stop_s,
     }
 

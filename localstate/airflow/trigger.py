@@ -41,6 +41,7 @@ import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
 from localstate.airflow import shutdown
+from localstate.airflow.runner_gc import freeze_startup_heap
 from localstate.errors import LocalStateError, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
@@ -229,7 +230,8 @@ class StateEnabledTrigger:
         self._register_accessors()
         store = await trigger_store()
         self._localstate_store = store
-        shutdown.install(store)  # in Airflow's trigger runner: a graceful stop flushes first
+        if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
+            freeze_startup_heap()  # and full collections skip the start-up heap
         return store
 
     def _open_store(self) -> StateStore:
