@@ -18,6 +18,7 @@ from typing import Any
 import pytest_asyncio
 
 from localstate import StateStore
+from localstate.errors import CentralUnavailable, reason
 from localstate.sync.airflow_sink import AirflowSink
 
 OWNER = "asset_watcher:orders"
@@ -142,3 +143,9 @@ async def test_misses_share_one_round_of_pipelined_reads(
     assert [op for op, _ in accessor.calls] == ["get"] * 30
     assert accessor.most_at_once > 1
     assert store.stats().read_through_queries <= 2
+
+
+def test_a_warning_names_a_timeout() -> None:
+    """Issue #14: the cleanup warning read "()" — ``str(TimeoutError())`` is empty."""
+    assert reason(asyncio.TimeoutError()) == "TimeoutError"
+    assert reason(CentralUnavailable("the supervisor is gone")) == "the supervisor is gone"
