@@ -158,7 +158,7 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
         async def writing() -> bool:
             return len(await central_values(sink, db, state)) >= watchers // 2
 
-        await wait_for("the watermarks to reach the central store", writing, 180)
+        await wait_for("the watermarks to reach the central store", writing, 600)
         c0, t0 = await commits(db), time.monotonic()
         await asyncio.sleep(seconds / 2)
         c1, t1 = await commits(db), time.monotonic()
