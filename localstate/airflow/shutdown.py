@@ -65,6 +65,7 @@ class _Stop:
         self.done = False
         #: writes wait on it from the drain's start; never set: they end with their trigger
         self.never = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
 
 
 _STOP = _Stop()
@@ -100,15 +101,19 @@ def _wrapper(loop: asyncio.AbstractEventLoop, store: StateStore, previous: _Hand
              ) -> _Handler:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # runs between two bytecodes of the loop's thread: schedule, never await here
-        if _STOP.done:
+        if _STOP.done or loop.is_closed():
             previous(signum, frame)
             return
         if _STOP.started:
             return  # absorbed: the drain passes the first one on at its end
         _STOP.started = True
-        loop.call_soon_threadsafe(
-            lambda: loop.create_task(_drain(store, lambda: previous(signum, frame)),
-                                     name="localstate-drain"))
+
+        def start() -> None:
+            # held here: the loop keeps only a weak reference to its tasks
+            _STOP.task = loop.create_task(_drain(store, lambda: previous(signum, frame)),
+                                          name="localstate-drain")
+
+        loop.call_soon_threadsafe(start)
 
     return on_signal
 
