@@ -13,12 +13,13 @@ import logging
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralError
-from localstate.model import check_name, refuse_unhashable_names
+from localstate.model import Durability, check_name, refuse_unhashable_names
+from localstate.sync.conflicts import ConflictPolicy
 from localstate.sync.read_through import ReadThrough
 from localstate.sync.rows import CentralRow
 from localstate.sync.sinks import Sink
 
-__all__ = ["first_write_base", "known_entry", "load_owner"]
+__all__ = ["first_write_base", "known_entry", "load_owner", "set_reads_base"]
 
 # the store's logger: what a first write logs is the store's, wherever the code lives
 log = logging.getLogger("localstate.store")
@@ -58,15 +59,31 @@ async def known_entry(table: EntryTable, reader: ReadThrough, k: StateKey) -> En
             return e
 
 
-async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey) -> Entry:
+def set_reads_base(durability: Durability, policy: ConflictPolicy) -> bool:
+    """Whether a `set` of a key this store does not hold reads its central record first.
+
+    Only when the answer matters before the flush: a ``central`` write waits for the flush
+    anyway, and under ``reject`` a write on an unknown base could only lose to an existing
+    record. Any other ``local``/``memory`` set is based on "not yet known" (`UNKNOWN_BASE`)
+    and never waits for the central DB; its flush settles it by the policy (``max`` compares
+    the values, ``last_writer_wins`` the times, a row of this writer's own chain is replaced).
+    """
+    return durability == "central" or policy.name == "reject"
+
+
+async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey, *,
+                           read: bool = True) -> Entry:
     """The entry a first write of `k` is based on: its central record, read now.
 
-    When the central DB cannot be read the entry is based on "unknown" (`UNKNOWN_BASE`); the
+    When the central DB cannot be read, or `read` is False (see `set_reads_base`), the entry
+    is based on "unknown" (`UNKNOWN_BASE`; on "none" while `k` is known to be absent); the
     caller decides whether the write may go ahead (a set may, a compare-and-set may not).
     Synchronous from the end of the read to the return: the caller writes before any await.
     """
     check_name("owner", k[0])
     check_name("key", k[1])
+    if not read:  # no await: the caller writes in the same step
+        return table.first_write_base(k, None, unknown=not table.is_absent(k))
     row: CentralRow | None = None
     unknown = False
     while k not in table.entries and not table.is_absent(k):

@@ -46,6 +46,7 @@ __all__ = [
     "ValueTooLarge",
     "VersionConflict",
     "WriteRejected",
+    "reason",
 ]
 
 
@@ -142,3 +143,8 @@ class CentralError(LocalStateError):
 
 class CentralUnavailable(CentralError):
     """The central metadata DB could not be reached in the time allowed."""
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as a log message's reason: never empty (``str(TimeoutError())`` is '')."""
+    return str(exc) or type(exc).__name__

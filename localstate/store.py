@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from localstate.central_reads import first_write_base, known_entry, load_owner
+from localstate.central_reads import first_write_base, known_entry, load_owner, set_reads_base
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
 from localstate.entry import (
@@ -379,7 +379,8 @@ class StateStore:
         async with self._gate.call():
             if self._direct:
                 return await self._set_direct(k, data, durability)
-            e = await first_write_base(self._table, self._require_reader(), k)
+            e = await first_write_base(self._table, self._require_reader(), k, read=(
+                set_reads_base(durability, self._policies.for_owner(k[0]))))
             return await self._write(
                 k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
             )

@@ -15,6 +15,20 @@ no accessor yet (its trigger has not started in this process) stays dirty until 
 The accessors talk over the trigger loop's comms, so this sink runs on that loop: the store
 uses it directly, never through `localstate.sync.sink_thread.ThreadedSink`.
 
+Pipelining: the runner's comms (``TriggerCommsDecoder.asend``) tag each request with an id and
+match the answers as they come, so up to `AirflowSink.in_flight` calls are sent without waiting
+for the previous answer, and the trigger loop never waits on one. The supervisor serializes them
+all the same: ``TriggerRunnerSupervisor.run_once`` reads at most one request frame per
+iteration of its loop, and each iteration also runs ``load_triggers`` (metadata-DB queries), the
+event handling and the heartbeat. So Airflow answers about one request per supervisor iteration
+(tens of ms), whatever the runner does: that is this sink's throughput limit (README,
+"Measured limits of sink = airflow"). A deep pipeline would only queue the runner's own state
+messages (``TriggerStateChanges``) behind the sink's, so `IN_FLIGHT` is small.
+
+A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
+no new row is started after `AirflowSink.flush_budget` seconds; the rest stay dirty, at the head
+of the next flush. Each lane always writes its first row, so every flush makes progress.
+
 Fencing: Airflow's table has no version column, so a write cannot be made conditional on the
 record it was based on. Under a ``max`` policy the sink reads the stored value first and skips
 the write when the stored one is not smaller (read-compare-write); between that read and the
@@ -31,10 +45,11 @@ testable) without it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
@@ -50,6 +65,10 @@ log = logging.getLogger(__name__)
 AIRFLOW_WRITER: Final = "airflow"
 #: the version given to a record read from Airflow's store, which keeps no version
 _READ_VERSION: Final = 1
+#: accessor calls kept in flight at once by a flush or a batch of reads
+IN_FLIGHT: Final = 4
+#: seconds after which a flush starts no new row (the rest wait for the next flush)
+FLUSH_BUDGET: Final = 2.0
 
 
 class AssetAccessor(Protocol):
@@ -96,6 +115,12 @@ class AirflowSink:
         self._warned: set[str] = set()
         #: under max, what this sink last wrote of each key: (local version, JSON text)
         self._own: dict[StateKey, tuple[int, str]] = {}
+        #: accessor calls kept in flight at once (pipelined over the supervisor's socket)
+        self.in_flight = IN_FLIGHT
+        #: seconds after which a flush starts no new row
+        self.flush_budget = FLUSH_BUDGET
+        #: dirty rows a flush left for the next one because its budget ran out
+        self.deferred = 0
 
     @property
     def transactions(self) -> int:
@@ -121,22 +146,25 @@ class AirflowSink:
         self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
         # `writer` is not kept: Airflow's table has no column for it (nor for versions)
-        outcomes: list[FlushOutcome] = []
+        outcomes = [FlushOutcome(row, "retry", None) for row in rows]  # until written
         attempted = 0
         failed: list[CentralUnavailable] = []
-        for row in rows:
+        deadline = asyncio.get_running_loop().time() + self.flush_budget
+
+        async def write(i: int, row: DirtyRow) -> None:
+            nonlocal attempted
             accessors = self._accessors(row.owner)
             if not accessors:
                 self.unroutable += 1
-                outcomes.append(FlushOutcome(row, "retry", None))
-                continue
+                return
             attempted += 1
             try:
-                outcomes.append(await self._write_row(row, accessors, policies))
+                outcomes[i] = await self._write_row(row, accessors, policies)
             except CentralUnavailable as exc:
                 # one asset's failure (deleted, inactive) must not hold back the others' keys
                 failed.append(exc)
-                outcomes.append(FlushOutcome(row, "retry", None))
+
+        self.deferred += await _in_lanes(rows, write, self.in_flight, deadline)
         if failed and len(failed) == attempted:
             raise failed[-1]  # nothing got through: the worker backs off and retries
         if failed:
@@ -210,14 +238,17 @@ class AirflowSink:
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
-        for owner, key in keys:
-            accessors = self.registry.lookup(owner)
+
+        async def read(_i: int, k: StateKey) -> None:
+            accessors = self.registry.lookup(k[0])
             if not accessors:
-                continue  # no accessor: nothing Airflow could tell us, the key is new here
-            data = await self._get(accessors[0], key)
+                return  # no accessor: nothing Airflow could tell us, the key is new here
+            data = await self._get(accessors[0], k[1])
             if data is not None:
-                found[(owner, key)] = CentralRow(owner, key, data, _READ_VERSION, time.time(),
-                                                 AIRFLOW_WRITER)
+                found[k] = CentralRow(k[0], k[1], data, _READ_VERSION, time.time(),
+                                      AIRFLOW_WRITER)
+
+        await _in_lanes(keys, read, self.in_flight, None)
         return found
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
@@ -260,6 +291,38 @@ class AirflowSink:
 
     async def close(self) -> None:
         """Nothing to release: the accessors belong to the triggerer."""
+
+
+_T = TypeVar("_T")
+
+
+async def _in_lanes(items: Sequence[_T], step: Callable[[int, _T], Awaitable[None]],
+                    lanes: int, deadline: float | None) -> int:
+    """Run `step(i, item)` over `items` in order, at most `lanes` at a time; return how many
+    were not started because `deadline` (loop time) had passed. Each lane runs at least one."""
+    todo: Iterator[tuple[int, _T]] = iter(enumerate(items))
+    skipped = 0
+
+    async def lane() -> None:
+        nonlocal skipped
+        loop = asyncio.get_running_loop()
+        first = True
+        for i, item in todo:  # one iterator shared by the lanes: each item is taken once
+            if not first and deadline is not None and loop.time() >= deadline:
+                skipped += 1
+                continue
+            first = False
+            await step(i, item)
+
+    tasks = [asyncio.ensure_future(lane()) for _ in range(min(lanes, len(items)))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:  # the first error (or a cancel) stops the other lanes too
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return skipped
 
 
 _PROCESS_SINK: AirflowSink | None = None

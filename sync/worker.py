@@ -29,7 +29,7 @@ from typing import Final
 
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
-from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
+from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected, reason
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
 from localstate.sync.conflicts import PolicyMap
@@ -161,7 +161,7 @@ class SyncWorker:
                 log.warning(
                     "could not flush %d dirty keys before closing (%s); they stay in the "
                     "local cache %s and are flushed at the next start",
-                    len(self.table.dirty), exc or "deadline passed", self.cache.path,
+                    len(self.table.dirty), reason(exc), self.cache.path,
                 )
         for waiters in self._waiters.values():
             for _version, fut in waiters:

@@ -249,6 +249,10 @@ async def test_a_flush_committed_but_never_marked_clean_is_replayed_without_conf
     seen: list[ConflictInfo] = []
     store = await open_store(conflict_policy=policy, on_conflict=seen.append)
     worker = worker_of(store)
+    # read first: the writes are then based on "absent" and numbered from 1 (a blind first
+    # set is based on "not yet known", with a version of its own; see set_reads_base)
+    assert await store.get(OWNER, "same") is None
+    assert await store.get(OWNER, "moved") is None
     await store.set(OWNER, "same", 1)
     await store.set(OWNER, "moved", 1)
     await store.flush()
@@ -350,6 +354,7 @@ async def crashed_after_a_flush_outran_its_commit(
     whose local commit never came: the file holds v1 = 100 (its mark-clean committed when
     `clean`, else still dirty), the central DB v3 = 120, both by triggerer "t"."""
     a = await open_store(triggerer_id="t", memory_window=3600, conflict_policy=policy)
+    assert await a.get(OWNER, "wm") is None  # read first: versions from 1
     await a.set(OWNER, "wm", 100)  # committed locally
     await a.flush()
     if clean:
@@ -426,6 +431,8 @@ async def test_race_under_last_writer_wins_the_later_flush_wins(
     a = await open_store(triggerer_id="a", conflict_policy="last_writer_wins")
     b = await open_store(triggerer_id="b", conflict_policy="last_writer_wins",
                          on_conflict=seen.append)
+    assert await a.get(OWNER, "k") is None  # read first: versions from 1
+    assert await b.get(OWNER, "k") is None
     await a.set(OWNER, "k", "from a")
     await b.set(OWNER, "k", "from b")
     await b.set(OWNER, "k", "from b, again")

@@ -40,7 +40,9 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
-from localstate.errors import LocalStateError
+from localstate.airflow import shutdown
+from localstate.airflow.runner_gc import freeze_startup_heap
+from localstate.errors import LocalStateError, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
@@ -98,14 +100,17 @@ class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
         self.owner = owner
 
     async def aget(self, key: str, default: Any = None) -> Any:
+        await shutdown.gate()
         return await (await trigger_store()).get(self.owner, key, default)
 
     async def aset(self, key: str, value: Any) -> None:
         if value is None:
             raise ValueError("Cannot set value as None")  # Airflow's rule: use adelete
+        await shutdown.gate()
         await (await trigger_store()).set(self.owner, key, value)
 
     async def adelete(self, key: str) -> None:
+        await shutdown.gate()
         await (await trigger_store()).delete(self.owner, key)
 
     async def aclear(self) -> None:
@@ -219,11 +224,14 @@ class StateEnabledTrigger:
 
         Runs by itself before the first event of ``run()``; call it to use the state earlier.
         """
+        await shutdown.gate()  # a graceful stop holds every call from its start
         if self._localstate_store is not None and not self._localstate_store.closed:
             return self._localstate_store
         self._register_accessors()
         store = await trigger_store()
         self._localstate_store = store
+        if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
+            freeze_startup_heap()  # and full collections skip the start-up heap
         return store
 
     def _open_store(self) -> StateStore:
@@ -257,12 +265,15 @@ class StateEnabledTrigger:
     async def cleanup(self) -> None:
         """Leaving this triggerer (moved, stopped): flush so the next one starts from here."""
         store = self._localstate_store
-        if store is not None and not store.closed:
+        # after a graceful stop's drain (`localstate.airflow.shutdown`) there is nothing left
+        # to flush from the mixin's writes, and the airflow sink's channel is gone
+        if store is not None and not store.closed and not shutdown.drained():
             try:
                 await asyncio.wait_for(store.flush(), self.cleanup_flush_timeout)
             except (asyncio.TimeoutError, LocalStateError) as exc:
                 log.warning("could not flush %s's state on cleanup (%s); it stays in the local "
-                            "cache and is flushed later", self.state_owner, exc or "timeout")
+                            "cache and is flushed later", self.state_owner,
+                            reason(exc))
         parent: Any = super()
         if hasattr(parent, "cleanup"):
             await parent.cleanup()

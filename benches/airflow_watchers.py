@@ -1,0 +1,83 @@
+"""The watcher trigger of `bench_airflow_watchers.py` (importable by Airflow's triggerer).
+
+Each trigger reads its watermark (timed: the start-up ``get_watermark``), then sets it every
+`pace` seconds for `seconds` seconds, timing each ``set_watermark`` itself, and writes its
+timings to ``$LOCALSTATE_BENCH_RESULTS/<name>.json``. The first one also writes the store's
+stats and the trigger runner's GC pauses (measured with ``gc.callbacks``) there. Then it idles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger
+
+from localstate.airflow.trigger import StateEnabledTrigger
+from localstate.sync.airflow_sink import process_sink
+
+#: (generation, seconds) of each collection in this process since the module was imported
+GC_PAUSES: list[tuple[int, float]] = []
+_gc_started = [0.0]
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+    else:
+        GC_PAUSES.append((int(info["generation"]), time.perf_counter() - _gc_started[0]))
+
+
+if _on_gc not in gc.callbacks:
+    gc.callbacks.append(_on_gc)
+if os.environ.get("LOCALSTATE_BENCH_IN_FLIGHT"):  # the airflow sink's pipeline depth, for A/B
+    process_sink().in_flight = int(os.environ["LOCALSTATE_BENCH_IN_FLIGHT"])
+
+
+class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
+    def __init__(self, name: str, seconds: float, pace: float = 0.2) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.name = name
+        self.seconds = seconds
+        self.pace = pace
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("airflow_watchers.WatermarkTrigger",
+                {"name": self.name, "seconds": self.seconds, "pace": self.pace})
+
+    async def run(self):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        n = await self.get_watermark(default=0)
+        get_s = time.perf_counter() - started
+        if os.environ.get("LOCALSTATE_BENCH_GC_UNFREEZE") and gc.get_freeze_count():
+            gc.unfreeze()  # the baseline: the start-up heap in every full collection
+        sets: list[float] = []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.seconds
+        gc_before = len(GC_PAUSES)
+        while loop.time() < end:
+            n += 1
+            t = time.perf_counter()
+            await self.set_watermark(n)
+            sets.append(time.perf_counter() - t)
+            await asyncio.sleep(self.pace)
+        out: dict[str, Any] = {"name": self.name, "get_s": get_s, "sets": sets, "last": n,
+                               "finished_at": time.time()}
+        if self.name.endswith("_0"):
+            await asyncio.sleep(3 * self.pace + 2)  # the others' last flushes
+            store = await self.open_state()
+            out["stats"] = {k: v for k, v in dataclasses.asdict(store.stats()).items()
+                            if isinstance(v, (int, float, str)) or v is None}
+            out["gc"] = GC_PAUSES[gc_before:]
+            out["heap_objects"] = len(gc.get_objects())
+            out["frozen_objects"] = gc.get_freeze_count()
+        folder = Path(os.environ["LOCALSTATE_BENCH_RESULTS"])
+        (folder / f"{self.name}.json").write_text(json.dumps(out))
+        await asyncio.Event().wait()  # idle until the triggerer stops
+        yield  # an async generator, as Airflow wants

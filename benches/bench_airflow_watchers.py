@@ -1,0 +1,223 @@
+"""N watcher triggers with localstate's mixin in a real Airflow 3.3 triggerer (issue #20).
+
+    python benches/bench_airflow_watchers.py --sink airflow [--watchers 200] [--seconds 60]
+
+Starts a throwaway PostgreSQL server, ``airflow db migrate``, the dag processor and the
+scheduler (until the assets are active), then ``airflow triggerer`` running `--watchers` Asset
+Watchers (`airflow_watchers.WatermarkTrigger`): each sets its watermark every 0.2 s for
+`--seconds` s, ``durability = local``, ``flush_interval = 1``, ``conflict_policy = max``.
+Printed (and as JSON): the triggers' own ``set_watermark`` timings (p50/p99/max), their
+start-up ``get_watermark`` (p50/p99/max), the store's flush lag p50/p99 and flush duration, the
+whole server's commits/s while the triggers write (``pg_stat_database``), the time until every
+central value equals the trigger's last one, the trigger runner's GC pauses, and the time
+``airflow triggerer`` takes to exit after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from localstate.testing.postgres_server import PostgresServer
+
+HERE = Path(__file__).resolve().parent
+AIRFLOW = Path(sys.executable).with_name("airflow")
+DAG = '''
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow_watchers import WatermarkTrigger
+
+assets = [Asset(name=f"wm_{{i}}", uri=f"wm://{{i}}", watchers=[AssetWatcher(
+    name=f"w{{i}}", trigger=WatermarkTrigger(name=f"wm_{{i}}", seconds={seconds}))])
+    for i in range({watchers})]
+
+with DAG(dag_id="watermarks", schedule=assets):
+    @task
+    def nothing() -> None: ...
+    nothing()
+'''
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def wait_for(what: str, check: Any, timeout: float) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([str(AIRFLOW), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes], wait: float = 30) -> float:
+    began = time.monotonic()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return time.monotonic() - began
+
+
+async def commits(db: asyncpg.Connection) -> int:
+    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
+
+
+async def central_values(sink: str, db: asyncpg.Connection, state: asyncpg.Connection
+                         ) -> dict[str, int]:
+    if sink == "airflow":
+        rows = await db.fetch("SELECT a.name AS n, s.value FROM asset_state_store s JOIN asset a "
+                              "ON a.id = s.asset_id WHERE s.key = 'watermark'")
+    else:
+        if not await state.fetchval("SELECT to_regclass('localstate_state_variable') IS NOT NULL"):
+            return {}
+        rows = await state.fetch(
+            "SELECT substr(owner, 15) AS n, value FROM localstate_state_variable "
+            "WHERE key = 'watermark'")
+    return {r["n"]: int(json.loads(r["value"])) for r in rows if r["value"] is not None}
+
+
+async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[str, Any]:
+    server = PostgresServer(base / "pg")
+    server.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    results = base / "results"
+    results.mkdir()
+    try:
+        server.create_database("airflow")
+        server.create_database("state")
+        dsn, state_dsn = server.dsn_for("airflow"), server.dsn_for("state")
+        home, dags = base / "home", base / "dags"
+        home.mkdir()
+        dags.mkdir()
+        (dags / "watermarks.py").write_text(DAG.format(seconds=seconds, watchers=watchers))
+        (home / "airflow.cfg").write_text(
+            f"[localstate]\nsink = {sink}\ndurability = local\nflush_interval = 1\n"
+            f"conflict_policy = max\ncentral_url = {state_dsn}\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+        env.update({
+            "AIRFLOW_HOME": str(home),
+            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE))
+                                          if p),
+            "LOCALSTATE_BENCH_RESULTS": str(results),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": dsn.replace("postgresql://",
+                                                               "postgresql+psycopg://"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "PYTHONWARNINGS": "ignore",
+        })
+        await asyncio.to_thread(subprocess.run, [str(AIRFLOW), "db", "migrate"], env=env,
+                                check=True, capture_output=True)
+        db = await asyncpg.connect(dsn)
+        state = await asyncpg.connect(state_dsn)
+        procs.append(start(env, base / "dag-processor.log", "dag-processor"))
+        scheduler = start(env, base / "scheduler.log", "scheduler", "--skip-serve-logs")
+        procs.append(scheduler)
+
+        async def active() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM asset_active") == watchers)
+
+        await wait_for("the assets to be active", active, 300)
+        stop(scheduler)
+        procs.remove(scheduler)
+
+        async def registered() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM asset_watcher") == watchers)
+
+        await wait_for("the watchers", registered, 120)
+        stop(procs.pop())  # the dag processor: its work is done, the cores are few
+        triggerer = start(env, base / "triggerer.log", "triggerer", "--skip-serve-logs")
+        procs.append(triggerer)
+
+        async def writing() -> bool:
+            return len(await central_values(sink, db, state)) >= watchers // 2
+
+        await wait_for("the watermarks to reach the central store", writing, 600)
+        c0, t0 = await commits(db), time.monotonic()
+        await asyncio.sleep(seconds / 2)
+        c1, t1 = await commits(db), time.monotonic()
+
+        async def reported() -> list[dict[str, Any]] | None:
+            files = list(results.glob("*.json"))
+            return [json.loads(f.read_text()) for f in files] if len(files) == watchers else None
+
+        reports = await wait_for("every trigger's report", reported, seconds + 240)
+        last = {r["name"]: r["last"] for r in reports}
+        ended = max(r["finished_at"] for r in reports)
+
+        async def caught_up() -> bool:
+            got = await central_values(sink, db, state)
+            return all(got.get(n, -1) >= v for n, v in last.items())
+
+        await wait_for("the central values to catch up", caught_up, 120)
+        catch_up = time.time() - ended
+        stop_s = stop(triggerer)
+        procs.remove(triggerer)
+        await db.close()
+        await state.close()
+    finally:
+        for proc in procs:
+            stop(proc)
+        server.close()
+    sets = [s for r in reports for s in r["sets"]]
+    gets = [r["get_s"] for r in reports]
+    first = next(r for r in reports if "stats" in r)
+    gc_pauses = first["gc"]
+    full = [p for g, p in gc_pauses if g == 2]
+    return {
+        "sink": sink, "watchers": watchers, "seconds": seconds, "sets": len(sets),
+        "set_p50_ms": 1000 * pct(sets, 0.5), "set_p99_ms": 1000 * pct(sets, 0.99),
+        "set_max_ms": 1000 * max(sets),
+        "get_p50_s": pct(gets, 0.5), "get_p99_s": pct(gets, 0.99), "get_max_s": max(gets),
+        "flush_lag_p50_s": first["stats"].get("flush_lag_p50_s"),
+        "flush_lag_p99_s": first["stats"].get("flush_lag_p99_s"),
+        "stats": first["stats"],
+        "commits_per_s": (c1 - c0) / (t1 - t0),
+        "catch_up_s": catch_up,
+        "gc_collections": len(gc_pauses), "gc_gen2": len(full),
+        "gc_max_ms": 1000 * max((p for _, p in gc_pauses), default=0.0),
+        "gc_gen2_max_ms": 1000 * max(full, default=0.0),
+        "heap_objects": first.get("heap_objects"), "frozen_objects": first.get("frozen_objects"),
+        "sigterm_exit_s": stop_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sink", choices=["airflow", "sql"], default="airflow")
+    parser.add_argument("--watchers", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-watchers-") as folder:
+        out = asyncio.run(bench(args.sink, args.watchers, args.seconds, Path(folder)))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
