@@ -172,8 +172,10 @@ def _shown(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _codecs(header: Any, *kinds: type[Any]) -> dict[type[Any], _Codec]:
-    """A codec for each of `kinds` (and the row types they nest) from the body's header."""
+def _codecs(header: Any, *kinds: type[Any], by_index: type[Any] | None = None
+            ) -> dict[type[Any], _Codec]:
+    """A codec for each of `kinds` (and the row types they nest, but `by_index`, which
+    travels as an index into the request's rows) from the body's header."""
     if not isinstance(header, dict):
         raise WireError("the body has no 'fields' object naming each row type's fields")
     wanted: list[type[Any]] = list(kinds)
@@ -187,7 +189,8 @@ def _codecs(header: Any, *kinds: type[Any]) -> dict[type[Any], _Codec]:
             raise WireError(f"'fields' must name the fields of {kind.__name__}")
         out[kind] = _Codec(kind, sent)
         hints = typing.get_type_hints(kind)
-        wanted.extend(n for f in kind._fields if (n := _nested(hints[f])) is not None)
+        wanted.extend(n for f in kind._fields
+                      if (n := _nested(hints[f])) is not None and n is not by_index)
     return out
 
 
@@ -243,6 +246,6 @@ def decode_outcomes(header: Any, values: Any, rows: Sequence[DirtyRow]) -> list[
     """The outcomes a flush answered, their rows taken from `rows` (the request's)."""
     if not isinstance(values, list):
         raise WireError("expected an array of FlushOutcome rows")
-    codecs = _codecs(header, FlushOutcome)
+    codecs = _codecs(header, FlushOutcome, by_index=DirtyRow)
     codec = codecs[FlushOutcome]
     return [codec.decode(v, codecs, rows) for v in values]
