@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["RW_TOKEN", "DAG_TOKEN", "RO_TOKEN", "ServeProcess", "api_env"]
+__all__ = ["DAG_TOKEN", "RO_TOKEN", "RW_TOKEN", "ServeProcess", "api_env"]
 
 RW_TOKEN = "apisink-rw-0123456789abcdef"
 DAG_TOKEN = "apisink-dag-0123456789abcdef"

@@ -83,23 +83,23 @@ def dirty(owner: str, key: str, value: Any, version: int, base: int,
 
 async def test_a_batch_is_written_in_one_transaction(endpoint: Endpoint) -> None:
     sink = endpoint.sink()
-    server_central = endpoint.app  # the app's own CentralStore counts its transactions
     rows = [dirty("trigger:t", f"k{i}", {"wm": i}, 1, 0) for i in range(500)]
     before = endpoint.central.transactions
     outcomes = await sink.write_batch(rows, PolicyMap("reject"), writer=WRITER)
     assert [o.resolution for o in outcomes] == ["written"] * 500
     assert {o.row for o in outcomes} == set(rows)  # the client's own rows, by index
     assert all(o.central is not None and o.central.version == 1 for o in outcomes)
-    assert sink.transactions == 1 and sink.rows_written == 500
-    assert endpoint.central.transactions == before
-    assert server_central is not None
+    assert sink.transactions == 1
+    assert sink.rows_written == 500
+    assert endpoint.central.transactions == before  # the test's reader wrote nothing
     assert await endpoint.value("trigger:t", "k499") == ({"wm": 499}, 1)
     # the writer travelled: the next flush on these rows is this file's own chain
     again = [dirty("trigger:t", f"k{i}", i, 2, 1) for i in range(500)]
     outcomes = await sink.write_batch(again, PolicyMap("reject"), writer=WRITER)
     assert {(o.resolution, o.conflict) for o in outcomes} == {("written", False)}
     row = (await endpoint.central.read_many([("trigger:t", "k7")]))[("trigger:t", "k7")]
-    assert row.writer == WRITER and row.version == 2
+    assert row.writer == WRITER
+    assert row.version == 2
 
 
 @pytest.mark.parametrize(("policy", "local", "resolution", "central_value"), [
@@ -118,15 +118,19 @@ async def test_conflicts_are_settled_by_the_clients_policy(
     row = dirty("asset_watcher:o", "wm", local, 1, 0)
     [outcome] = await endpoint.sink().write_batch([row], PolicyMap(policy), writer=WRITER)
     assert outcome.row is row
-    assert outcome.resolution == resolution and outcome.conflict
+    assert outcome.resolution == resolution
+    assert outcome.conflict
     assert outcome.policy == policy
-    assert outcome.central is not None and orjson.loads(outcome.central.data or "") == (
+    assert outcome.central is not None
+    assert orjson.loads(outcome.central.data or "") == (
         central_value)
     if resolution == "written":  # the record the local write replaced travels back too
-        assert outcome.replaced is not None and outcome.replaced.updated_by == "other"
+        assert outcome.replaced is not None
+        assert outcome.replaced.updated_by == "other"
         assert outcome.replaced.writer == "cache-file-other"
     stored = await endpoint.value("asset_watcher:o", "wm")
-    assert stored is not None and stored[0] == central_value
+    assert stored is not None
+    assert stored[0] == central_value
 
 
 async def test_owner_specific_policies_travel_as_the_setting_gives_them(
@@ -150,14 +154,16 @@ async def test_tokens_are_checked_and_nothing_is_half_written(endpoint: Endpoint
     rows = [dirty("dag:d", "a", 1, 1, 0), dirty("asset_watcher:x", "b", 2, 1, 0)]
     with pytest.raises(AccessDenied) as no_token:
         await endpoint.sink(None).write_batch(rows, PolicyMap(), writer=WRITER)
-    assert no_token.value.status == 401 and "api_token" in str(no_token.value)
+    assert no_token.value.status == 401
+    assert "api_token" in str(no_token.value)
     with pytest.raises(AccessDenied) as wrong:
         await endpoint.sink("not-a-token-0123456789").write_batch(rows, PolicyMap())
     assert wrong.value.status == 401
     # a token for dag: only: one row outside it refuses the whole batch
     with pytest.raises(AccessDenied) as outside:
         await endpoint.sink(DAG_TOKEN).write_batch(rows, PolicyMap(), writer=WRITER)
-    assert outside.value.status == 403 and "asset_watcher:x" in str(outside.value)
+    assert outside.value.status == 403
+    assert "asset_watcher:x" in str(outside.value)
     with pytest.raises(AccessDenied) as read_only:
         await endpoint.sink(RO_TOKEN).write_batch(rows[:1], PolicyMap(), writer=WRITER)
     assert read_only.value.status == 403
@@ -217,7 +223,8 @@ async def test_reads_and_direct_writes(endpoint: Endpoint) -> None:
     row = await sink.write_direct("dag:d", "k", "1", updated_at=time.time(), updated_by="t")
     assert row.version == 1
     row = await sink.write_if_version("dag:d", "k", "2", 1, updated_by="t")
-    assert row.version == 2 and row.data == "2"
+    assert row.version == 2
+    assert row.data == "2"
     with pytest.raises(VersionConflict) as conflict:
         await sink.write_if_version("dag:d", "k", "3", 1, updated_by="t")
     assert (conflict.value.expected, conflict.value.actual) == (1, 2)
@@ -279,7 +286,8 @@ async def test_a_store_flushes_and_reads_through_the_server(
     async with api_store(server, tmp_path, "a") as a, api_store(server, tmp_path, "b") as b:
         await asyncio.gather(*(a.set("trigger:t", f"k{i}", i) for i in range(1000)))
         report = await a.flush()
-        assert report.written == 1000 and report.transactions == 1
+        assert report.written == 1000
+        assert report.transactions == 1
         assert a.stats().central_transactions == 1
         # b reads a's writes through (misses batched), and central durability waits for them
         assert await b.get("trigger:t", "k999") == 999
@@ -290,7 +298,8 @@ async def test_a_store_flushes_and_reads_through_the_server(
         # a's stale write of k1 meets b's at the fence: reject keeps b's, and says so
         await a.set("trigger:t", "k1", -1)
         report = await a.flush()
-        assert report.conflicts == 1 and await a.get("trigger:t", "k1") == 100
+        assert report.conflicts == 1
+        assert await a.get("trigger:t", "k1") == 100
     async with CentralStore.open(central_url) as central:
         rows = await central.read_many([("trigger:t", "k1"), ("trigger:t", "k500")])
     assert rows[("trigger:t", "k1")].data == "100"
