@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -66,9 +67,16 @@ def field_header(*kinds: type[Any]) -> dict[str, list[str]]:
     return {k.__name__: list(k._fields) for k in kinds}
 
 
+def _as_array(value: Any) -> Any:
+    """orjson's fallback: a row (a NamedTuple, which orjson does not write) as its fields."""
+    if isinstance(value, tuple):
+        return tuple(value)
+    raise TypeError(f"{type(value).__name__} does not travel on the wire")
+
+
 def encode_body(body: Mapping[str, Any]) -> bytes:
     try:
-        return orjson.dumps(body)
+        return orjson.dumps(body, default=_as_array)
     except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits, say
         raise WireError(f"cannot send this as JSON: {exc}") from None
 
@@ -86,28 +94,48 @@ def decode_body(raw: bytes | str) -> dict[str, Any]:
 # -- the checks each field gets, from its annotation ---------------------------------------
 
 
-def _check_for(annotation: Any, where: str) -> Callable[[Any], bool]:
-    """A predicate: does a decoded JSON value fit `annotation`?"""
+@dataclass(frozen=True)
+class _Allowed:
+    """What a field's annotation lets through, checked a whole column at a time (the types
+    of a column are collected in C: ``set(map(type, column))``)."""
+
+    types: frozenset[type[Any]]
+    #: for a Literal: the values allowed (None: any value of `types`)
+    values: frozenset[Any] | None = None
+
+    def check(self, column: Sequence[Any], where: str) -> None:
+        seen = set(map(type, column))
+        if not seen <= self.types:
+            bad = next(v for v in column if type(v) not in self.types)
+            raise WireError(f"{where} has a value of the wrong type: {_shown(bad)}")
+        if self.values is not None and not set(column) <= self.values:
+            bad = next(v for v in column if v not in self.values)
+            raise WireError(f"{where} has a value it may not have: {_shown(bad)}")
+        if float in seen and not all(math.isfinite(v) for v in column if type(v) is float):
+            raise WireError(f"{where} holds a number that is not finite")
+
+
+def _allowed(annotation: Any, where: str) -> _Allowed:
+    """The JSON types (and Literal values) an annotation admits. ``float`` admits ints (JSON
+    has one number type), ``int`` never admits a bool."""
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
-        checks = [_check_for(a, where) for a in typing.get_args(annotation)]
-        return lambda v: any(c(v) for c in checks)
+        parts = [_allowed(a, where) for a in typing.get_args(annotation)]
+        literal = [p.values for p in parts if p.values is not None]
+        values = frozenset().union(*literal) | (
+            {None} if any(p.types == {type(None)} for p in parts) else set()) if literal else None
+        return _Allowed(frozenset().union(*(p.types for p in parts)), values)
     if origin is typing.Literal:
         allowed = frozenset(typing.get_args(annotation))
-        return lambda v: isinstance(v, str) and v in allowed
-    if annotation is type(None):
-        return lambda v: v is None
-    if annotation is str:
-        return lambda v: isinstance(v, str)
-    if annotation is bool:
-        return lambda v: isinstance(v, bool)
-    if annotation is int:
-        return lambda v: isinstance(v, int) and not isinstance(v, bool)
-    if annotation is float:
-        return lambda v: (isinstance(v, float) and math.isfinite(v)) or (
-            isinstance(v, int) and not isinstance(v, bool))
+        return _Allowed(frozenset(map(type, allowed)), allowed)
+    simple: dict[Any, frozenset[type[Any]]] = {
+        type(None): frozenset({type(None)}), str: frozenset({str}), bool: frozenset({bool}),
+        int: frozenset({int}), float: frozenset({float, int}),
+    }
+    if annotation in simple:
+        return _Allowed(simple[annotation])
     if isinstance(annotation, type) and annotation.__name__ in ROW_TYPES:
-        return lambda v: isinstance(v, list)  # decoded (and checked) by its own codec
+        return _Allowed(frozenset({list}))  # decoded (and checked) by its own codec
     raise TypeError(f"{where}: no wire check for the annotation {annotation!r}")
 
 
@@ -120,7 +148,12 @@ def _nested(annotation: Any) -> type[Any] | None:
 
 
 class _Codec:
-    """Decodes one row type from the sender's field order, checking every field."""
+    """Decodes rows of one type from the sender's field order, checking every field.
+
+    Column by column: the rows are transposed (``zip(*rows)``), each column's types checked
+    at once, nested rows decoded as a column of their own, and the rows built with the
+    NamedTuple's ``_make`` over the columns zipped back: no Python code runs per field.
+    """
 
     def __init__(self, kind: type[Any], sent: Sequence[str]) -> None:
         hints = typing.get_type_hints(kind)
@@ -137,34 +170,53 @@ class _Codec:
         self.kind = kind
         self.width = len(sent)
         position = {f: i for i, f in enumerate(sent)}
-        #: per own field: (position in the sent array or None, default, check, nested type)
+        #: per own field: (position in the sent array or None, default, allowed, nested type,
+        #: where: for messages)
         self.plan = [
-            (position.get(f), defaults.get(f), _check_for(hints[f], f"{kind.__name__}.{f}"),
-             _nested(hints[f]), f)
+            (position.get(f), defaults.get(f), _allowed(hints[f], f"{kind.__name__}.{f}"),
+             _nested(hints[f]), f"{kind.__name__}.{f}")
             for f in fields
         ]
-        self.same_order = tuple(sent) == fields
 
-    def decode(self, value: Any, nested: Mapping[type[Any], _Codec],
-               refs: Sequence[Any] | None = None) -> Any:
-        if not isinstance(value, list) or len(value) != self.width:
+    def decode(self, values: Any, nested: Mapping[type[Any], _Codec],
+               refs: Sequence[Any] | None = None) -> list[Any]:
+        """`values` (a JSON array of rows) as rows of this type; with `refs`, a field of
+        type DirtyRow is an index into `refs` (an outcome's row)."""
+        if not isinstance(values, list):
+            raise WireError(f"expected an array of {self.kind.__name__} rows")
+        n = len(values)
+        if n == 0:
+            return []
+        if set(map(type, values)) != {list} or set(map(len, values)) != {self.width}:
             raise WireError(f"a {self.kind.__name__} must be an array of {self.width} fields")
-        out: list[Any] = []
-        for pos, default, check, inner, name in self.plan:
-            v = default if pos is None else value[pos]
-            if inner is not None and refs is not None and inner is DirtyRow:
-                # an outcome's row: the index of the request row it answers
-                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(refs):
-                    raise WireError(f"{self.kind.__name__}.{name} must index the request rows")
-                out.append(refs[v])
+        sent_columns = list(zip(*values, strict=True))
+        columns: list[Sequence[Any]] = []
+        for pos, default, allowed, inner, where in self.plan:
+            column: Sequence[Any] = [default] * n if pos is None else sent_columns[pos]
+            if inner is DirtyRow and refs is not None:
+                columns.append(_by_index(column, refs, where))
                 continue
-            if not check(v):
-                raise WireError(f"{self.kind.__name__}.{name} has a value of the wrong type: "
-                                f"{_shown(v)}")
-            if inner is not None and v is not None:
-                v = nested[inner].decode(v, nested)
-            out.append(v)
-        return self.kind._make(out)
+            allowed.check(column, where)
+            if inner is not None:
+                column = _nested_column(column, nested[inner], nested)
+            columns.append(column)
+        return list(map(self.kind._make, zip(*columns, strict=True)))
+
+
+def _by_index(column: Sequence[Any], refs: Sequence[Any], where: str) -> list[Any]:
+    if set(map(type, column)) != {int} or min(column) < 0 or max(column) >= len(refs):
+        raise WireError(f"{where} must index the request's rows")
+    return list(map(refs.__getitem__, column))
+
+
+def _nested_column(column: Sequence[Any], codec: _Codec, nested: Mapping[type[Any], _Codec]
+                   ) -> list[Any]:
+    """A column of nested rows (None where the field is None) decoded by `codec`."""
+    present = [v for v in column if v is not None]
+    decoded = iter(codec.decode(present, nested))
+    if len(present) == len(column):
+        return list(decoded)
+    return [None if v is None else next(decoded) for v in column]
 
 
 def _shown(v: Any) -> str:
@@ -197,18 +249,10 @@ def _codecs(header: Any, *kinds: type[Any], by_index: type[Any] | None = None
 # -- rows (DirtyRow, CentralRow) -----------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """A NamedTuple as a list of its fields (nested ones too); anything else as it is."""
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return [_plain(v) for v in value]
-    return value
-
-
 def encode_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """Rows of one NamedTuple type as arrays (with nested rows as arrays)."""
-    if rows and any(isinstance(v, tuple) for v in rows[0]):
-        return [_plain(r) for r in rows]
-    return [list(r) for r in rows]
+    """Rows of one NamedTuple type, ready for `encode_body` (which writes each row, and each
+    nested one, as the array of its fields)."""
+    return list(rows)
 
 
 def decode_rows(kind: type[_T], header: Any, values: Any) -> list[_T]:
@@ -216,8 +260,7 @@ def decode_rows(kind: type[_T], header: Any, values: Any) -> list[_T]:
     if not isinstance(values, list):
         raise WireError(f"expected an array of {kind.__name__} rows")
     codecs = _codecs(header, kind)
-    codec = codecs[kind]
-    return [codec.decode(v, codecs) for v in values]
+    return codecs[kind].decode(values, codecs)
 
 
 # -- outcomes (FlushOutcome): rows by index ------------------------------------------------
@@ -230,16 +273,19 @@ _ROW_FIELD: Final = next(
 
 
 def encode_outcomes(outcomes: Sequence[FlushOutcome], rows: Sequence[DirtyRow]) -> list[Any]:
-    """`outcomes` as arrays, each one's row as its index in `rows` (the request's: one row
-    per key, as a flush batch is)."""
-    index = {(r.owner, r.key): i for i, r in enumerate(rows)}
-    out: list[Any] = []
-    for o in outcomes:
-        fields = [_plain(v) for v in o]
-        row: DirtyRow = o[_ROW_FIELD]  # type: ignore[assignment]  # the DirtyRow field
-        fields[_ROW_FIELD] = index[(row.owner, row.key)]
-        out.append(fields)
-    return out
+    """`outcomes` ready for `encode_body`, each one's row as its index in `rows` (the
+    request's: one row per key, as a flush batch is)."""
+    if not outcomes:
+        return []
+    by_id = {id(r): i for i, r in enumerate(rows)}
+    columns = list(zip(*outcomes, strict=True))
+    answered = columns[_ROW_FIELD]
+    try:
+        columns[_ROW_FIELD] = tuple(map(by_id.__getitem__, map(id, answered)))
+    except KeyError:  # a sink that made new row objects: match them by key
+        by_key = {(r.owner, r.key): i for i, r in enumerate(rows)}
+        columns[_ROW_FIELD] = tuple(by_key[(r.owner, r.key)] for r in answered)
+    return list(zip(*columns, strict=True))
 
 
 def decode_outcomes(header: Any, values: Any, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
@@ -247,5 +293,4 @@ def decode_outcomes(header: Any, values: Any, rows: Sequence[DirtyRow]) -> list[
     if not isinstance(values, list):
         raise WireError("expected an array of FlushOutcome rows")
     codecs = _codecs(header, FlushOutcome, by_index=DirtyRow)
-    codec = codecs[FlushOutcome]
-    return [codec.decode(v, codecs, rows) for v in values]
+    return codecs[FlushOutcome].decode(values, codecs, rows)

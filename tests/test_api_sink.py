@@ -33,7 +33,14 @@ from localstate.sync.api_sink import ApiSink
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow
-from localstate.sync.wire import WireError, decode_rows, encode_rows, field_header
+from localstate.sync.wire import (
+    WireError,
+    decode_body,
+    decode_rows,
+    encode_body,
+    encode_rows,
+    field_header,
+)
 
 WRITER = "cache-file-a"
 
@@ -255,7 +262,9 @@ def test_the_wire_maps_fields_by_name_and_refuses_unknown_ones() -> None:
     # another order, and a field with a default left out: it takes the default
     [back] = decode_rows(CentralRow, sent, [["k", "o", 3, "1", 1.5, "t"]])
     assert back == row._replace(writer=None)
-    assert decode_rows(CentralRow, field_header(CentralRow), encode_rows([row])) == [row]
+    body = decode_body(encode_body({"fields": field_header(CentralRow),
+                                    "rows": encode_rows([row])}))
+    assert decode_rows(CentralRow, body["fields"], body["rows"]) == [row]
     with pytest.raises(WireError, match="epoch"):
         decode_rows(CentralRow, {"CentralRow": [*CentralRow._fields, "epoch"]},
                     [[*row, 7]])

@@ -19,7 +19,8 @@ nothing is read or written. The body is read only after the token is checked.
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -90,17 +91,32 @@ class _Policies:
         return made
 
 
-def _check_row(r: DirtyRow, max_value_bytes: int) -> None:
-    """A flushed row's values (the wire checked their types): names, JSON, size, versions."""
-    check_name("owner", r.owner)
-    check_name("key", r.key)
-    check_name("updated_by", r.updated_by)
-    if not 1 <= r.version <= _MAX_VERSION:
-        raise WireError(f"{r.owner}/{r.key}: version {r.version} is not from 1 to "
-                        f"{_MAX_VERSION}")
-    if not UNKNOWN_BASE <= r.base_version <= _MAX_VERSION:
-        raise WireError(f"{r.owner}/{r.key}: base_version {r.base_version} is out of range")
-    _check_data(r.owner, r.key, r.data, max_value_bytes)
+def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
+    """A flush's values (the wire checked their types): names, JSON, size, versions, one
+    key once. Column by column (each distinct name checked once, the JSON parsed in C)."""
+    for field, kind in (("owner", "owner"), ("key", "key"), ("updated_by", "updated_by")):
+        for name in set(map(attrgetter(field), rows)):
+            check_name(kind, name)
+    versions = list(map(attrgetter("version"), rows))
+    if min(versions) < 1 or max(versions) > _MAX_VERSION:
+        raise WireError(f"a version is not from 1 to {_MAX_VERSION}")
+    bases = list(map(attrgetter("base_version"), rows))
+    if min(bases) < UNKNOWN_BASE or max(bases) > _MAX_VERSION:
+        raise WireError("a base_version is out of range")
+    if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
+                   strict=True))) != len(rows):
+        raise WireError("a flush batch names a key twice; one row per key")
+    data = [d for d in map(attrgetter("data"), rows) if d is not None]
+    if data and max(map(len, data)) * 4 > max_value_bytes:
+        for r in rows:
+            _check_data(r.owner, r.key, r.data, max_value_bytes)
+        return
+    try:
+        list(map(decode, data))
+    except ValueError:
+        for r in rows:  # which one: the message names it
+            _check_data(r.owner, r.key, r.data, max_value_bytes)
+        raise
 
 
 def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
@@ -160,12 +176,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         _require_owners(caller, (r.owner for r in rows), write=True)
         writer = _writer(body.get("writer"))
         policy_map = policies.get(body.get("policies", "reject"))
-        seen: set[StateKey] = set()
-        for r in rows:
-            _check_row(r, max_value_bytes)
-            seen.add((r.owner, r.key))
-        if len(seen) != len(rows):
-            raise WireError("a flush batch names a key twice; one row per key")
+        if rows:
+            _check_rows(rows, max_value_bytes)
         require_open(store)
         outcomes = await central_or_503(central).write_batch(rows, policy_map, writer=writer)
         return _json({"fields": outcome_header,

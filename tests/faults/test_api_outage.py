@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -26,6 +27,15 @@ from localstate import CentralUnavailable, StateStore
 
 FLUSH_INTERVAL = 0.5
 ROUNDS = 3
+
+
+def noticed(store: StateStore, errors_before: int) -> bool:
+    return store.stats().central_errors > errors_before
+
+
+def flushed_since(store: StateStore, at: float) -> bool:
+    s = store.stats()
+    return (s.last_flush_at or 0) >= at and s.last_error is None
 
 
 async def test_server_killed_mid_run_loses_and_duplicates_nothing(
@@ -48,7 +58,7 @@ async def test_server_killed_mid_run_loses_and_duplicates_nothing(
                 errors = store.stats().central_errors
                 await asyncio.to_thread(server.kill)
                 kills += 1
-                await loop.until(lambda e=errors: store.stats().central_errors > e,
+                await loop.until(partial(noticed, store, errors),
                                  "the worker to notice the outage")
                 during = loop.total
                 await asyncio.sleep(1.5)
@@ -56,9 +66,8 @@ async def test_server_killed_mid_run_loses_and_duplicates_nothing(
                 assert store.stats().dirty_keys > 0
                 await asyncio.to_thread(server.start)
                 back_at = time.time()
-                await loop.until(
-                    lambda b=back_at: (store.stats().last_flush_at or 0) >= b
-                    and store.stats().last_error is None, "a flush after the restart")
+                await loop.until(partial(flushed_since, store, back_at),
+                                 "a flush after the restart")
         finally:
             await loop.close()
         deadline = time.monotonic() + 30
