@@ -135,7 +135,8 @@ class ApiSink:
             return [*await self.write_batch(rows[:half], policies, writer=writer),
                     *await self.write_batch(rows[half:], policies, writer=writer)]
         answer = await self._post("/flush", body)
-        outcomes = decode_outcomes(answer.get("fields"), answer.get("outcomes"), rows)
+        outcomes = decode_outcomes(answer.get("fields"), answer.get("written"),
+                                   answer.get("outcomes"), rows)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes

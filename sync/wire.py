@@ -24,10 +24,13 @@ Bodies are encoded and decoded with orjson (bytes in, bytes out): a 10,000-row f
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import operator
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -67,16 +70,11 @@ def field_header(*kinds: type[Any]) -> dict[str, list[str]]:
     return {k.__name__: list(k._fields) for k in kinds}
 
 
-def _as_array(value: Any) -> Any:
-    """orjson's fallback: a row (a NamedTuple, which orjson does not write) as its fields."""
-    if isinstance(value, tuple):
-        return tuple(value)
-    raise TypeError(f"{type(value).__name__} does not travel on the wire")
-
-
 def encode_body(body: Mapping[str, Any]) -> bytes:
+    """`body` as JSON; a row (a NamedTuple, which orjson does not write itself) as the array
+    of its fields, through ``default=tuple`` (called from C, no Python frame per row)."""
     try:
-        return orjson.dumps(body, default=_as_array)
+        return orjson.dumps(body, default=tuple)
     except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits, say
         raise WireError(f"cannot send this as JSON: {exc}") from None
 
@@ -111,7 +109,9 @@ class _Allowed:
         if self.values is not None and not set(column) <= self.values:
             bad = next(v for v in column if v not in self.values)
             raise WireError(f"{where} has a value it may not have: {_shown(bad)}")
-        if float in seen and not all(math.isfinite(v) for v in column if type(v) is float):
+        if float in seen and not (
+                all(map(math.isfinite, column)) if type(None) not in seen
+                else all(math.isfinite(v) for v in column if v is not None)):
             raise WireError(f"{where} holds a number that is not finite")
 
 
@@ -168,6 +168,7 @@ class _Codec:
         if missing:
             raise WireError(f"{kind.__name__} fields {missing} are missing from the body")
         self.kind = kind
+        self.make = functools.partial(tuple.__new__, kind)
         self.width = len(sent)
         position = {f: i for i, f in enumerate(sent)}
         #: per own field: (position in the sent array or None, default, allowed, nested type,
@@ -200,7 +201,8 @@ class _Codec:
             if inner is not None:
                 column = _nested_column(column, nested[inner], nested)
             columns.append(column)
-        return list(map(self.kind._make, zip(*columns, strict=True)))
+        # tuple.__new__ straight from C: each zipped row has exactly the type's fields
+        return list(map(self.make, zip(*columns, strict=True)))
 
 
 def _by_index(column: Sequence[Any], refs: Sequence[Any], where: str) -> list[Any]:
@@ -212,11 +214,15 @@ def _by_index(column: Sequence[Any], refs: Sequence[Any], where: str) -> list[An
 def _nested_column(column: Sequence[Any], codec: _Codec, nested: Mapping[type[Any], _Codec]
                    ) -> list[Any]:
     """A column of nested rows (None where the field is None) decoded by `codec`."""
-    present = [v for v in column if v is not None]
-    decoded = iter(codec.decode(present, nested))
+    present = list(itertools.compress(column, map(operator.is_not, column,
+                                                  itertools.repeat(None))))
+    if not present:
+        return list(column)
+    decoded = codec.decode(present, nested)
     if len(present) == len(column):
-        return list(decoded)
-    return [None if v is None else next(decoded) for v in column]
+        return decoded
+    rest = iter(decoded)
+    return [None if v is None else next(rest) for v in column]
 
 
 def _shown(v: Any) -> str:
@@ -263,34 +269,112 @@ def decode_rows(kind: type[_T], header: Any, values: Any) -> list[_T]:
     return codecs[kind].decode(values, codecs)
 
 
-# -- outcomes (FlushOutcome): rows by index ------------------------------------------------
-
+# -- outcomes (FlushOutcome): rows by index, plain writes compact ----------------------------
+#
+# A flush's common answer is "written, no conflict, the central record is the row at version
+# V". Such an outcome travels as ``[row index, V, policy]`` in the answer's ``written`` list:
+# the client rebuilds the central record from its own row (every field the two row types
+# share, by name; CentralRow's other fields at their defaults). Any other outcome travels in
+# full in ``outcomes``. A field added to both row types is carried by the shared names; one
+# added to CentralRow only must have a default, or the server sends every outcome in full.
 
 #: the position of FlushOutcome's field that holds the request row it answers
 _ROW_FIELD: Final = next(
     i for i, f in enumerate(FlushOutcome._fields)
     if _nested(typing.get_type_hints(FlushOutcome)[f]) is DirtyRow)
+#: CentralRow's fields a plain write takes from its row (all the shared ones but version)
+_SHARED: Final = tuple(f for f in CentralRow._fields if f in DirtyRow._fields and f != "version")
+_CENTRAL_ONLY: Final = tuple(f for f in CentralRow._fields
+                             if f not in DirtyRow._fields and f != "version")
+#: FlushOutcome's fields a compact outcome leaves at their defaults
+_PLAIN: Final = ("row", "resolution", "central", "conflict", "policy")
+_OUTCOME_REST: Final = tuple(f for f in FlushOutcome._fields if f not in _PLAIN)
 
 
-def encode_outcomes(outcomes: Sequence[FlushOutcome], rows: Sequence[DirtyRow]) -> list[Any]:
-    """`outcomes` ready for `encode_body`, each one's row as its index in `rows` (the
-    request's: one row per key, as a flush batch is)."""
-    if not outcomes:
-        return []
+def _getter(names: Sequence[str]) -> Callable[[Any], Any]:
+    """attrgetter of `names` (a scalar for one name, a tuple for several: compare its results
+    only with its own); for none, a constant."""
+    return operator.attrgetter(*names) if names else (lambda _obj: ())
+
+
+def _defaults_as(kind: type[Any], names: Sequence[str]) -> Any:
+    """`_getter(names)` applied to `kind`'s defaults; `_NO_DEFAULT` when one has none."""
+    if not all(n in kind._field_defaults for n in names):
+        return _NO_DEFAULT
+    return _getter(names)(types.SimpleNamespace(**kind._field_defaults))
+
+
+_NO_DEFAULT: Final = object()
+_shared_of: Final = _getter(_SHARED)
+_central_only_of: Final = _getter(_CENTRAL_ONLY)
+_outcome_rest_of: Final = _getter(_OUTCOME_REST)
+#: CentralRow's own fields and FlushOutcome's others at their defaults: a compact outcome
+#: has them so (a field without a default never matches: every outcome then travels in full)
+_CENTRAL_DEFAULTS: Final = _defaults_as(CentralRow, _CENTRAL_ONLY)
+_OUTCOME_DEFAULTS: Final = _defaults_as(FlushOutcome, _OUTCOME_REST)
+
+
+def _plain_write(o: FlushOutcome) -> bool:
+    c = o.central
+    return (o.resolution == "written" and not o.conflict and c is not None
+            and _central_only_of(c) == _CENTRAL_DEFAULTS
+            and _outcome_rest_of(o) == _OUTCOME_DEFAULTS and _shared_of(c) == _shared_of(o.row))
+
+
+def encode_outcomes(outcomes: Sequence[FlushOutcome], rows: Sequence[DirtyRow]
+                    ) -> tuple[list[Any], list[Any]]:
+    """(written, outcomes): the plain writes compact and the rest in full, ready for
+    `encode_body`, each one's row as its index in `rows` (the request's: one row per key)."""
     by_id = {id(r): i for i, r in enumerate(rows)}
-    columns = list(zip(*outcomes, strict=True))
-    answered = columns[_ROW_FIELD]
-    try:
-        columns[_ROW_FIELD] = tuple(map(by_id.__getitem__, map(id, answered)))
-    except KeyError:  # a sink that made new row objects: match them by key
-        by_key = {(r.owner, r.key): i for i, r in enumerate(rows)}
-        columns[_ROW_FIELD] = tuple(by_key[(r.owner, r.key)] for r in answered)
-    return list(zip(*columns, strict=True))
+    by_key: dict[tuple[str, str], int] | None = None
+
+    def index(r: DirtyRow) -> int:
+        nonlocal by_key
+        i = by_id.get(id(r))
+        if i is None:  # a sink that made new row objects: match them by key
+            by_key = by_key or {(x.owner, x.key): n for n, x in enumerate(rows)}
+            i = by_key[(r.owner, r.key)]
+        return i
+
+    written: list[Any] = []
+    full: list[Any] = []
+    for o in outcomes:
+        if _plain_write(o):
+            written.append((index(o.row), o.central.version, o.policy))  # type: ignore[union-attr]
+        else:
+            fields: list[Any] = list(o)
+            fields[_ROW_FIELD] = index(o.row)
+            full.append(fields)
+    return written, full
 
 
-def decode_outcomes(header: Any, values: Any, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
+def decode_outcomes(header: Any, written: Any, values: Any, rows: Sequence[DirtyRow]
+                    ) -> list[FlushOutcome]:
     """The outcomes a flush answered, their rows taken from `rows` (the request's)."""
-    if not isinstance(values, list):
-        raise WireError("expected an array of FlushOutcome rows")
     codecs = _codecs(header, FlushOutcome, by_index=DirtyRow)
-    return codecs[FlushOutcome].decode(values, codecs, rows)
+    out: list[FlushOutcome] = codecs[FlushOutcome].decode(values, codecs, rows)
+    if not isinstance(written, list):
+        raise WireError("expected an array of [row, version, policy] written rows")
+    if not written:
+        return out
+    if set(map(type, written)) != {list} or set(map(len, written)) != {3}:
+        raise WireError("each written row must be [row index, version, policy]")
+    at, versions, policies = zip(*written, strict=True)
+    mine = _by_index(at, rows, "written row")
+    _Allowed(frozenset({int})).check(versions, "written version")
+    _Allowed(frozenset({str})).check(policies, "written policy")
+    n = len(mine)
+    central_columns = [
+        versions if f == "version" else list(map(operator.attrgetter(f), mine)) if f in _SHARED
+        else [CentralRow._field_defaults[f]] * n
+        for f in CentralRow._fields]
+    centrals = list(map(functools.partial(tuple.__new__, CentralRow),
+                        zip(*central_columns, strict=True)))
+    given: dict[str, Sequence[Any]] = {"row": mine, "resolution": ["written"] * n,
+                                       "central": centrals, "conflict": [False] * n,
+                                       "policy": policies}
+    outcome_columns = [given.get(f) or [FlushOutcome._field_defaults.get(f)] * n
+                       for f in FlushOutcome._fields]
+    out.extend(map(functools.partial(tuple.__new__, FlushOutcome),
+                   zip(*outcome_columns, strict=True)))
+    return out

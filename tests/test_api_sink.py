@@ -32,12 +32,14 @@ from localstate.errors import (
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
     WireError,
     decode_body,
+    decode_outcomes,
     decode_rows,
     encode_body,
+    encode_outcomes,
     encode_rows,
     field_header,
 )
@@ -348,3 +350,32 @@ def test_sink_api_needs_api_url(tmp_path: Path) -> None:
         asyncio.run(StateStore.open(sink="api", cache_path=tmp_path / "x.db"))
     with pytest.raises(ConfigError, match="api_url"):
         Settings.resolve({"api_url": "ftp://x"})
+
+
+def test_outcomes_round_trip_plain_writes_compact_the_rest_in_full() -> None:
+    rows = [DirtyRow("o", f"k{i}", str(i), i + 2, i + 1, 1.5, "t") for i in range(6)]
+
+    def written(r: DirtyRow, **changes: Any) -> FlushOutcome:
+        central = CentralRow(r.owner, r.key, r.data, r.version, r.updated_at, r.updated_by)
+        return FlushOutcome(r, "written", central._replace(**changes), False, "reject")
+
+    other = CentralRow("o", "k2", "9", 9, 2.0, "x", "file-x")
+    outcomes = [
+        written(rows[0]), written(rows[1], version=99),  # both plain: compact
+        FlushOutcome(rows[2], "adopted", other, True, "max"),
+        FlushOutcome(rows[3], "written", written(rows[3]).central, True, "last_writer_wins",
+                     other),
+        FlushOutcome(rows[4], "retry", None, True, "reject"),
+        written(rows[5], writer="file-a"),  # a central field the row lacks: in full
+    ]
+    compact, full = encode_outcomes(outcomes, rows)
+    assert [c[0] for c in compact] == [0, 1]
+    assert len(full) == 4
+    body = decode_body(encode_body({"fields": field_header(FlushOutcome, CentralRow),
+                                    "written": compact, "outcomes": full}))
+    back = decode_outcomes(body["fields"], body["written"], body["outcomes"], rows)
+    assert sorted(back, key=lambda o: o.row.key) == outcomes
+    assert all(b.row is r for b, r in zip(sorted(back, key=lambda o: o.row.key), rows,
+                                          strict=True))
+    with pytest.raises(WireError):  # an index outside the request's rows
+        decode_outcomes(body["fields"], [[6, 1, "reject"]], [], rows)

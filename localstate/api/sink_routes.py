@@ -180,8 +180,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             _check_rows(rows, max_value_bytes)
         require_open(store)
         outcomes = await central_or_503(central).write_batch(rows, policy_map, writer=writer)
-        return _json({"fields": outcome_header,
-                      "outcomes": encode_outcomes(outcomes, rows)})
+        written, full = encode_outcomes(outcomes, rows)
+        return _json({"fields": outcome_header, "written": written, "outcomes": full})
 
     @router.post("/read", summary="The central records of a batch of keys, or of one owner "
                  "(tombstones included)", response_class=Response)
