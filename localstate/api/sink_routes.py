@@ -31,10 +31,11 @@ from localstate.api.writes import require_open
 from localstate.codec import decode
 from localstate.entry import UNKNOWN_BASE, StateKey
 from localstate.errors import ConfigError, ValueTooLarge
-from localstate.model import check_name
+from localstate.model import check_name, check_names
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.gc_pause import GC_PAUSE_BYTES, gc_paused
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
     WireError,
@@ -94,9 +95,8 @@ class _Policies:
 def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
     """A flush's values (the wire checked their types): names, JSON, size, versions, one
     key once. Column by column (each distinct name checked once, the JSON parsed in C)."""
-    for field, kind in (("owner", "owner"), ("key", "key"), ("updated_by", "updated_by")):
-        for name in set(map(attrgetter(field), rows)):
-            check_name(kind, name)
+    for field in ("owner", "key", "updated_by"):
+        check_names(field, set(map(attrgetter(field), rows)))
     versions = list(map(attrgetter("version"), rows))
     if min(versions) < 1 or max(versions) > _MAX_VERSION:
         raise WireError(f"a version is not from 1 to {_MAX_VERSION}")
@@ -171,7 +171,12 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def flush(request: Request, caller: Caller) -> Response:
         if not caller.can_write:
             caller.require_write("")
-        body = decode_body(await request.body())
+        raw = await request.body()
+        with gc_paused(len(raw) >= GC_PAUSE_BYTES):
+            return await flush_batch(raw, caller)
+
+    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+        body = decode_body(raw)
         rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
         _require_owners(caller, (r.owner for r in rows), write=True)
         writer = _writer(body.get("writer"))
