@@ -535,13 +535,20 @@ class Settings:
     def describe(self) -> list[tuple[str, str, str]]:
         """(name, value, source) for every setting, for `localstate config`."""
         return [
-            (name, repr(getattr(self, name)), self.sources.get(name, "default"))
+            (name, _value_shown(_SPECS[name], getattr(self, name)),
+             self.sources.get(name, "default"))
             for name in _SPECS
         ]
 
 
 def _shown(spec: _Spec, raw: Any) -> str:
     return "<hidden>" if spec.secret else repr(raw)
+
+
+def _value_shown(spec: _Spec, value: Any) -> str:
+    """A resolved value for `localstate config`: a secret string never (ApiToken's own repr
+    leaves its secret out)."""
+    return "<hidden>" if spec.secret and isinstance(value, str) else repr(value)
 
 
 def _airflow_conf_section(cfg_path: Path) -> dict[str, str] | None:

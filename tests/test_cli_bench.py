@@ -95,6 +95,16 @@ def test_config_prints_settings_and_sources(tmp_path: Path,
     assert "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL" in line
 
 
+def test_config_never_prints_the_api_token(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__LOCALSTATE__API_TOKEN", "never-shown-0123456789")
+    proc = run_cli("config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "never-shown" not in proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("api_token "))
+    assert "<hidden>" in line
+
+
 def test_config_error_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__LOCALSTATE__MAX_BATCH", "none")
     proc = run_cli("config", cwd=tmp_path)
