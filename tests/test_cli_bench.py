@@ -45,8 +45,13 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
                 assert name in row, (mode, k, name)
             assert row["sets_per_s"] > 0
             assert row["set_p50_ms"] is not None
-    for mode in ("aiosqlite_executemany", "central_bulk", "flush"):
+    for mode in ("aiosqlite_executemany", "central_bulk", "flush", "flush_api"):
         assert any(r["mode"] == mode for r in rows), mode
+    # the same flush through sink = api (a localstate serve process), beside the sql sink's
+    api = next(r for r in rows if r["mode"] == "flush_api")
+    assert api["sets_per_s"] > 0, api["note"]
+    assert "of the sql sink's flush" in api["note"]
+    assert "Through sink = api" in proc.stdout
     direct = next(r for r in rows if r["mode"] == "direct" and r["triggers"] == 20)
     local = next(r for r in rows if r["mode"] == "local" and r["triggers"] == 20
                  and r["scenario"] == "distinct")
@@ -88,6 +93,16 @@ def test_config_prints_settings_and_sources(tmp_path: Path,
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("flush_interval"))
     assert "2.5" in line
     assert "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL" in line
+
+
+def test_config_never_prints_the_api_token(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__LOCALSTATE__API_TOKEN", "never-shown-0123456789")
+    proc = run_cli("config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "never-shown" not in proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("api_token "))
+    assert "<hidden>" in line
 
 
 def test_config_error_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
