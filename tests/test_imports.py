@@ -28,6 +28,8 @@ def all_modules() -> list[str]:
         parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
         if parts[-1] == "__main__":
             continue
+        if parts[-2:] == ("migrations", "env"):  # a script Alembic runs inside its context
+            continue
         if parts[-1] == "__init__":
             parts = parts[:-1]
         names.append(".".join(("localstate", *parts)))
