@@ -52,6 +52,8 @@ class StoreStats:
     evictions: int = 0
     #: entries dropped from memory by `StateStore.release` (an owner that left)
     released_keys: int = 0
+    #: bytes the local cache file and its WAL take on disk now (0 with the cache off)
+    cache_file_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +89,7 @@ def store_stats(
         keys_in_memory=len(table.entries), cache_enabled=cache_enabled,
         config_error=config_error, evictions=table.evictions,
         released_keys=table.released,
+        cache_file_bytes=c.file_bytes if c is not None and not c.closed else 0,
     )
 
 
