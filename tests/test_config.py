@@ -218,6 +218,8 @@ BAD_VALUES = [
     ("metrics_interval", "0", "greater than 0"),
     ("watch_config", "sometimes", "true or false"),
     ("api_open", "perhaps", "true or false"),
+    ("retention", "trigger:*=7x", "not an age"),
+    ("retention", "trigger:*", "owner-glob=age"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
 FREE_FORM = {"cache_dir", "cache_path", "central_url"}
