@@ -40,6 +40,7 @@ from pathlib import Path
 
 from localstate.cli._arg_types import (
     bench_modes,
+    count,
     non_negative,
     port_number,
     positive_count,
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="write the results as JSON here")
     bench.add_argument("--plot", type=Path, help="draw a PNG chart here (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--churn-owners", type=count, metavar="N",
+                       help="owners passing through 1,000 live triggers in the churn run, "
+                            "which reports RSS and cache file size (default 20,000; --quick "
+                            "5,000; 0: no churn run)")
     bench.set_defaults(handler=cmd_bench)
 
     db = sub.add_parser("db", help="central schema")

@@ -1,6 +1,6 @@
 """Churn soak: 1,000 live triggers while owners come and go through one store.
 
-A writer process (churn_writer.py: a real process, so this test's own heap does not count)
+A writer process (`localstate.bench.churn`: a real process, so this test's heap does not count)
 keeps 1,000 triggers live with ``max_keys_in_memory = 10,000``; each trigger reads its
 watermark (a miss), sets it a few times, then leaves (`StateStore.release`, as the mixin's
 cleanup does) and a new owner takes its place. The writer reports its RSS and its cache
@@ -14,18 +14,15 @@ minute here; ``LOCALSTATE_SOAK_OWNERS=200000`` is the issue's full figure, about
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
-from churn_writer import OWNER_PREFIX, owner_name, writes_of
 from fault_tally import FaultTally
 
+from localstate.bench.churn import OWNER_PREFIX, owner_name, run_churn, writes_of
 from localstate.sync.central_store import CentralStore
 
-WRITER = Path(__file__).with_name("churn_writer.py")
 LIVE = 1000
 MAX_KEYS = 10_000
 BASELINE_AT = 10_000  # owners: the level everything after is compared with
@@ -42,23 +39,10 @@ async def test_owners_coming_and_going_leave_memory_and_file_flat(
     every = max(1000, owners // 20)
     every = BASELINE_AT // (BASELINE_AT // every)  # a sample falls on the baseline
     url = f"sqlite:///{tmp_path / 'central.db'}"
-    options = {"central_url": url, "cache_path": str(tmp_path / "churn.db"), "owners": owners,
-               "every": every, "live": LIVE, "max_keys": MAX_KEYS, "flush_interval": 1.0}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(WRITER), json.dumps(options), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()[-4000:]
-    samples: dict[int, tuple[int, int, int]] = {}  # owners done: rss, cache bytes, keys
-    done = 0
-    for line in out.decode().splitlines():
-        fields = line.split("\t")
-        if fields[0] == "SAMPLE":
-            n, rss, db, wal, keys = (int(f) for f in fields[1:6])
-            samples[n] = (rss, db + wal, keys)
-        elif fields[0] == "DONE":
-            done = int(fields[1])
-    assert done == owners
+    result = await run_churn(central_url=url, cache_path=tmp_path / "churn.db", owners=owners,
+                             live=LIVE, max_keys=MAX_KEYS, every=every)
+    assert result.owners == owners
+    samples = {s.owners: (s.rss, s.cache_bytes, s.keys_in_memory) for s in result.samples}
     base_rss, base_file, _ = samples[BASELINE_AT]
     after = {n: s for n, s in samples.items() if n > BASELINE_AT}
     assert after

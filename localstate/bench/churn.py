@@ -1,4 +1,8 @@
-"""The churn soak's writer process: ``python churn_writer.py <json options>``.
+"""Churn: owners coming and going through one store, in a process of its own.
+
+``python -m localstate.bench.churn <json options>`` is the workload (the churn soak in
+``tests/faults/test_churn_soak.py`` and ``localstate bench`` run it); `run_churn` starts it and
+reads its reports.
 
 It opens a `StateStore` (local durability, ``max_keys_in_memory`` as given) and keeps `live`
 triggers running while `owners` distinct ones pass through it: each trigger takes the next
@@ -17,10 +21,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localstate import StateStore
+from localstate.store import StateStore
+
+__all__ = ["OWNER_PREFIX", "ChurnResult", "ChurnSample", "owner_name", "run_churn", "writes_of"]
 
 OWNER_PREFIX = "trigger:churn:"
 
@@ -89,6 +96,56 @@ async def main(options: dict[str, Any]) -> None:
     await asyncio.gather(*(trigger() for _ in range(int(options["live"]))))
     await store.close()
     report("DONE", done, f"{time.monotonic() - started:.1f}")
+
+
+@dataclass(frozen=True)
+class ChurnSample:
+    owners: int
+    rss: int
+    cache_bytes: int
+    keys_in_memory: int
+
+
+@dataclass
+class ChurnResult:
+    owners: int
+    live: int
+    max_keys: int
+    seconds: float = 0.0
+    samples: list[ChurnSample] = field(default_factory=list)
+
+    def at(self, owners: int) -> ChurnSample:
+        """The sample taken when `owners` had passed through (the first one at or after)."""
+        return next(s for s in self.samples if s.owners >= owners)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"owners": self.owners, "live": self.live, "max_keys": self.max_keys,
+                "seconds": self.seconds, "samples": [s.__dict__ for s in self.samples]}
+
+
+async def run_churn(*, central_url: str, cache_path: Path, owners: int, live: int = 1000,
+                    max_keys: int = 10_000, every: int = 1000, flush_interval: float = 1.0
+                    ) -> ChurnResult:
+    """Run the workload in a process of its own (its RSS is its own); raise on its failure."""
+    options = {"central_url": central_url, "cache_path": str(cache_path), "owners": owners,
+               "every": every, "live": live, "max_keys": max_keys,
+               "flush_interval": flush_interval}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "localstate.bench.churn", json.dumps(options),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the churn process failed ({proc.returncode}): "
+                           f"{err.decode()[-4000:]}")
+    result = ChurnResult(owners=0, live=live, max_keys=max_keys)
+    for line in out.decode().splitlines():
+        fields = line.split("\t")
+        if fields[0] == "SAMPLE":
+            n, rss, db, wal, keys = (int(f) for f in fields[1:6])
+            result.samples.append(ChurnSample(n, rss, db + wal, keys))
+        elif fields[0] == "DONE":
+            result.owners, result.seconds = int(fields[1]), float(fields[2])
+    return result
 
 
 if __name__ == "__main__":
