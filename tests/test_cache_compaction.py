@@ -72,6 +72,8 @@ async def test_file_size_follows_the_working_set(open_store: StoreFactory,
         await store.release(owner)
     await store.sync_local()
     assert row_count(path) == len(store.entry_table.entries)
+    table = store.entry_table  # its owner index holds exactly its keys
+    assert {(o, k) for o, keys in table.by_owner.items() for k in keys} == set(table.entries)
     stats = store.stats()
     assert stats.cache_file_bytes > 0
     assert stats.evictions >= 2890
