@@ -27,9 +27,9 @@ log = logging.getLogger("localstate.store")
 
 async def load_owner(table: EntryTable, sink: Sink, owner: str) -> int:
     """Adopt `owner`'s central rows (none lowers an entry); return how many have a value."""
-    since = table.evictions
+    since = table.read_epoch(owner)
     rows = await sink.read_owner(owner)
-    for row in rows:  # a key evicted during the read is left to be read through
+    for row in rows:  # a key dropped during the read is left to be read through
         table.adopt((row.owner, row.key), row, since)
     return sum(1 for r in rows if r.data is not None)
 
@@ -45,10 +45,10 @@ async def known_entry(table: EntryTable, reader: ReadThrough, k: StateKey) -> En
         return e
     check_name("owner", k[0])
     check_name("key", k[1])
-    while True:  # again when an eviction made the row read possibly stale
+    while True:  # again when a drop made the row read possibly stale
         if table.is_absent(k):
             return None
-        since = table.evictions
+        since = table.read_epoch(k[0])
         row = await reader.fetch(k)
         e = table.entries.get(k)  # written meanwhile by a call of this store
         if row is not None:
@@ -87,7 +87,7 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey, 
     row: CentralRow | None = None
     unknown = False
     while k not in table.entries and not table.is_absent(k):
-        since = table.evictions
+        since = table.read_epoch(k[0])
         try:
             row = await reader.fetch(k)
         except CentralError as exc:
@@ -96,7 +96,7 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey, 
                         "write is based on an unknown central version and settled by the "
                         "conflict policy at the flush", k[0], k[1], exc)
             break
-        if since == table.evictions:
+        if since == table.read_epoch(k[0]):
             break
-        row = None  # an entry was evicted during the read: `k` at a newer version, maybe
+        row = None  # an entry was dropped during the read: `k` at a newer version, maybe
     return table.first_write_base(k, row, unknown=unknown)

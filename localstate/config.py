@@ -31,6 +31,7 @@ from typing import Any, Final, Literal
 from localstate.errors import ConfigError
 from localstate.model import DURABILITIES, Durability
 from localstate.sync.conflicts import ConflictPolicy
+from localstate.sync.retention_rules import RetentionRule, parse_retention
 
 __all__ = [
     "API_ROLES",
@@ -394,6 +395,9 @@ _SPECS: Final[dict[str, _Spec]] = {
     "watch_config": _Spec(_bool, False, "watch airflow.cfg and apply changes of the live "
                           "settings (enabled, flush_interval, max_batch, durability) to the "
                           "running store"),
+    "retention": _Spec(parse_retention, (), "how long `localstate db prune` keeps rows not "
+                       "updated: owner-glob=age pairs, first match wins (trigger:*=7d, "
+                       "asset_watcher:*=never); owners no rule names: --older-than"),
 }
 
 SETTING_NAMES: Final = tuple(_SPECS)
@@ -448,6 +452,7 @@ class Settings:
     metrics_interval: float = _DEFAULTS["metrics_interval"]
     asset_mirror: str = _DEFAULTS["asset_mirror"]
     watch_config: bool = _DEFAULTS["watch_config"]
+    retention: tuple[RetentionRule, ...] = _DEFAULTS["retention"]
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     home: Path = field(default_factory=airflow_home, compare=False)

@@ -17,7 +17,8 @@ Its operations are the only ways the state moves:
   `settle_adopted` (what a flush's outcome does to an entry);
 * `adopt` (a row read from the central DB), `first_write_base`, the absent-key bookkeeping;
 * `fill` and `forget_all` (the cache turned on or off);
-* `evict` (the bounded working set: ``max_keys_in_memory``).
+* `evict` (the bounded working set: ``max_keys_in_memory``) and `release` (an owner that
+  left this store: see `localstate.release`).
 
 Invariants:
 
@@ -34,11 +35,17 @@ Invariants:
   stale (see `localstate.sync.central_store`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
   absence is remembered for ``absent_ttl`` seconds, no longer.
-* Only clean entries are evicted, and never one the worker still needs (`pinned`: a central
-  waiter, a conflict to report). An evicted key's record is the central DB's (and the local
-  file's). ``evictions`` counts them: a row read from the central DB while it grew (``since``
-  below it) may predate a version evicted meanwhile, so it neither adds an entry nor marks a
-  key absent; the reader reads again.
+* Only clean entries are evicted or released, and never one the worker still needs
+  (`pinned`: a central waiter, a conflict to report). An evicted or released key's record is
+  the central DB's; its row leaves the local file too (a purge is staged with the drop), so
+  the file holds the working set and the writes the central DB lacks, not history.
+* A row read from the central DB while an entry of its owner was dropped may predate the
+  version dropped, so it neither adds an entry nor marks a key absent; the reader reads
+  again. The reader tells by `read_epoch` (taken when the read began): it moves with every
+  eviction pass (``evictions``) and with every release of an owner that hashes to the same
+  one of `_EPOCH_SLOTS` slots, so a release rarely sends another owner's read round again.
+* ``by_owner`` holds exactly the keys of ``entries``, grouped by owner (a release finds an
+  owner's keys without a scan).
 * Eviction is amortized: a pass runs when the map has grown by a tenth since the last one (or
   after a flush, above ``max_keys`` and a tenth), never per write. Recency is a second-chance
   bit (``Entry.used``, set by every hit, and for a write when its flush settles it, since a
@@ -68,6 +75,11 @@ from localstate.sync.rows import CentralRow, DirtyRow
 
 __all__ = ["EntryTable", "unknown_base_version"]
 
+#: slots of the per-owner read epochs (a power of two: a mask picks the slot)
+_EPOCH_SLOTS: Final = 256
+#: absent keys beyond which `mark_absent` sweeps out the expired ones (amortized)
+_ABSENT_SWEEP: Final = 1024
+
 _now = time.time
 
 #: Versions given to writes whose base is unknown are POSIX microseconds (see
@@ -89,8 +101,9 @@ class EntryTable:
     """Entries, dirty keys and absent keys of one store (see the module docstring)."""
 
     # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
-    __slots__ = ("_absent", "_cache", "_evict_at", "absent_ttl", "dirty", "entries", "evictions",
-                 "kick_at", "max_keys", "on_full", "pinned", "sets", "updated_by")
+    __slots__ = ("_absent", "_absent_sweep_at", "_cache", "_drop_epochs", "_evict_at",
+                 "absent_ttl", "by_owner", "dirty", "entries", "evictions", "kick_at",
+                 "max_keys", "on_full", "pinned", "released", "sets", "updated_by")
 
     def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float,
                  max_keys: int = 100_000) -> None:
@@ -98,6 +111,9 @@ class EntryTable:
         self.entries: dict[StateKey, Entry] = {}
         self.dirty: dict[StateKey, float] = {}
         self._absent: dict[StateKey, float] = {}
+        self._absent_sweep_at = _ABSENT_SWEEP
+        #: the keys of `entries` by owner (see the module docstring)
+        self.by_owner: dict[str, set[str]] = {}
         self.updated_by = updated_by
         #: this many dirty keys start a flush at once (`on_full`)
         self.kick_at = kick_at
@@ -111,6 +127,9 @@ class EntryTable:
         self._evict_at = _grown(max_keys)
         #: entries evicted so far: stats, and the epoch of the reads (see the module docstring)
         self.evictions = 0
+        #: entries dropped by `release` so far, for stats
+        self.released = 0
+        self._drop_epochs = [0] * _EPOCH_SLOTS
         #: whether the sync worker still needs `k`'s entry in memory
         self.pinned: Callable[[StateKey], bool] = _never
 
@@ -135,6 +154,9 @@ class EntryTable:
         self.pinned = pinned
         self.entries.clear()
         self.entries.update(entries)
+        self.by_owner.clear()
+        for owner, key in entries:
+            self._index(owner, key)
         self.dirty.clear()
         self.dirty.update({k: e.updated_at for k, e in entries.items() if e.dirty})
         self._absent.clear()
@@ -152,6 +174,7 @@ class EntryTable:
         self.on_full = _nothing
         self.pinned = _never
         self.entries.clear()
+        self.by_owner.clear()
         self.dirty.clear()
         self._absent.clear()
 
@@ -183,6 +206,7 @@ class EntryTable:
         """`write` of an entry `first_write_base` made: it joins the table now."""
         held = self.entries.setdefault(k, e)
         assert held is e, "first_write_base and write_first run without an await between"
+        self._index(*k)
         self._absent.pop(k, None)
         version = self.write(k, e, data, obj, memory)
         self._joined()
@@ -195,7 +219,7 @@ class EntryTable:
         `unknown`: the central record could not be read; the entry is based on
         `UNKNOWN_BASE`. A new entry joins the table only through `write_first`: a call that
         does not write (a compare-and-set that fails) leaves nothing behind. `row` (or its
-        absence) was read with no eviction since (`since_evictions`).
+        absence) was read with no drop of an entry of its owner since (`read_epoch`).
         """
         e = self.entries.get(k)
         if e is not None:
@@ -212,18 +236,20 @@ class EntryTable:
     def adopt(self, k: StateKey, row: CentralRow, since: int) -> Entry | None:
         """Take the central row `row` of `k`, read a moment ago; return the entry now held.
 
-        `since`: ``evictions`` when the read began. A new key gets the row, unless an entry
-        was evicted meanwhile (it may have been `k` at a newer version: None, read again). A
+        `since`: `read_epoch` of `k`'s owner when the read began. A new key gets the row,
+        unless an entry was dropped meanwhile (it may have been `k` at a newer version: None,
+        read again). A
         held entry takes it only when it is clean and the row is newer: a dirty entry is the
         flush's to reconcile, and a row no newer than the entry may have been read before a
         flush moved the entry on.
         """
         e = self.entries.get(k)
         if e is None:
-            if since != self.evictions:
+            if since != self.read_epoch(k[0]):
                 return None
             self._absent.pop(k, None)
             e = self.entries[k] = entry_from_row(row)
+            self._index(*k)
             self._stage(k, e)
             self._joined()
             return e
@@ -246,12 +272,30 @@ class EntryTable:
 
     def mark_absent(self, k: StateKey, since: int) -> bool:
         """The central DB lacks `k` (a read begun at `since` found no row), unless this store
-        holds it. False: an entry was evicted since the read began (read again)."""
-        if since != self.evictions:
+        holds it. False: an entry of its owner was dropped since the read began (read again).
+        """
+        if since != self.read_epoch(k[0]):
             return False
         if k not in self.entries:
-            self._absent[k] = time.monotonic() + self.absent_ttl
+            absent = self._absent
+            now = time.monotonic()
+            absent[k] = now + self.absent_ttl
+            if len(absent) > self._absent_sweep_at:
+                self._sweep_absent(now)
         return True
+
+    def _sweep_absent(self, now: float) -> None:
+        """Drop the expired absent keys (the oldest first: they expire in insertion order,
+        save for a key marked again), so a churn of missing keys leaves no trail."""
+        absent = self._absent
+        for k in [k for k, expiry in absent.items() if expiry <= now]:
+            del absent[k]
+        self._absent_sweep_at = max(_ABSENT_SWEEP, 2 * len(absent))
+
+    def read_epoch(self, owner: str) -> int:
+        """A number that moves whenever an entry of `owner` may have been dropped: take it
+        before a central read, pass it to `adopt` / `mark_absent` (see the module docstring)."""
+        return self.evictions + self._drop_epochs[hash(owner) & (_EPOCH_SLOTS - 1)]
 
     # -- a flush's steps -----------------------------------------------------------------
 
@@ -317,7 +361,7 @@ class EntryTable:
         entries, dirty, pinned = self.entries, self.dirty, self.pinned
         target = self.max_keys if down_to is None else down_to
         excess = len(entries) - target
-        evicted = 0
+        gone: dict[StateKey, Entry] = {}
         if excess > 0:
             for k in list(entries):
                 e = entries[k]
@@ -326,21 +370,65 @@ class EntryTable:
                     del entries[k]
                     entries[k] = e  # to the end: the most recently used
                 elif e.version == e.synced_version and k not in dirty and not pinned(k):
-                    del entries[k]
-                    evicted += 1
-                    if evicted == excess:
+                    gone[k] = entries.pop(k)
+                    if len(gone) == excess:
                         break
-            if evicted < excess:  # every unused one is gone: the oldest used ones go next
+            if len(gone) < excess:  # every unused one is gone: the oldest used ones go next
                 for k in list(entries):
                     e = entries[k]
                     if e.version == e.synced_version and k not in dirty and not pinned(k):
-                        del entries[k]
-                        evicted += 1
-                        if evicted == excess:
+                        gone[k] = entries.pop(k)
+                        if len(gone) == excess:
                             break
+        evicted = len(gone)
+        if gone:
+            self._dropped(gone)
         self.evictions += evicted
         self._evict_at = _grown(max(len(entries), self.max_keys))
         return evicted
+
+    def release(self, owner: str) -> tuple[int, int]:
+        """Drop `owner`'s clean entries that nothing pins (from memory and, by a staged
+        purge, from the local file); return how many were dropped and how many stay (dirty:
+        written during the release; pinned: awaited or in conflict)."""
+        keys = self.by_owner.get(owner)
+        if not keys:
+            return 0, 0
+        entries, dirty, pinned = self.entries, self.dirty, self.pinned
+        held = len(keys)
+        gone: dict[StateKey, Entry] = {}
+        for key in list(keys):
+            k = (owner, key)
+            e = entries[k]
+            if e.version == e.synced_version and k not in dirty and not pinned(k):
+                gone[k] = entries.pop(k)
+        if gone:
+            self._drop_epochs[hash(owner) & (_EPOCH_SLOTS - 1)] += 1
+            self._dropped(gone)
+            self.released += len(gone)
+        return len(gone), held - len(gone)
+
+    def keys_of(self, owner: str) -> list[StateKey]:
+        """The keys of `owner` held in memory now."""
+        return [(owner, key) for key in self.by_owner.get(owner, ())]
+
+    def _dropped(self, gone: dict[StateKey, Entry]) -> None:
+        """Entries just taken out of `entries`: out of the index, and out of the file."""
+        by_owner = self.by_owner
+        for owner, key in gone:
+            keys = by_owner[owner]
+            keys.discard(key)
+            if not keys:
+                del by_owner[owner]
+        if self._cache is not None:
+            self._cache.stage_many({k: purged(e) for k, e in gone.items()})
+
+    def _index(self, owner: str, key: str) -> None:
+        keys = self.by_owner.get(owner)
+        if keys is None:
+            self.by_owner[owner] = {key}
+        else:
+            keys.add(key)
 
     def _joined(self) -> None:
         """A key joined the map: a pass when it has grown by a tenth since the last one."""

@@ -41,6 +41,12 @@ from typing import Any, Final, Literal
 
 import aiosqlite
 
+from localstate.cache_compaction import (
+    Compactor,
+    choose_incremental,
+    convert_existing,
+    file_bytes,
+)
 from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
@@ -125,6 +131,8 @@ class LocalCache:
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
         self._writer_id: str | None = None
+        #: gives free pages back to the filesystem (see `localstate.cache_compaction`)
+        self.compactor = Compactor(path)
         # figures for stats()
         self.commits = 0
         self.rows_committed = 0
@@ -231,6 +239,8 @@ class LocalCache:
                     "move it aside (what it has flushed is safe in the central DB) and restart",
                     path=str(self.path),
                 )
+            # before WAL mode and the first table: only then can a new file take it
+            await choose_incremental(conn)
             # WAL: a commit appends to the -wal file instead of rewriting pages, readers (the
             # CLI, a backup) never block the writer, and a commit needs one fsync, not two.
             mode = await self._scalar(conn, "PRAGMA journal_mode=WAL")
@@ -263,6 +273,8 @@ class LocalCache:
                 await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 await conn.commit()
+            if await convert_existing(conn):  # a file made before auto_vacuum, once
+                log.info("the local cache %s now gives free pages back (auto_vacuum)", self.path)
             self._writer_id = str(
                 await self._scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))
 
@@ -339,6 +351,11 @@ class LocalCache:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def file_bytes(self) -> int:
+        """The bytes the file and its WAL take on disk now."""
+        return file_bytes(self.path)
 
     @property
     def writer_id(self) -> str:
@@ -485,6 +502,8 @@ class LocalCache:
         if self.last_error is not None:
             log.warning("the local cache %s commits again", self.path)
         self.last_error = None
+        if purges:
+            await self.compactor.after_purges(conn, len(purges))
         return None
 
     def _require_writer(self) -> None:

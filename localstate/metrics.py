@@ -16,6 +16,12 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.flush_lag       gauge    seconds: age of the oldest write the central DB lacks
     <prefix>.conflicts       counter  conflicts settled by flushes
     <prefix>.central_errors  counter  flushes that failed on the central DB
+    <prefix>.evictions       counter  entries evicted from memory (max_keys_in_memory)
+    <prefix>.released_keys   counter  entries dropped by releases of owners that left
+    <prefix>.keys_in_memory  gauge    entries held in memory
+    <prefix>.cache_file_bytes gauge   bytes of the local cache file and its WAL
+    <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
+    <prefix>.prune.tombstones counter tombstones it deleted
 
 OpenTelemetry measurements carry the attribute ``triggerer_id``; StatsD lines carry no tags
 (as Airflow's own StatsD metrics). A StatsD server that is down costs nothing but a log line:
@@ -34,9 +40,11 @@ from typing import TYPE_CHECKING, Any, Final
 from localstate.stats import StoreStats
 
 if TYPE_CHECKING:
+    from localstate.config import Settings
     from localstate.store import StateStore
 
-__all__ = ["COUNTERS", "GAUGES", "MetricsReporter", "StatsdClient", "start_reporter"]
+__all__ = ["COUNTERS", "GAUGES", "PRUNE_COUNTERS", "MetricsReporter", "StatsdClient",
+           "report_prune", "start_reporter"]
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +54,20 @@ COUNTERS: Final[dict[str, str]] = {
     "central_rows": "flush.rows",
     "conflicts": "conflicts",
     "central_errors": "central_errors",
+    "evictions": "evictions",
+    "released_keys": "released_keys",
 }
 #: StoreStats field -> gauge name: reported as it stands
 GAUGES: Final[dict[str, str]] = {
     "dirty_keys": "dirty_keys",
     "oldest_unflushed_s": "flush_lag",
+    "keys_in_memory": "keys_in_memory",
+    "cache_file_bytes": "cache_file_bytes",
 }
 TIMER: Final = "flush.duration"
+_GAUGE_UNITS: Final = {"flush_lag": "s", "cache_file_bytes": "By"}
+#: what `localstate db prune` deleted: counters it sends once, after its run
+PRUNE_COUNTERS: Final = ("prune.rows", "prune.tombstones")
 #: StatsD packets stay under a common path MTU: several lines per packet, never fragmented
 _MAX_PACKET: Final = 1400
 
@@ -184,7 +199,7 @@ class _OtelInstruments:
         for field, name in GAUGES.items():
             meter.create_observable_gauge(
                 f"{prefix}.{name}", callbacks=[observer(field)],
-                unit="s" if name == "flush_lag" else "1",
+                unit=_GAUGE_UNITS.get(name, "1"),
             )
 
     def record(self, triggerer_id: str, sample: Sample) -> None:
@@ -316,3 +331,25 @@ def start_reporter(store: StateStore) -> MetricsReporter | None:
     reporter = MetricsReporter(store, interval=s.metrics_interval, statsd=statsd, otel=otel)
     reporter.start()
     return reporter
+
+
+async def report_prune(settings: Settings, rows: int, tombstones: int) -> None:
+    """Report what one prune deleted, as the settings say (StatsD, OpenTelemetry; off: no-op).
+    """
+    counts = dict(zip(PRUNE_COUNTERS, (rows, tombstones), strict=True))
+    if settings.statsd_host is not None:
+        client = StatsdClient(settings.statsd_host, settings.statsd_port,
+                              settings.statsd_prefix)
+        try:
+            await client.send(client.lines(Sample(counts, {}, None)))
+        finally:
+            client.close()
+    if settings.otel:
+        try:
+            from opentelemetry import metrics
+        except ImportError:
+            return
+        meter = metrics.get_meter("localstate")
+        for name, value in counts.items():
+            if value:
+                meter.create_counter(f"{settings.statsd_prefix}.{name}", unit="1").add(value)

@@ -50,6 +50,10 @@ class StoreStats:
     config_error: str | None = None
     #: clean entries evicted from memory (beyond max_keys_in_memory) since the store opened
     evictions: int = 0
+    #: entries dropped from memory by `StateStore.release` (an owner that left)
+    released_keys: int = 0
+    #: bytes the local cache file and its WAL take on disk now (0 with the cache off)
+    cache_file_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +88,8 @@ def store_stats(
         last_error=None if last_error is None else str(last_error),
         keys_in_memory=len(table.entries), cache_enabled=cache_enabled,
         config_error=config_error, evictions=table.evictions,
+        released_keys=table.released,
+        cache_file_bytes=c.file_bytes if c is not None and not c.closed else 0,
     )
 
 

@@ -51,6 +51,7 @@ from localstate.model import (
     check_name,
     refuse_unhashable_names,
 )
+from localstate.release import ReleaseReport, release_owner
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import open_parts, release, require_open
 from localstate.sync.central_store import CentralStore
@@ -288,7 +289,7 @@ class StateStore:
         """`k`'s central record, read now with a query of its own (not through the
         read-through: joining a read already in flight could return a row read before this
         call began); a clean, older entry of this store takes it."""
-        since = self._table.evictions
+        since = self._table.read_epoch(k[0])
         row = (await self._require_sink().read_many([k])).get(k)
         if row is not None and not self._direct:
             self._table.adopt(k, row, since)  # not as a new key if an eviction ran meanwhile
@@ -568,6 +569,22 @@ class StateStore:
             if self._worker is None:
                 return FlushReport()
             return await self._worker.flush()
+
+    async def release(self, owner: str, *, timeout: float | None = None) -> ReleaseReport:
+        """`owner` left this store: flush its writes, then drop its entries from memory and
+        from the cache file once the central DB holds them (see `localstate.release`).
+
+        Waits up to `timeout` seconds (default ``central_timeout``) for the flush; what the
+        central DB does not hold by then stays, and is flushed as usual.
+        """
+        if self._closed:
+            raise self._closed_error()
+        check_name("owner", owner)
+        async with self._gate.call():
+            if self._worker is None:  # the cache is off: nothing is held
+                return ReleaseReport()
+            wait = self.settings.central_timeout if timeout is None else timeout
+            return await release_owner(self._table, self._worker, owner, wait)
 
     # -- settings at run time ------------------------------------------------------------
 

@@ -40,11 +40,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Seque
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import Executable, select, tuple_, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from localstate.entry import StateKey
 from localstate.errors import (
@@ -232,6 +233,26 @@ class CentralStore:
         query = query.order_by(owner, key).limit(limit)
         async with self._errors("list"), self.engine.connect() as conn:
             return [_central_row(r) for r in await conn.execute(query)]
+
+    # -- statements of other modules (retention), wrapped as every call here -------------
+
+    def bytewise(self, column: ColumnElement[str]) -> ColumnElement[str]:
+        """`column` compared byte-wise on this database (see `BatchSql.bytewise`)."""
+        return self._sql.bytewise(column)
+
+    async def run_read(self, query: Executable, doing: str) -> list[tuple[Any, ...]]:
+        """The rows of `query`, its driver errors wrapped (`doing` names it in them)."""
+        await self._ready()
+        async with self._errors(doing), self.engine.connect() as conn:
+            return [tuple(row) for row in await conn.execute(query)]
+
+    async def run_write(self, statement: Executable, doing: str) -> int:
+        """Run `statement` in a transaction of its own; return the rows it changed."""
+        await self._ready()
+        async with self._errors(doing), self.engine.begin() as conn:
+            result = await conn.execute(statement)
+        self.transactions += 1
+        return int(result.rowcount)
 
     async def _select(
         self, conn: AsyncConnection, keys: Sequence[StateKey], *, lock: bool

@@ -185,6 +185,11 @@ class ConflictPolicy:
         return key
 
 
+#: owners whose policy `PolicyMap` remembers (a cache: cleared when full, so a triggerer
+#: whose owners come and go for weeks keeps no trail of them)
+_CACHED_OWNERS: Final = 10_000
+
+
 class PolicyMap:
     """The policy of each owner, from a name or an ordered glob-to-name mapping."""
 
@@ -208,8 +213,9 @@ class PolicyMap:
                 (p for pattern, p in self._rules if fnmatch.fnmatchcase(owner, pattern)),
                 self._default,
             )
-            if len(self._cache) < 100_000:
-                self._cache[owner] = policy
+            if len(self._cache) >= _CACHED_OWNERS:  # owners come and go: start afresh
+                self._cache.clear()
+            self._cache[owner] = policy
         return policy
 
     def check_value(self, owner: str, value: Any, data: str) -> None:

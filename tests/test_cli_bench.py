@@ -29,7 +29,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = run_cli("bench", "--triggers", "1,20", "--duration", "0.2", "--json", str(out),
-                   "--folder", str(tmp_path / "work"), cwd=tmp_path)
+                   "--folder", str(tmp_path / "work"), "--churn-owners", "3000", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert {"machine", "settings", "rows"} <= result.keys()
@@ -60,12 +60,18 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
     assert local["central_txns"] < local["sets"]
     assert "x direct" in proc.stdout  # the table
     assert "local-first" in proc.stdout  # the summary
+    # RSS and the cache file under churn, measured in a process of its own
+    churn = result["churn"]
+    assert churn["owners"] == 3000
+    assert len(churn["samples"]) == 20
+    assert all(s["rss"] > 0 and s["cache_bytes"] > 0 for s in churn["samples"])
+    assert "churn: 3,000 owners through 1,000 live triggers" in proc.stdout
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--triggers", "0"], "above 0"), (["--modes", "fast"], "unknown mode"),
-     (["--duration", "x"], "expected a number")],
+     (["--duration", "x"], "expected a number"), (["--churn-owners", "-1"], "0 or more")],
 )
 def test_bench_bad_options_are_usage_errors(tmp_path: Path, args: list[str],
                                             message: str) -> None:

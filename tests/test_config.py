@@ -223,6 +223,8 @@ BAD_VALUES = [
     ("watch_config", "sometimes", "true or false"),
     ("api_open", "perhaps", "true or false"),
     ("asset_mirror", "sometimes", "auto, on, off"),
+    ("retention", "trigger:*=7x", "not an age"),
+    ("retention", "trigger:*", "owner-glob=age"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
 FREE_FORM = {"cache_dir", "cache_path", "central_url"}

@@ -28,7 +28,6 @@ trigger starts running); ``sql`` into localstate's own central table.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -165,6 +164,11 @@ class StateEnabledTrigger:
     watermark_key: ClassVar[str] = "watermark"
     #: seconds `cleanup()` spends flushing before the trigger leaves this triggerer
     cleanup_flush_timeout: ClassVar[float] = 5.0
+    #: delete this trigger's ``trigger:`` state centrally when ``run()`` ends by itself (its
+    #: last event fired: the task is done with it). At-least-once: a triggerer that dies
+    #: after that but before Airflow has stored the event runs the trigger again elsewhere,
+    #: from no state. Off by default; an ``asset_watcher:`` owner (the asset's) is never deleted
+    forget_state_when_done: ClassVar[bool] = False
 
     _localstate_accessors: LocalAssetStateStoreAccessors | None = None
     _localstate_store: StateStore | None = None
@@ -257,23 +261,46 @@ class StateEnabledTrigger:
         store = await self.open_state()
         return await store.get(self.state_owner, self.watermark_key, default)
 
+    async def forget_state(self) -> int:
+        """Delete every key of this trigger's ``trigger:`` owner, centrally (tombstones, which
+        `localstate db prune` removes later); return how many had a value. An
+        ``asset_watcher:`` owner is the asset's, shared with others: it is left alone (0)."""
+        owner = self.state_owner
+        if not owner.startswith("trigger:"):
+            return 0
+        store = await self.open_state()
+        await store.load(owner)
+        keys = [record.key async for record in store.items(owner)]
+        for key in keys:
+            await store.delete(owner, key)
+        await store.release(owner, timeout=self.cleanup_flush_timeout)
+        return len(keys)
+
     async def set_watermark(self, value: Any) -> int:
         """Set the watermark; returns its new local version once the store's durability holds."""
         store = await self.open_state()
         return await store.set(self.state_owner, self.watermark_key, value)
 
     async def cleanup(self) -> None:
-        """Leaving this triggerer (moved, stopped): flush so the next one starts from here."""
+        """Leaving this triggerer (moved, stopped, done): release the owner's state (flushed,
+        so the next triggerer starts from here, then dropped from this one's memory and cache
+        file: `StateStore.release`)."""
         store = self._localstate_store
         # after a graceful stop's drain (`localstate.airflow.shutdown`) there is nothing left
         # to flush from the mixin's writes, and the airflow sink's channel is gone
         if store is not None and not store.closed and not shutdown.drained():
             try:
-                await asyncio.wait_for(store.flush(), self.cleanup_flush_timeout)
-            except (asyncio.TimeoutError, LocalStateError) as exc:
-                log.warning("could not flush %s's state on cleanup (%s); it stays in the local "
-                            "cache and is flushed later", self.state_owner,
-                            reason(exc))
+                report = await store.release(self.state_owner,
+                                             timeout=self.cleanup_flush_timeout)
+            except LocalStateError as exc:
+                log.warning("could not release %s's state on cleanup (%s); it stays in the "
+                            "local cache and is flushed later", self.state_owner, reason(exc))
+            else:
+                if report.unflushed:
+                    log.warning("could not flush %d writes of %s on cleanup within %g s; they "
+                                "stay in the local cache and are flushed later",
+                                report.unflushed, self.state_owner,
+                                self.cleanup_flush_timeout)
         parent: Any = super()
         if hasattr(parent, "cleanup"):
             await parent.cleanup()
@@ -300,6 +327,11 @@ def _opening_state(
         async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
             async for event in events:
                 yield event
+        if self.forget_state_when_done:  # run() ended by itself: the task is done with it
+            try:
+                await self.forget_state()
+            except LocalStateError as exc:
+                log.warning("could not delete %s's state (%s); it stays", self.state_owner, exc)
 
     wrapped._localstate_opens_state = True  # type: ignore[attr-defined]
     return wrapped

@@ -9,6 +9,7 @@
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
     localstate db upgrade [--central-url URL]
+    localstate db prune [--older-than 7d] [--owner-prefix PREFIX] [--dry-run] [--json] ...
     localstate config
 
 Exit codes: 0 success, 1 an error (the message says what to do), 2 bad usage (a bad name or
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from localstate.cli._arg_types import (
     bench_modes,
+    count,
     non_negative,
     port_number,
     positive_count,
@@ -55,6 +57,7 @@ from localstate.cli._exit_codes import (
     NotFound,
 )
 from localstate.cli._flush import cmd_flush
+from localstate.cli._prune import cmd_db_prune
 from localstate.cli._records import cmd_delete, cmd_get, cmd_ls, cmd_set
 from localstate.cli._serve import cmd_serve, is_loopback
 from localstate.cli._show_config import cmd_config
@@ -98,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="write the results as JSON here")
     bench.add_argument("--plot", type=Path, help="draw a PNG chart here (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--churn-owners", type=count, metavar="N",
+                       help="owners passing through 1,000 live triggers in the churn run, "
+                            "which reports RSS and cache file size (default 20,000; --quick "
+                            "5,000; 0: no churn run)")
     bench.set_defaults(handler=cmd_bench)
 
     db = sub.add_parser("db", help="central schema")
@@ -105,6 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
     up = db_sub.add_parser("upgrade", help="create or upgrade the central tables")
     up.add_argument("--central-url", help="default: the configured central_url")
     up.set_defaults(handler=cmd_db_upgrade)
+    pr = db_sub.add_parser("prune", help="delete rows not updated for a while, and tombstones "
+                                         "older than the tombstone horizon (retention)")
+    pr.add_argument("--older-than", metavar="AGE",
+                    help="delete rows not updated for AGE (7d, 36h, 90m); owners the "
+                         "retention setting names follow their rule instead")
+    pr.add_argument("--owner-prefix", metavar="PREFIX", help="only owners starting with PREFIX")
+    pr.add_argument("--tombstone-horizon", metavar="AGE", default="30d",
+                    help="delete tombstones older than AGE (default 30d, at least 1d: far "
+                         "longer than any flush or handover, so a late writer meets them)")
+    pr.add_argument("--batch-size", type=positive_count, default=500, metavar="N",
+                    help="rows per delete transaction (default 500: short locks)")
+    pr.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--central-url", help="default: the configured central_url")
+    pr.set_defaults(handler=cmd_db_prune)
 
     cfg = sub.add_parser("config", help="print the resolved settings and where each came from")
     cfg.set_defaults(handler=cmd_config)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["bench_modes", "non_negative", "port_number", "positive_count", "trigger_counts",
-           "version_number"]
+__all__ = ["bench_modes", "count", "non_negative", "port_number", "positive_count",
+           "trigger_counts", "version_number"]
 
 
 def trigger_counts(text: str) -> list[int]:
@@ -52,6 +52,16 @@ def version_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a version number, not {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError("a version is 0 or more")
+    return value
+
+
+def count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected a whole number, 0 or more")
     return value
 
 

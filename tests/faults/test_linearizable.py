@@ -234,3 +234,43 @@ async def test_f_cache_toggled_off_and_on(open_store: StoreFactory, reader: Cent
     verdict = verify(history, fault_tally, label)
     assert toggles > 0
     assert_clean(label, verdict)
+
+
+async def test_g_constant_evictions_and_releases(open_store: StoreFactory, reader: CentralStore,
+                                                 backend: str, fault_tally: FaultTally) -> None:
+    """Two stores that keep one entry in memory (`max_keys_in_memory=1`: each flush evicts,
+    and reads of the three keys evict each other) while a task, every few milliseconds,
+    releases the owner in each store and evicts every clean entry (#19): nothing may be lost,
+    rewound or read stale."""
+    from lin_workload import OWNER
+
+    stores = [await open_store(triggerer_id=f"lin-evict-{i}", max_keys_in_memory=1,
+                               **STORE_OPTIONS) for i in range(2)]
+    surface = StoreSurface(stores, reader)
+    run_for = duration(backend)
+    releases = 0
+
+    async def release_all_the_time() -> None:
+        nonlocal releases
+        end = time.monotonic() + run_for - 0.5
+        while time.monotonic() < end:
+            for store in stores:
+                store.entry_table.evict(0)
+                await asyncio.sleep(0.002)
+                await store.release(OWNER, timeout=5.0)
+                releases += 1
+            await asyncio.sleep(0.002)
+
+    history = await run_workload(surface, run_for, during=release_all_the_time)
+    evictions = sum(s.stats().evictions for s in stores)
+    label = f"(g) constant evictions and releases, {backend}"
+    print(f"\n{label}: {evictions} evictions, {releases} releases, "
+          f"{sum(s.stats().released_keys for s in stores)} keys released")
+    verdict = verify(history, fault_tally, label)
+    print(f"{label}: {verdict.result.ops} operations checked, "
+          f"{verdict.result.violations} violations")
+    fault_tally.add("linearizability: entries evicted or released under the checker",
+                    evictions + sum(s.stats().released_keys for s in stores))
+    assert_clean(label, verdict)
+    assert evictions > 0
+    assert sum(s.stats().released_keys for s in stores) > 0

@@ -1,0 +1,46 @@
+"""db prune: delete central rows not updated for a while, and old tombstones (retention)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import asdict
+
+from localstate.cli._central import open_central, settings_for
+from localstate.cli._printing import print_json
+from localstate.sync.retention_rules import parse_age
+
+__all__ = ["cmd_db_prune"]
+
+
+def cmd_db_prune(args: argparse.Namespace) -> int:
+    from localstate.metrics import report_prune
+    from localstate.sync.retention import prune
+
+    settings = settings_for(args)
+    older_than = None if args.older_than is None else parse_age(args.older_than,
+                                                                what="--older-than")
+    horizon = parse_age(args.tombstone_horizon, what="--tombstone-horizon")
+    if horizon is None:
+        from localstate.errors import InvalidInput
+
+        raise InvalidInput("--tombstone-horizon cannot be never: give an age such as 30d")
+
+    async def go() -> dict[str, object]:
+        async with open_central(settings) as central:
+            report = await prune(
+                central, older_than=older_than, owner_prefix=args.owner_prefix or "",
+                retention=settings.retention, tombstone_horizon=horizon,
+                dry_run=args.dry_run, batch_size=args.batch_size)
+        if not report.dry_run:
+            await report_prune(settings, report.rows, report.tombstones)
+        return {**asdict(report), "deleted": report.deleted}
+
+    result = asyncio.run(go())
+    if args.json:
+        print_json(result)
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {result['rows']} rows and {result['tombstones']} tombstones "
+          f"({result['scanned']} old rows looked at, {result['batches']} delete transactions)")
+    return 0

@@ -1,0 +1,179 @@
+"""Central retention: `localstate db prune` deletes old rows and old tombstones, in small
+batches.
+
+What goes (at ``now``):
+
+* a row with a value whose ``updated_at`` is older than its owner's age limit: the first
+  ``retention`` rule (``trigger:*=7d, asset_watcher:*=never``) whose glob matches the owner,
+  else the command's ``--older-than``; an owner with neither keeps its values;
+* a tombstone (a deletion, value NULL) older than the *tombstone horizon* (and than the
+  owner's age limit): a tombstone is what makes a late writer's write, based on the deleted
+  version, a conflict instead of bringing the key back unseen, so it must outlive every write
+  that can still arrive based on it. The horizon (default 30 days, at least one day) is far
+  longer than any flush, backoff or handover window;
+* nothing of an owner whose rule says ``never``.
+
+A store that still holds a pruned row in memory keeps serving it and writes it again on its
+next write (the upsert inserts it anew); a pruned tombstone can be written over by a writer
+that is older than the horizon.
+
+How, without long locks:
+
+* the table is walked in primary-key order (keyset pagination: each batch continues after the
+  last key of the one before), `batch_size` rows per read, filtered on ``updated_at`` (no
+  index on it: one would make every flush's rewrite of a watermark a non-HOT update on
+  PostgreSQL, see `localstate.sync.schema`); an owner prefix is a range on the primary key;
+* each batch is deleted in a transaction of its own, by ``(owner, key, version)``: a row
+  written since it was read (its version moved) is left alone, so a prune never deletes a
+  write it did not see;
+* a dry run reads the same batches and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Final
+
+from sqlalchemy import delete, select, tuple_
+
+from localstate.errors import InvalidInput
+from localstate.sync.central_store import CentralStore
+from localstate.sync.dialects import prefix_upper_bound
+from localstate.sync.retention_rules import DAY, RetentionRule, parse_retention
+from localstate.sync.schema import state_variable
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_TOMBSTONE_HORIZON", "MIN_TOMBSTONE_HORIZON", "PruneReport",
+           "prune"]
+
+#: how long a tombstone stays by default: 30 days
+DEFAULT_TOMBSTONE_HORIZON: Final = 30 * DAY
+#: the shortest tombstone horizon accepted
+MIN_TOMBSTONE_HORIZON: Final = DAY
+#: rows per read and per delete transaction
+DEFAULT_BATCH: Final = 500
+_MAX_BATCH: Final = 10_000
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What a prune deleted (a dry run: would delete)."""
+
+    rows: int = 0
+    tombstones: int = 0
+    #: rows read (old enough to be looked at) and delete transactions made
+    scanned: int = 0
+    batches: int = 0
+    dry_run: bool = False
+
+    @property
+    def deleted(self) -> int:
+        return self.rows + self.tombstones
+
+
+async def prune(
+    central: CentralStore, *, older_than: float | None = None, owner_prefix: str = "",
+    retention: str | Sequence[RetentionRule] | None = None,
+    tombstone_horizon: float = DEFAULT_TOMBSTONE_HORIZON, dry_run: bool = False,
+    batch_size: int = DEFAULT_BATCH, now: float | None = None,
+) -> PruneReport:
+    """Delete the central rows retention says are due (see the module docstring)."""
+    rules = parse_retention(retention)
+    _check(older_than, tombstone_horizon, batch_size, owner_prefix)
+    now = datetime.now(timezone.utc).timestamp() if now is None else now
+    ages = [r.older_than for r in rules if r.older_than is not None]
+    if older_than is not None:
+        ages.append(older_than)
+    # nothing younger than this can go, whatever its owner
+    youngest = min([*ages, tombstone_horizon])
+    limits: dict[str, tuple[float, float] | None] = {}  # owner: (value cutoff, tomb cutoff)
+
+    def cutoffs(owner: str) -> tuple[float, float] | None:
+        if owner not in limits:
+            rule = next((r for r in rules if fnmatch.fnmatchcase(owner, r.pattern)), None)
+            if rule is not None and rule.older_than is None:
+                limits[owner] = None  # never
+            else:
+                age = older_than if rule is None else rule.older_than
+                value_cut = -1.0 if age is None else now - age
+                limits[owner] = (value_cut, now - max(tombstone_horizon, age or 0.0))
+        return limits[owner]
+
+    t = state_variable.c
+    rows = tombstones = scanned = batches = 0
+    after: tuple[str, str] | None = None
+    bound = prefix_upper_bound(owner_prefix) if owner_prefix else None
+    while True:
+        query = select(t.owner, t.key, t.version, t.value.is_(None), t.updated_at).where(
+            t.updated_at < _timestamp(central, now - youngest))
+        if owner_prefix:
+            query = query.where(central.bytewise(t.owner) >= owner_prefix)
+            if bound is not None:
+                query = query.where(central.bytewise(t.owner) < bound)
+        if after is not None:
+            query = query.where(tuple_(t.owner, t.key) > tuple_(*after))
+        query = query.order_by(t.owner, t.key).limit(batch_size)
+        found = await central.run_read(query, "read rows to prune")
+        if not found:
+            break
+        scanned += len(found)
+        after = (found[-1][0], found[-1][1])
+        due: list[tuple[str, str, int]] = []
+        due_tombstones = 0
+        for owner, key, version, deleted, updated_at in found:
+            limit = cutoffs(owner)
+            if limit is None:
+                continue
+            at = _epoch(updated_at)
+            if deleted and at < limit[1]:
+                due.append((owner, key, int(version)))
+                due_tombstones += 1
+            elif not deleted and at < limit[0]:
+                due.append((owner, key, int(version)))
+        if due and not dry_run:
+            statement = delete(state_variable).where(
+                tuple_(t.owner, t.key, t.version).in_(due))
+            gone = await central.run_write(statement, "prune rows")
+            # rows written since they were read are left: count what went, tombstones first
+            # as read (a rewritten row is rare: the split is then approximate)
+            due_tombstones = min(due_tombstones, gone)
+            rows += gone - due_tombstones
+            tombstones += due_tombstones
+            batches += 1
+        elif due:
+            rows += len(due) - due_tombstones
+            tombstones += due_tombstones
+        if len(found) < batch_size:
+            break
+    return PruneReport(rows=rows, tombstones=tombstones, scanned=scanned, batches=batches,
+                       dry_run=dry_run)
+
+
+def _check(older_than: float | None, horizon: float, batch_size: int, owner_prefix: str
+           ) -> None:
+    if older_than is not None and not older_than > 0:
+        raise InvalidInput(f"older_than must be above zero seconds, not {older_than!r}")
+    if not horizon >= MIN_TOMBSTONE_HORIZON:
+        raise InvalidInput(
+            f"the tombstone horizon must be at least {MIN_TOMBSTONE_HORIZON / DAY:g} day "
+            f"(far longer than any flush or handover), not {horizon:g} s")
+    if isinstance(batch_size, bool) or not 0 < batch_size <= _MAX_BATCH:
+        raise InvalidInput(f"batch_size must be 1 to {_MAX_BATCH}, not {batch_size!r}")
+    if not isinstance(owner_prefix, str):
+        raise InvalidInput(f"owner_prefix must be text, not {owner_prefix!r}")
+
+
+def _timestamp(central: CentralStore, ts: float) -> datetime:
+    """`ts` as the column takes it: UTC, naive where the dialect keeps no offset."""
+    moment = datetime.fromtimestamp(ts, tz=timezone.utc)
+    return moment if central.dialect == "postgresql" else moment.replace(tzinfo=None)
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, str):  # SQLite
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:  # stored in UTC
+        value = value.replace(tzinfo=timezone.utc)
+    return float(value.timestamp())
