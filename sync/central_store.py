@@ -30,6 +30,13 @@ compare-and-set on the central DB) clears it. Invariants:
 
 The common path (every row on its base) stays one statement; the writer travels once per
 statement.
+
+Claims (fencing tokens). `claim` bumps an owner's epoch; each flushed row carries the epoch its
+writer holds (`DirtyRow.epoch`, 0: none). The upsert refuses a row whose epoch is below its
+owner's, before any version fence or policy (`localstate.sync.dialects`), so within one claim
+the rules above apply unchanged and across claims a lower epoch never goes in. A refused row
+comes back "adopted" with ``lost_to`` set (`_claim_losses`); telling it apart costs a query on
+the refusal path only.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import make_engine
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.schema import require_current, state_variable, upgrade
+from localstate.sync.schema import owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
 
@@ -238,6 +245,60 @@ class CentralStore:
         rows = (_central_row(r) for r in result)
         return {(r.owner, r.key): r for r in rows}
 
+    # -- claims --------------------------------------------------------------------------
+
+    async def claim(self, owner: str, *, claimant: str) -> int:
+        """Claim `owner` for `claimant`: bump its epoch (1 for a first claim) in one
+        transaction, record who and when, and return the new epoch. From its commit on, every
+        flushed write of `owner` carrying a lower epoch is refused."""
+        await self._ready()
+        params = {"owner": owner, "by": claimant,
+                  "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
+        async with self._errors("claim"), self.engine.begin() as conn:
+            result = await conn.execute(self._sql.claim, params)
+            if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
+                result = await conn.execute(self._sql.claim_epoch, params)
+            epoch = int(result.scalar_one())
+        self.transactions += 1
+        return epoch
+
+    async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """The claimed owners among `owners`: each one's (epoch, claimant)."""
+        await self._ready()
+        c = owner_claim.c
+        async with self._errors("read"), self.engine.connect() as conn:
+            result = await conn.execute(
+                select(c.owner, c.epoch, c.claimant).where(c.owner.in_(set(owners))))
+            return {o: (int(e), by) for o, e, by in result}
+
+    async def _claim_losses(self, conn: AsyncConnection, outcomes: list[FlushOutcome]
+                            ) -> list[FlushOutcome]:
+        """`outcomes` with each refused row whose epoch is below its owner's turned into a
+        claim loss: "adopted", the current central record, `lost_to` the owner's epoch."""
+        refused = [o.row for o in outcomes if o.resolution != "written"]
+        if not refused:
+            return outcomes  # the common path: no query
+        c = owner_claim.c
+        epochs = {o: int(e) for o, e in await conn.execute(
+            select(c.owner, c.epoch).where(c.owner.in_({r.owner for r in refused})))}
+        lost = {(r.owner, r.key) for r in refused if r.epoch < epochs.get(r.owner, 0)}
+        if not lost:
+            return outcomes
+        current = await self._select(conn, list(lost), lock=False)
+        out: list[FlushOutcome] = []
+        for o in outcomes:
+            r = o.row
+            k = (r.owner, r.key)
+            if k not in lost:
+                out.append(o)
+                continue
+            # no central row: the current owner never wrote it; a tombstone at version 0
+            central = current.get(k) or CentralRow(r.owner, r.key, None, 0, r.updated_at,
+                                                   r.updated_by)
+            out.append(FlushOutcome(r, "adopted", central, False, o.policy,
+                                    lost_to=epochs[r.owner]))
+        return out
+
     # -- writing -------------------------------------------------------------------------
 
     async def write_direct(
@@ -390,7 +451,8 @@ class CentralStore:
             return []
         await self._ready()
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await self._write_batch(conn, rows, policies, writer)
+            outcomes = await self._claim_losses(
+                conn, await self._write_batch(conn, rows, policies, writer))
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
@@ -524,7 +586,7 @@ class CentralStore:
         # fence never matches (central versions start at 1) and an insert records as it is
         packed: list[UpsertRow] = [
             (r.owner, r.key, r.data, _next_version(r.version, base), base if base > 0 else 0,
-             r.updated_at, r.updated_by)
+             r.updated_at, r.updated_by, r.epoch)
             for r, base, _conflict in rows
         ]
         result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed, writer))

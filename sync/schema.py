@@ -8,6 +8,11 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     prev_version (the version this write replaced: the flush's fencing condition compares it),
     updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
     for any other write: see `localstate.sync.central_store` on replays).
+``localstate_owner_claim``
+    one row per claimed owner: owner (the primary key), epoch (bumped by each claim), claimant
+    (the claiming store's triggerer id), claimed_at. A flushed write carrying a lower epoch
+    than its owner's is refused (`localstate.sync.dialects`); an owner with no row is at
+    epoch 0.
 ``localstate_schema``
     one row per migration applied.
 
@@ -48,6 +53,7 @@ from sqlalchemy.types import TypeEngine
 from localstate.errors import SchemaError
 
 __all__ = [
+    "CLAIM_TABLE",
     "FILLFACTOR",
     "LATEST_VERSION",
     "MARIADB_NAME_COLLATION",
@@ -58,6 +64,7 @@ __all__ = [
     "current_version",
     "metadata",
     "name_collation",
+    "owner_claim",
     "require_current",
     "schema_table",
     "state_variable",
@@ -65,6 +72,7 @@ __all__ = [
 ]
 
 STATE_TABLE: Final = "localstate_state_variable"
+CLAIM_TABLE: Final = "localstate_owner_claim"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -124,6 +132,16 @@ state_variable = Table(
     Column("updated_at", _timestamp(), nullable=False),
     Column("updated_by", _name(), nullable=False),
     Column("writer", String(64), nullable=True),
+    **_MYSQL_TABLE,
+)
+
+owner_claim = Table(
+    CLAIM_TABLE,
+    metadata,
+    Column("owner", _name(), primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("claimant", _name(), nullable=False),
+    Column("claimed_at", _timestamp(), nullable=False),
     **_MYSQL_TABLE,
 )
 
@@ -193,10 +211,26 @@ def _v3_state_variable_writer(conn: Connection) -> None:
     conn.execute(text(f"ALTER TABLE {STATE_TABLE} ADD COLUMN writer {column}"))
 
 
+def _v5_create_owner_claim(conn: Connection) -> None:
+    # Pinned DDL, as in v1; checkfirst for MySQL's DDL that commits at once.
+    pinned = MetaData()
+    names = name_collation(conn.dialect)
+    Table(
+        CLAIM_TABLE,
+        pinned,
+        Column("owner", _name(names), primary_key=True),
+        Column("epoch", BigInteger, nullable=False),
+        Column("claimant", _name(names), nullable=False),
+        Column("claimed_at", _timestamp(), nullable=False),
+        **_MYSQL_TABLE,
+    ).create(conn, checkfirst=True)
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
     Migration(3, "state table writer column", _v3_state_variable_writer),
+    Migration(5, "owner claim epochs", _v5_create_owner_claim),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from localstate.entry import StateKey
+from localstate.errors import ConfigError
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import Sink
+from localstate.sync.sinks import ClaimingSink, Sink
 
 __all__ = ["ThreadedSink"]
 
@@ -99,6 +100,12 @@ class ThreadedSink:
         return await self._call(self.inner.write_if_version(
             owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
         ))
+
+    async def claim(self, owner: str, *, claimant: str) -> int:
+        """The wrapped sink's `claim` (`ClaimingSink`); `ConfigError` when it has none."""
+        if not isinstance(self.inner, ClaimingSink):
+            raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
+        return await self._call(self.inner.claim(owner, claimant=claimant))
 
     async def close(self) -> None:
         """Close the wrapped sink on its loop, then stop the thread. Safe twice."""

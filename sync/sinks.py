@@ -8,13 +8,13 @@ store. A sink takes coalesced batches: one call per flush batch, never one per `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from localstate.entry import StateKey
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["Sink"]
+__all__ = ["ClaimingSink", "Sink"]
 
 
 class Sink(Protocol):
@@ -62,3 +62,12 @@ class Sink(Protocol):
         else `VersionConflict`."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ClaimingSink(Protocol):
+    """A sink that holds owners' claim epochs (`localstate.sync.central_store`); a sink
+    without them (Airflow's state store) cannot fence a zombie writer."""
+
+    async def claim(self, owner: str, *, claimant: str) -> int:
+        """Bump `owner`'s claim epoch for `claimant` in one transaction; the new epoch."""

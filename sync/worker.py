@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
@@ -88,6 +89,7 @@ class SyncWorker:
         flush_interval: float = 1.0,
         max_batch: int = 10_000,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
+        claims: ClaimBook | None = None,
     ) -> None:
         #: the store's entries: the worker reads them and changes them only through the table
         self.table = table
@@ -97,6 +99,8 @@ class SyncWorker:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self.on_conflict = on_conflict
+        #: the store's claim epochs: stamped on each flushed row, told of owners lost
+        self.claims = claims if claims is not None else ClaimBook()
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
@@ -242,8 +246,10 @@ class SyncWorker:
         return self.table.collect_dirty(keys)
 
     async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
-        """Step 2: one fenced transaction through the sink, as this cache file's writes."""
-        return await self.sink.write_batch(rows, self.policies, writer=self.cache.writer_id)
+        """Step 2: one fenced transaction through the sink, as this cache file's writes, each
+        with the claim epoch it was written under."""
+        return await self.sink.write_batch(self.claims.stamp(rows), self.policies,
+                                           writer=self.cache.writer_id)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:
@@ -292,6 +298,9 @@ class SyncWorker:
             report.retried += 1
             return
         moved = e.version != r.version
+        if o.lost_to:
+            self._settle_lost(o, e, k, report, central, moved)
+            return
         discarded: tuple[int, str | None] | None = None
         if o.resolution == "written":
             report.written += 1
@@ -332,6 +341,26 @@ class SyncWorker:
         if o.resolution == "written" and since is not None:
             self.lags.append(max(0.0, now - since))
         table.after_settle(k, e, report.started_at)
+
+    def _settle_lost(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
+                     central: CentralRow, moved: bool) -> None:
+        """A write refused for its claim epoch (another writer claimed the owner): the entry
+        takes the central record, and the write's waiters get `OwnerLost`."""
+        r = o.row
+        report.adopted += 1
+        lost = self.claims.lose(r.owner, r.epoch, o.lost_to)
+        error = self.claims.error(r.owner, o.lost_to)
+        if moved and not lost:
+            # a write from before this store's claim, which still stands: the writes made
+            # since go out next, based on the central record, under the claim
+            self.table.settle_moved(e, central.version)
+            self._settle_waiters(k, r.version, error)
+        else:
+            # lost: every write of it this store holds is refused too (they carry the old epoch)
+            self.table.settle_adopted(e, central)
+            self._settle_waiters(k, e.version, error, every=True)
+        self.conflicted.discard(k)
+        self.table.after_settle(k, e, report.started_at)
 
     def _report_conflict(self, o: FlushOutcome, central: CentralRow,
                          discarded: tuple[int, str | None] | None = None) -> None:
