@@ -24,6 +24,12 @@ trigger on another triggerer finds the same state.
 Where the state lands is the ``sink`` setting: ``airflow`` flushes into Airflow's
 ``asset_state_store`` through the accessors the triggerer injected (registered here when the
 trigger starts running); ``sql`` into localstate's own central table.
+
+Handovers. When the state opens (the trigger starts on this triggerer), the trigger claims its
+owner (`StateStore.claim`): a new claim epoch, after which the central DB refuses the writes of
+the triggerer it was moved away from, should that one still be running (a zombie). A zombie's
+store raises `OwnerLost`; ``run()`` then ends quietly (the trigger stops). The ``airflow`` sink
+keeps no claims: there nothing is claimed and a zombie is not fenced (see the README).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
-from localstate.errors import LocalStateError
+from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
@@ -223,6 +229,13 @@ class StateEnabledTrigger:
             return self._localstate_store
         self._register_accessors()
         store = await trigger_store()
+        if store.can_claim:
+            try:
+                await store.claim(self.state_owner)
+            except CentralUnavailable as exc:
+                # local-first: the trigger runs from its cache; unclaimed, its writes are
+                # refused (OwnerLost) only if another triggerer claims the owner meanwhile
+                log.warning("could not claim %s (%s); running unclaimed", self.state_owner, exc)
         self._localstate_store = store
         return store
 
@@ -286,9 +299,13 @@ def _opening_state(
     async def wrapped(self: StateEnabledTrigger, *args: Any, **kwargs: Any
                       ) -> AsyncGenerator[Any, None]:
         await self.open_state()
-        async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
-            async for event in events:
-                yield event
+        try:
+            async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
+                async for event in events:
+                    yield event
+        except OwnerLost as exc:
+            # another triggerer claimed this trigger's owner: this one is a zombie, stop
+            log.warning("trigger of %s stops here: %s", exc.owner, exc)
 
     wrapped._localstate_opens_state = True  # type: ignore[attr-defined]
     return wrapped
