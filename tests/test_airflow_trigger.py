@@ -313,4 +313,5 @@ async def test_a_trigger_claims_its_owner_and_stops_when_another_claims_it(
     assert await second.get(moved.state_owner, "watermark") == 3
     assert await second.record(moved.state_owner, "watermark") is not None
     record = await first.record(moved.state_owner, "watermark")
-    assert record is not None and record.updated_by == "second"  # the zombie took it
+    assert record is not None
+    assert record.updated_by == "second"  # the zombie took it

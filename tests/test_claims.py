@@ -86,10 +86,12 @@ async def test_a_lower_epoch_is_refused_whatever_the_policy_and_order(
     assert taken.resolution == "written"
     assert [(o.resolution, o.lost_to) for o in refused] == [("adopted", 2), ("adopted", 2)]
     wm, new = refused
-    assert wm.central is not None and new.central is not None
+    assert wm.central is not None
+    assert new.central is not None
     assert wm.central.data == (orjson.dumps(11).decode() if not zombie_first else
                                orjson.dumps(10).decode())
-    assert new.central.data is None and new.central.version == 0  # nothing there
+    assert new.central.data is None  # nothing there
+    assert new.central.version == 0
     assert await value(central, "wm") == 11
     assert await value(central, "new") is None
 
