@@ -66,8 +66,15 @@ from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import make_engine
+from localstate.sync.fleet import (
+    FleetRow,
+    FleetStatus,
+    fleet_params,
+    fleet_statement,
+    upsert_with_fleet,
+)
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.schema import owner_claim, require_current, state_variable, upgrade
+from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
 
@@ -110,6 +117,8 @@ class CentralStore:
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+        #: the fleet row the next flush records (`note_fleet`), taken by it
+        self._fleet_next: FleetStatus | None = None
         #: whether the schema is known to be current; None: checked (and upgraded when this
         #: is True) before the next call, the database having been unreachable at `open`
         self._schema_pending: bool | None = None
@@ -299,6 +308,25 @@ class CentralStore:
                                     lost_to=epochs[r.owner]))
         return out
 
+    # -- the fleet table -----------------------------------------------------------------
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """Have the next `write_batch` record `status` in the fleet table, in its own
+        transaction (`localstate.sync.fleet`)."""
+        self._fleet_next = status
+
+    async def read_fleet(self) -> list[FleetRow]:
+        """Every triggerer's row of the fleet table."""
+        await self._ready()
+        c = fleet.c
+        async with self._errors("read"), self.engine.connect() as conn:
+            result = await conn.execute(select(
+                c.triggerer, c.host, c.pid, c.last_flush_at, c.dirty_keys,
+                c.oldest_unflushed_at, c.rows_per_s, c.flush_interval))
+            return [FleetRow(t, h, int(p), _epoch(at), int(d),
+                             None if old is None else _epoch(old), float(rate), float(iv))
+                    for t, h, p, at, d, old, rate, iv in result]
+
     # -- writing -------------------------------------------------------------------------
 
     async def write_direct(
@@ -450,16 +478,17 @@ class CentralStore:
         if not rows:
             return []
         await self._ready()
+        status, self._fleet_next = self._fleet_next, None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await self._claim_losses(
-                conn, await self._write_batch(conn, rows, policies, writer))
+                conn, await self._write_batch(conn, rows, policies, writer, status))
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
 
     async def _write_batch(
         self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap,
-        writer: str | None,
+        writer: str | None, status: FleetStatus | None = None,
     ) -> list[FlushOutcome]:
         # this file's own chain: a central row its sync worker wrote (see the module docstring)
         def own(c: CentralRow) -> bool:
@@ -513,7 +542,7 @@ class CentralStore:
                 else:
                     outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
-        written = await self._upsert(conn, to_write, writer)
+        written = await self._upsert(conn, to_write, writer, status)
         refused: list[DirtyRow] = []
         if written is None and not replaced:
             # the common case, every row through the fence: one outcome per row, built flat
@@ -576,10 +605,23 @@ class CentralStore:
 
     async def _upsert(
         self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]],
-        writer: str | None,
+        writer: str | None, status: FleetStatus | None = None,
     ) -> dict[StateKey, int] | None:
-        """Write `rows` fenced on their bases. None: every row went in, each at
-        `_next_version(row.version, base)`; else the versions of the rows that went in."""
+        """Write `rows` fenced on their bases (and `status`'s fleet row). None: every row went
+        in, each at `_next_version(row.version, base)`; else the versions of the rows that
+        went in."""
+        statement = self._sql.upsert
+        fleet_extra: dict[str, Any] = {}
+        if status is not None:
+            sql = self._sql
+            fleet_extra = fleet_params(self.dialect, status,
+                                       sql.timestamp if self.dialect == "sqlite" else None)
+            combined = upsert_with_fleet(self.dialect, sql.upsert) if rows else None
+            if combined is None:
+                await conn.execute(fleet_statement(self.dialect), fleet_extra)
+                fleet_extra = {}
+            else:
+                statement = combined
         if not rows:
             return {}
         # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
@@ -589,7 +631,8 @@ class CentralStore:
              r.updated_at, r.updated_by, r.epoch)
             for r, base, _conflict in rows
         ]
-        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed, writer))
+        result = await conn.execute(
+            statement, self._sql.upsert_params(packed, writer) | fleet_extra)
         if self._sql.upsert_complete(result.rowcount, packed):
             return None  # the fence let every row through: the common case
         intended = {(p[0], p[1]): p[3] for p in packed}

@@ -13,6 +13,11 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     (the claiming store's triggerer id), claimed_at. A flushed write carrying a lower epoch
     than its owner's is refused (`localstate.sync.dialects`); an owner with no row is at
     epoch 0.
+``localstate_fleet``
+    one row per triggerer (its ``triggerer_id``): host, pid, and as of its last flush, that
+    flush's time, the dirty keys it carried, the time of the oldest write among them, the rows
+    per second the triggerer has been writing, and its flush interval. Written by each flush in
+    its own transaction (`localstate.sync.fleet`).
 ``localstate_schema``
     one row per migration applied.
 
@@ -35,6 +40,7 @@ from sqlalchemy import (
     Column,
     Connection,
     DateTime,
+    Float,
     Integer,
     MetaData,
     String,
@@ -55,6 +61,7 @@ from localstate.errors import SchemaError
 __all__ = [
     "CLAIM_TABLE",
     "FILLFACTOR",
+    "FLEET_TABLE",
     "LATEST_VERSION",
     "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
@@ -62,6 +69,7 @@ __all__ = [
     "STATE_TABLE",
     "Migration",
     "current_version",
+    "fleet",
     "metadata",
     "name_collation",
     "owner_claim",
@@ -73,6 +81,7 @@ __all__ = [
 
 STATE_TABLE: Final = "localstate_state_variable"
 CLAIM_TABLE: Final = "localstate_owner_claim"
+FLEET_TABLE: Final = "localstate_fleet"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -144,6 +153,25 @@ owner_claim = Table(
     Column("claimed_at", _timestamp(), nullable=False),
     **_MYSQL_TABLE,
 )
+
+
+def _fleet_table(meta: MetaData, names: str | None) -> Table:
+    return Table(
+        FLEET_TABLE,
+        meta,
+        Column("triggerer", _name(names), primary_key=True),
+        Column("host", _name(names), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("last_flush_at", _timestamp(), nullable=False),
+        Column("dirty_keys", BigInteger, nullable=False),
+        Column("oldest_unflushed_at", _timestamp(), nullable=True),
+        Column("rows_per_s", Float, nullable=False),
+        Column("flush_interval", Float, nullable=False),
+        **_MYSQL_TABLE,
+    )
+
+
+fleet = _fleet_table(metadata, None)
 
 schema_table = Table(
     "localstate_schema",
@@ -226,11 +254,17 @@ def _v5_create_owner_claim(conn: Connection) -> None:
     ).create(conn, checkfirst=True)
 
 
+def _v6_create_fleet(conn: Connection) -> None:
+    # Pinned here, where the model is still this one; checkfirst as in v5.
+    _fleet_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
     Migration(3, "state table writer column", _v3_state_variable_writer),
     Migration(5, "owner claim epochs", _v5_create_owner_claim),
+    Migration(6, "fleet of triggerers", _v6_create_fleet),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 from localstate.entry import StateKey
 from localstate.errors import ConfigError
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import ClaimingSink, Sink
+from localstate.sync.sinks import ClaimingSink, FleetReporting, Sink
 
 __all__ = ["ThreadedSink"]
 
@@ -106,6 +107,17 @@ class ThreadedSink:
         if not isinstance(self.inner, ClaimingSink):
             raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
         return await self._call(self.inner.claim(owner, claimant=claimant))
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """The wrapped sink's `note_fleet`, if it keeps a fleet table (a plain assignment
+        there: the next write_batch, handed over after it, sees it)."""
+        if isinstance(self.inner, FleetReporting):
+            self.inner.note_fleet(status)
+
+    async def read_fleet(self) -> list[FleetRow]:
+        if not isinstance(self.inner, FleetReporting):
+            return []
+        return await self._call(self.inner.read_fleet())
 
     async def close(self) -> None:
         """Close the wrapped sink on its loop, then stop the thread. Safe twice."""

@@ -12,9 +12,10 @@ from typing import Protocol, runtime_checkable
 
 from localstate.entry import StateKey
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["ClaimingSink", "Sink"]
+__all__ = ["ClaimingSink", "FleetReporting", "Sink"]
 
 
 class Sink(Protocol):
@@ -71,3 +72,14 @@ class ClaimingSink(Protocol):
 
     async def claim(self, owner: str, *, claimant: str) -> int:
         """Bump `owner`'s claim epoch for `claimant` in one transaction; the new epoch."""
+
+
+@runtime_checkable
+class FleetReporting(Protocol):
+    """A sink that keeps the fleet table (`localstate.sync.fleet`)."""
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """Record `status` with the next `write_batch`, in its transaction."""
+
+    async def read_fleet(self) -> list[FleetRow]:
+        """Every triggerer's row of the fleet table."""

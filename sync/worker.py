@@ -34,9 +34,10 @@ from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetStatus, this_host
 from localstate.sync.futures import mark_retrieved
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import Sink
+from localstate.sync.sinks import FleetReporting, Sink
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 
@@ -122,6 +123,11 @@ class SyncWorker:
         self.last_flush: FlushReport | None = None
         self.last_error: BaseException | None = None
         self.lags: deque[float] = deque(maxlen=10_000)
+        # the rows per second this worker writes: the last flush's rows over the time from its
+        # start to the next one's (the fleet table's figure)
+        self._last_start: float | None = None
+        self._last_rows = 0
+        self.rows_per_s = 0.0
 
     # -- running -------------------------------------------------------------------------
 
@@ -215,6 +221,7 @@ class SyncWorker:
         async with self._flush_lock, _gc_paused(len(self.table.dirty) >= _GC_PAUSE_ROWS):
             started = time.monotonic()
             report = FlushReport(started_at=time.time())
+            self._note_fleet(report.started_at)
             try:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
@@ -234,12 +241,26 @@ class SyncWorker:
                 raise
             report.duration = time.monotonic() - started
             report.still_dirty = len(self.table.dirty)
+            self._last_rows = report.written
             self.flushes += 1
             self.last_flush_at = time.time()
             self.last_flush = report
             self.last_error = None
             self._retry_wake.set()
             return report
+
+    def _note_fleet(self, now: float) -> None:
+        """Tell a sink that keeps the fleet table this triggerer's figures for the flush
+        starting `now` (`localstate.sync.fleet`)."""
+        if self._last_start is not None and now > self._last_start:
+            self.rows_per_s = self._last_rows / (now - self._last_start)
+        self._last_start = now
+        if isinstance(self.sink, FleetReporting):
+            host, pid = this_host()
+            table = self.table
+            self.sink.note_fleet(FleetStatus(
+                table.updated_by, host, pid, now, len(table.dirty), table.oldest_dirty(),
+                self.rows_per_s, self.flush_interval))
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""

@@ -4,7 +4,7 @@
     localstate set OWNER KEY JSON [--expected-version N] [--json]
     localstate delete OWNER KEY [--expected-version N]
     localstate ls [--owner PREFIX] [--limit N] [--json]
-    localstate status [--json]
+    localstate status [--fleet] [--json]
     localstate flush [--cache PATH ...] [--json]
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
@@ -26,7 +26,8 @@ get, set, delete and ls work on the central DB directly (every triggerer flushes
 * ``flush`` flushes cache files no live process holds (a stopped triggerer's backlog); a
   cache in use is skipped, since its triggerer flushes it itself.
 * ``status`` reports the central DB (rows, writers, last writes) and the cache files in
-  ``cache_dir`` (rows not yet flushed, oldest unflushed write, who holds each).
+  ``cache_dir`` (rows not yet flushed, oldest unflushed write, who holds each); ``--fleet``
+  every triggerer's lag and backlog from the fleet table, flagging stale ones.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="the central DB and this host's cache files")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--fleet", action="store_true",
+                    help="every triggerer's lag and backlog (the fleet table)")
     central_url(st)
     st.set_defaults(handler=cmd_status)
 
