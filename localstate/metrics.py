@@ -14,6 +14,7 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
                                       OTel: a histogram in seconds)
     <prefix>.dirty_keys      gauge    keys whose latest write the central DB lacks
     <prefix>.flush_lag       gauge    seconds: age of the oldest write the central DB lacks
+    <prefix>.flush_interval  gauge    seconds between flushes now (stretched by the budget)
     <prefix>.conflicts       counter  conflicts settled by flushes
     <prefix>.central_errors  counter  flushes that failed on the central DB
 
@@ -51,6 +52,7 @@ COUNTERS: Final[dict[str, str]] = {
 GAUGES: Final[dict[str, str]] = {
     "dirty_keys": "dirty_keys",
     "oldest_unflushed_s": "flush_lag",
+    "flush_interval_s": "flush_interval",
 }
 TIMER: Final = "flush.duration"
 #: StatsD packets stay under a common path MTU: several lines per packet, never fragmented
@@ -184,7 +186,7 @@ class _OtelInstruments:
         for field, name in GAUGES.items():
             meter.create_observable_gauge(
                 f"{prefix}.{name}", callbacks=[observer(field)],
-                unit="s" if name == "flush_lag" else "1",
+                unit="s" if name in ("flush_lag", "flush_interval") else "1",
             )
 
     def record(self, triggerer_id: str, sample: Sample) -> None:

@@ -50,6 +50,10 @@ class StoreStats:
     config_error: str | None = None
     #: clean entries evicted from memory (beyond max_keys_in_memory) since the store opened
     evictions: int = 0
+    #: seconds between flushes now: flush_interval, stretched by central_budget_rows_per_s
+    flush_interval_s: float = 0.0
+    #: the fleet's rows/s to the central DB at the budget's last reading (None: no budget)
+    fleet_rows_per_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +88,8 @@ def store_stats(
         last_error=None if last_error is None else str(last_error),
         keys_in_memory=len(table.entries), cache_enabled=cache_enabled,
         config_error=config_error, evictions=table.evictions,
+        flush_interval_s=w.interval if w else 0.0,
+        fleet_rows_per_s=w.budget.fleet_rows_per_s if w and w.budget else None,
     )
 
 

@@ -33,6 +33,7 @@ from localstate.entry_table import EntryTable
 from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
+from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus, this_host
 from localstate.sync.futures import mark_retrieved
@@ -91,6 +92,7 @@ class SyncWorker:
         max_batch: int = 10_000,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
         claims: ClaimBook | None = None,
+        budget_rows_per_s: float | None = None,
     ) -> None:
         #: the store's entries: the worker reads them and changes them only through the table
         self.table = table
@@ -102,6 +104,9 @@ class SyncWorker:
         self.on_conflict = on_conflict
         #: the store's claim epochs: stamped on each flushed row, told of owners lost
         self.claims = claims if claims is not None else ClaimBook()
+        #: the fleet's central write budget, which stretches `interval` (None: no budget)
+        self.budget = (None if budget_rows_per_s is None
+                       else FlushBudget(budget_rows_per_s, flush_interval))
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
@@ -142,7 +147,14 @@ class SyncWorker:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
+        if self.budget is not None:
+            self.budget.retune(flush_interval)
         self._kick.set()
+
+    @property
+    def interval(self) -> float:
+        """Seconds between flushes now: `flush_interval`, stretched by the budget if any."""
+        return self.flush_interval if self.budget is None else self.budget.interval
 
     def holds(self, key: StateKey) -> bool:
         """Whether `key`'s entry must stay in memory for this worker: a central-durability
@@ -197,7 +209,7 @@ class SyncWorker:
                     self._backoff.reset()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self.flush_interval)
+                    await asyncio.wait_for(self._kick.wait(), self.interval)
             if self._stop.is_set():
                 return
             self._kick.clear()
@@ -213,6 +225,8 @@ class SyncWorker:
             else:
                 self._backoff.reset()
                 retry_in = None
+                if self.budget is not None:
+                    await self.budget.refresh(self.sink)
 
     # -- one flush -----------------------------------------------------------------------
 
@@ -260,7 +274,7 @@ class SyncWorker:
             table = self.table
             self.sink.note_fleet(FleetStatus(
                 table.updated_by, host, pid, now, len(table.dirty), table.oldest_dirty(),
-                self.rows_per_s, self.flush_interval))
+                self.rows_per_s, self.interval))
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 from conftest import StoreFactory
 from statement_log import StatementLog
@@ -16,6 +18,7 @@ from test_cli import ok, run
 
 from localstate import Settings, StateStore
 from localstate.api import create_app
+from localstate.sync.budget import FlushBudget
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import STALE_INTERVALS, FleetStatus, lag_and_backlog
@@ -110,3 +113,44 @@ async def test_the_fleet_route_needs_a_token_when_tokens_are_set(
         answer = await client.get("/api/v1/fleet", headers={
             "Authorization": "Bearer fleet-token-0123456789"})
     assert answer.status_code == 200
+
+
+def test_the_budget_stretches_and_shrinks_the_interval_never_below_the_base() -> None:
+    budget = FlushBudget(100.0, base=1.0)
+    assert budget.adjust(300.0) == 3.0  # over budget: stretched by the excess
+    assert budget.adjust(1000.0) == 12.0  # at most 4x per reading
+    assert budget.adjust(100.0) == 12.0  # on budget: kept
+    assert budget.adjust(60.0) == pytest.approx(9.0)  # under 80 %: by rate/(0.8 budget)
+    assert budget.adjust(0.0) == pytest.approx(4.5)  # at most halved per reading
+    for _ in range(10):
+        budget.adjust(0.0)
+    assert budget.interval == 1.0  # never below flush_interval
+
+
+async def test_triggerers_over_the_budget_stretch_their_flush_interval(
+        open_store: StoreFactory, central_url: str) -> None:
+    """Two triggerers, each setting 40 hot keys nonstop and flushing every 0.05 s (about
+    1,600 rows/s together), under a budget of 40 rows/s: each reads the fleet table and
+    stretches its interval; its stats and the fleet table show it."""
+    stores = [await open_store(triggerer_id=f"budget-{i}", flush_interval=0.05,
+                               central_budget_rows_per_s=40.0, durability="memory")
+              for i in range(2)]
+    deadline = time.monotonic() + 60.0
+    n = 0
+    while not all(s.stats().flush_interval_s > 0.2 for s in stores):
+        assert time.monotonic() < deadline, [s.stats() for s in stores]
+        for s in stores:
+            for k in range(40):
+                await s.set("asset_watcher:b", f"{s.triggerer_id}-{k}", n)
+        n += 1
+        await asyncio.sleep(0.005)
+    for s in stores:
+        stats = s.stats()
+        assert stats.fleet_rows_per_s is not None
+        assert stats.fleet_rows_per_s > 40.0  # what made it stretch
+    central = await CentralStore.open(central_url)
+    try:
+        rows = {r.triggerer: r for r in await central.read_fleet()}
+    finally:
+        await central.close()
+    assert set(rows) == {"budget-0", "budget-1"}
