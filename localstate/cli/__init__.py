@@ -8,6 +8,7 @@
     localstate flush [--cache PATH ...] [--json]
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
+    localstate bench --fleet N --triggers K [--budget R] --central-url postgresql://...
     localstate db upgrade [--central-url URL]
     localstate config
 
@@ -43,6 +44,7 @@ from localstate.cli._arg_types import (
     non_negative,
     port_number,
     positive_count,
+    positive_rate,
     trigger_counts,
     version_number,
 )
@@ -99,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="write the results as JSON here")
     bench.add_argument("--plot", type=Path, help="draw a PNG chart here (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--fleet", type=positive_count, metavar="N",
+                       help="the fleet benchmark: N triggerer processes (PostgreSQL), "
+                       "--triggers K each, with handovers and zombies")
+    bench.add_argument("--budget", type=positive_rate, metavar="R",
+                       help="with --fleet: central_budget_rows_per_s")
     bench.set_defaults(handler=cmd_bench)
 
     db = sub.add_parser("db", help="central schema")
