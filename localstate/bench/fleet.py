@@ -81,7 +81,7 @@ class FleetConfig:
     budget: float | None = None
     flush_interval: float = 1.0
     #: seconds between two sets of one trigger
-    set_interval: float = 0.1
+    set_interval: float = 0.5
     warmup: float = 8.0
     window: float = 8.0
     threshold: float = 1.5
@@ -115,6 +115,8 @@ class _Member:
         self.lost: dict[str, float] = {}
         self.stats: dict[str, Any] | None = None
         self.owners: list[str] = []
+        #: POSIX time it was woken from SIGSTOP (a zombie's triggers run from then on)
+        self.woken_at = 0.0
 
     async def read(self) -> None:
         assert self.proc.stdout is not None
@@ -199,8 +201,8 @@ def _duplicate_window(claims: dict[str, list[tuple[float, str]]], members: list[
     for m in members:
         for owner, at in m.lost.items():
             taken = [t for t, who in claims.get(owner, []) if who != m.name and t <= at]
-            if taken:
-                windows.append(at - max(taken))
+            if taken:  # it ran from the claim, or from its waking if it was stopped then
+                windows.append(at - max(max(taken), m.woken_at))
     return max(windows, default=None)
 
 
@@ -225,7 +227,7 @@ async def run_fleet(cfg: FleetConfig) -> dict[str, Any]:
         start = time.time()
         await asyncio.sleep(cfg.window)
         end = time.time()
-        handovers = await _moves(cfg, ms)
+        handovers, handover_s = await _moves(cfg, ms)
         await asyncio.sleep(2 * cfg.flush_interval + 1.0)
         for m in ms:
             if m.proc.returncode is None:
@@ -261,6 +263,7 @@ async def run_fleet(cfg: FleetConfig) -> dict[str, Any]:
         "budget_rows_per_s": cfg.budget,
         "lag_p99_ms": None if not lags else 1000 * max(lags),
         "handovers": handovers,
+        "handover_claims_s": handover_s,
         "regressions": verdict["regressions"],
         "zombie_writes_accepted": verdict["zombie_writes_accepted"],
         "zombie_writes_refused": sum(s["zombie_writes_refused"] for s in stats),
@@ -269,18 +272,26 @@ async def run_fleet(cfg: FleetConfig) -> dict[str, Any]:
     }
 
 
-async def _moves(cfg: FleetConfig, ms: list[_Member]) -> int:
+async def _moves(cfg: FleetConfig, ms: list[_Member]) -> tuple[int, float]:
     """Stop one triggerer and hand its triggers over (it wakes a zombie); kill another and
-    hand its triggers over. Returns the triggers moved."""
+    hand its triggers over. Returns the triggers moved and the seconds the first handover's
+    claims took."""
     moved = 0
     if len(ms) < 2:
-        return moved
+        return moved, 0.0
     zombie, rest = ms[0], ms[1:]
     zombie.proc.send_signal(signal.SIGSTOP)
     await asyncio.sleep(cfg.threshold)
-    await _hand_over(zombie.owners, rest)
-    moved += len(zombie.owners)
+    started = time.monotonic()
+    handover = asyncio.create_task(_hand_over(zombie.owners, rest))
+    # A claim waits for a flush the zombie left open (stopped inside its transaction): it
+    # wakes after a threshold whether the claims are done or not, as a paused process does.
+    await asyncio.wait([handover], timeout=cfg.threshold)
+    zombie.woken_at = time.time()
     zombie.proc.send_signal(signal.SIGCONT)  # its triggers write on until refused
+    await handover
+    took = time.monotonic() - started
+    moved += len(zombie.owners)
     await asyncio.sleep(cfg.threshold)
     if len(rest) >= 2:
         dead, rest = rest[0], rest[1:]
@@ -289,7 +300,7 @@ async def _moves(cfg: FleetConfig, ms: list[_Member]) -> int:
         await asyncio.sleep(cfg.threshold)
         await _hand_over(dead.owners, rest)
         moved += len(dead.owners)
-    return moved
+    return moved, took
 
 
 async def _hand_over(owners: list[str], to: list[_Member]) -> None:
