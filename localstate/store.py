@@ -597,7 +597,9 @@ class StateStore:
             since = self._claims.begin()
             if self._worker is not None and any(k[0] == owner for k in self._table.dirty):
                 await self._worker.flush()
-            epoch = await sink.claim(owner, claimant=self.triggerer_id)
+            epoch = await sink.claim(
+                owner, claimant=self.triggerer_id,
+                writer=self._cache.writer_id if self._cache is not None else None)
             self._claims.took(owner, epoch, since)
             if not self._direct:
                 await load_owner(self._table, sink, owner)

@@ -256,12 +256,13 @@ class CentralStore:
 
     # -- claims --------------------------------------------------------------------------
 
-    async def claim(self, owner: str, *, claimant: str) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
         """Claim `owner` for `claimant`: bump its epoch (1 for a first claim) in one
-        transaction, record who and when, and return the new epoch. From its commit on, every
-        flushed write of `owner` carrying a lower epoch is refused."""
+        transaction, record who, when and from which local cache file (`writer`), and return
+        the new epoch. From its commit on, every flushed write of `owner` carrying a lower
+        epoch is refused, except one from that cache file (its own, made before a restart)."""
         await self._ready()
-        params = {"owner": owner, "by": claimant,
+        params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
         async with self._errors("claim"), self.engine.begin() as conn:
             result = await conn.execute(self._sql.claim, params)
@@ -280,16 +281,18 @@ class CentralStore:
                 select(c.owner, c.epoch, c.claimant).where(c.owner.in_(set(owners))))
             return {o: (int(e), by) for o, e, by in result}
 
-    async def _claim_losses(self, conn: AsyncConnection, outcomes: list[FlushOutcome]
-                            ) -> list[FlushOutcome]:
-        """`outcomes` with each refused row whose epoch is below its owner's turned into a
-        claim loss: "adopted", the current central record, `lost_to` the owner's epoch."""
+    async def _claim_losses(self, conn: AsyncConnection, outcomes: list[FlushOutcome],
+                            writer: str | None) -> list[FlushOutcome]:
+        """`outcomes` with each refused row whose epoch is below its owner's (and whose claim
+        is not `writer`'s) turned into a claim loss: "adopted", the current central record,
+        `lost_to` the owner's epoch."""
         refused = [o.row for o in outcomes if o.resolution != "written"]
         if not refused:
             return outcomes  # the common path: no query
         c = owner_claim.c
-        epochs = {o: int(e) for o, e in await conn.execute(
-            select(c.owner, c.epoch).where(c.owner.in_({r.owner for r in refused})))}
+        epochs = {o: int(e) for o, e, w in await conn.execute(
+            select(c.owner, c.epoch, c.writer).where(c.owner.in_({r.owner for r in refused})))
+            if writer is None or w != writer}
         lost = {(r.owner, r.key) for r in refused if r.epoch < epochs.get(r.owner, 0)}
         if not lost:
             return outcomes
@@ -481,7 +484,7 @@ class CentralStore:
         status, self._fleet_next = self._fleet_next, None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await self._claim_losses(
-                conn, await self._write_batch(conn, rows, policies, writer, status))
+                conn, await self._write_batch(conn, rows, policies, writer, status), writer)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes

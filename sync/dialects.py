@@ -23,9 +23,11 @@ more than the write.
 
 The claim fence (`CentralStore.claim`): each row carries the claim epoch its writer holds on
 the owner, and the upsert's ``SELECT`` keeps only rows whose epoch is at least the owner's
-epoch in the claim table (0 when the owner has no claim row), whatever the version fence and
-the policy would say; the rows it drops are refused like the version fence's, and the caller
-tells them apart by the claim table. The claim row is read with a share lock (PostgreSQL,
+epoch in the claim table (0 when the owner has no claim row), or that come from the local
+cache file that made the current claim (``writer``: its own writes, whichever process on the
+file made them, e.g. before a restart), whatever the version fence and the policy would say;
+the rows it drops are refused like the version fence's, and the caller tells them apart by
+the claim table. The claim row is read with a share lock (PostgreSQL,
 MySQL; SQLite's write lock serializes everything): a claim waits for a flush that read the
 old epoch to commit, and a flush waits for a claim in progress and then sees its epoch. So
 every write is ordered before or after each claim, and none of a lower epoch goes in after it.
@@ -91,8 +93,8 @@ class BatchSql:
     #: with `direct_version`: a first write of a key, or over its tombstone, as one statement
     #: (`CentralStore.write_if_version` at expected version 0; params as `direct_upsert`)
     cas_insert: TextClause | None = None
-    #: bump an owner's claim epoch (1 for a first claim): params owner, by, at; returns the
-    #: epoch unless `claim_epoch` is set (no RETURNING: read it back in the transaction)
+    #: bump an owner's claim epoch (1 for a first claim): params owner, by, at, writer; returns
+    #: the epoch unless `claim_epoch` is set (no RETURNING: read it back in the transaction)
     claim: TextClause
     claim_epoch: TextClause | None = None
 
@@ -140,8 +142,8 @@ class _PostgresSql(BatchSql):
         "SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, "
         "to_timestamp((r->>5)::float8), r->>6, CAST(:writer AS TEXT) "
         "FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r "
-        f"WHERE (r->>7)::bigint >= COALESCE((SELECT c.epoch FROM {CLAIM_TABLE} AS c "
-        "WHERE c.owner = r->>0 FOR SHARE), 0) "
+        "WHERE (r->>7)::bigint >= COALESCE((SELECT CASE WHEN c.writer = CAST(:writer AS TEXT) "
+        f"THEN 0 ELSE c.epoch END FROM {CLAIM_TABLE} AS c WHERE c.owner = r->>0 FOR SHARE), 0) "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
     )
     _select = (
@@ -160,10 +162,10 @@ class _PostgresSql(BatchSql):
         "RETURNING t.version"
     )
     claim = text(
-        f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at) "
-        "VALUES (:owner, 1, :by, :at) ON CONFLICT (owner) DO UPDATE SET "
-        "epoch = c.epoch + 1, claimant = EXCLUDED.claimant, claimed_at = EXCLUDED.claimed_at "
-        "RETURNING c.epoch"
+        f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at, writer) "
+        "VALUES (:owner, 1, :by, :at, :writer) ON CONFLICT (owner) DO UPDATE SET "
+        "epoch = c.epoch + 1, claimant = EXCLUDED.claimant, claimed_at = EXCLUDED.claimed_at, "
+        "writer = EXCLUDED.writer RETURNING c.epoch"
     )
 
     def timestamp(self, ts: float) -> datetime:
@@ -187,16 +189,17 @@ class _SqliteSql(BatchSql):
     upsert = text(
         f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols}, :writer "
         "FROM json_each(:rows) AS j "
-        "WHERE json_extract(j.value, '$[7]') >= COALESCE((SELECT c.epoch FROM "
-        f"{CLAIM_TABLE} AS c WHERE c.owner = json_extract(j.value, '$[0]')), 0) "
+        "WHERE json_extract(j.value, '$[7]') >= COALESCE((SELECT CASE WHEN c.writer = "
+        f":writer THEN 0 ELSE c.epoch END FROM {CLAIM_TABLE} AS c "
+        "WHERE c.owner = json_extract(j.value, '$[0]')), 0) "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
         f"WHERE {_FENCE.format(t=STATE_TABLE)} "
     )
     claim = text(
-        f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at) "
-        "VALUES (:owner, 1, :by, :at) ON CONFLICT (owner) DO UPDATE SET "
+        f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at, writer) "
+        "VALUES (:owner, 1, :by, :at, :writer) ON CONFLICT (owner) DO UPDATE SET "
         f"epoch = {CLAIM_TABLE}.epoch + 1, claimant = excluded.claimant, "
-        "claimed_at = excluded.claimed_at RETURNING epoch"
+        "claimed_at = excluded.claimed_at, writer = excluded.writer RETURNING epoch"
     )
     # CROSS JOIN: SQLite keeps the left side as the outer loop, so each key is one PK lookup
     select_keys = text(
@@ -283,7 +286,8 @@ class _MysqlSql(BatchSql):
             "epoch BIGINT PATH '$[7]')) AS jt"
             # the claim fence: LOCK IN SHARE MODE (MySQL and MariaDB both take it), since a
             # READ COMMITTED INSERT ... SELECT reads other tables without locks
-            f" WHERE jt.epoch >= COALESCE((SELECT c.epoch FROM {CLAIM_TABLE} AS c "
+            " WHERE jt.epoch >= COALESCE((SELECT IF(c.writer = CONVERT(:writer USING ascii) "
+            f"COLLATE ascii_bin, 0, c.epoch) FROM {CLAIM_TABLE} AS c "
             "WHERE c.owner = jt.owner LOCK IN SHARE MODE), 0)) AS j"
         )
         columns = "owner, `key`, value, version, prev_version, updated_at, updated_by"
@@ -312,9 +316,9 @@ class _MysqlSql(BatchSql):
         self.direct_version = text(
             f"SELECT version FROM {t} WHERE owner = :owner AND `key` = :key")
         self.claim = text(
-            f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at) "
-            "VALUES (:owner, 1, :by, :at) ON DUPLICATE KEY UPDATE epoch = epoch + 1, "
-            "claimant = :by, claimed_at = :at")
+            f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at, writer) "
+            "VALUES (:owner, 1, :by, :at, :writer) ON DUPLICATE KEY UPDATE epoch = epoch + 1, "
+            "claimant = :by, claimed_at = :at, writer = :writer")
         self.claim_epoch = text(f"SELECT epoch FROM {CLAIM_TABLE} WHERE owner = :owner")
         # a write over a tombstone only; `value` is read by every condition: set last
         self.cas_insert = text(

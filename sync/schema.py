@@ -10,9 +10,10 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     for any other write: see `localstate.sync.central_store` on replays).
 ``localstate_owner_claim``
     one row per claimed owner: owner (the primary key), epoch (bumped by each claim), claimant
-    (the claiming store's triggerer id), claimed_at. A flushed write carrying a lower epoch
-    than its owner's is refused (`localstate.sync.dialects`); an owner with no row is at
-    epoch 0.
+    (the claiming store's triggerer id), claimed_at, writer (the claiming store's local cache
+    file, `LocalCache.writer_id`; NULL without one). A flushed write carrying a lower epoch
+    than its owner's is refused unless it comes from the claim's own cache file
+    (`localstate.sync.dialects`); an owner with no row is at epoch 0.
 ``localstate_fleet``
     one row per triggerer (its ``triggerer_id``): host, pid, and as of its last flush, that
     flush's time, the dirty keys it carried, the time of the oldest write among them, the rows
@@ -151,6 +152,7 @@ owner_claim = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("claimant", _name(), nullable=False),
     Column("claimed_at", _timestamp(), nullable=False),
+    Column("writer", String(64), nullable=True),
     **_MYSQL_TABLE,
 )
 
@@ -250,6 +252,10 @@ def _v5_create_owner_claim(conn: Connection) -> None:
         Column("epoch", BigInteger, nullable=False),
         Column("claimant", _name(names), nullable=False),
         Column("claimed_at", _timestamp(), nullable=False),
+        # ids are ASCII (hex); on MySQL compared byte-wise, as the state table's writer
+        Column("writer", String(64).with_variant(
+            mysql.VARCHAR(64, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"),
+            nullable=True),
         **_MYSQL_TABLE,
     ).create(conn, checkfirst=True)
 

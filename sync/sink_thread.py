@@ -102,11 +102,11 @@ class ThreadedSink:
             owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
         ))
 
-    async def claim(self, owner: str, *, claimant: str) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
         """The wrapped sink's `claim` (`ClaimingSink`); `ConfigError` when it has none."""
         if not isinstance(self.inner, ClaimingSink):
             raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
-        return await self._call(self.inner.claim(owner, claimant=claimant))
+        return await self._call(self.inner.claim(owner, claimant=claimant, writer=writer))
 
     def note_fleet(self, status: FleetStatus) -> None:
         """The wrapped sink's `note_fleet`, if it keeps a fleet table (a plain assignment

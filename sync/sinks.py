@@ -70,8 +70,9 @@ class ClaimingSink(Protocol):
     """A sink that holds owners' claim epochs (`localstate.sync.central_store`); a sink
     without them (Airflow's state store) cannot fence a zombie writer."""
 
-    async def claim(self, owner: str, *, claimant: str) -> int:
-        """Bump `owner`'s claim epoch for `claimant` in one transaction; the new epoch."""
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+        """Bump `owner`'s claim epoch for `claimant` (from the local cache file `writer`) in
+        one transaction; the new epoch."""
 
 
 @runtime_checkable

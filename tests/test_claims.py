@@ -8,8 +8,11 @@ in; an owner nobody claimed behaves as before.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -197,3 +200,48 @@ async def test_a_central_write_of_a_zombie_fails_with_owner_lost(
     with pytest.raises(OwnerLost) as caught:
         await a.set(OWNER, "wm", 1, durability="central")
     assert (caught.value.epoch, caught.value.current) == (1, 2)
+
+
+def crash_after_writing(url: str, cache: Path, owner: str, value: int) -> None:
+    """A process that claims `owner`, writes `value` to its cache file (local durability)
+    and dies before any flush."""
+    script = f"""
+import asyncio, os
+from localstate import StateStore
+async def main():
+    store = await StateStore.open(central_url={url!r}, cache_path={str(cache)!r},
+                                  triggerer_id="a", flush_interval=3600)
+    await store.claim({owner!r})
+    await store.set({owner!r}, "wm", {value}, durability="local")
+    os._exit(0)
+asyncio.run(main())
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("claimed_meanwhile", [False, True], ids=["restart", "moved"])
+async def test_a_restarted_triggerer_flushes_the_writes_of_its_own_claim(
+        central_url: str, central: CentralStore, tmp_path: Path,
+        claimed_meanwhile: bool) -> None:
+    """Writes acknowledged under a claim and left in the cache file by a crash are the file's
+    own: the restarted process flushes them though it has not claimed again, unless another
+    writer claimed the owner meanwhile (then they are a zombie's, refused)."""
+    cache = tmp_path / "a.db"
+    crash_after_writing(central_url, cache, OWNER, 7)
+    if claimed_meanwhile:
+        assert await central.claim(OWNER, claimant="b") == 2
+    store = await StateStore.open(central_url=central_url, cache_path=cache, triggerer_id="a",
+                                  flush_interval=3600)
+    try:
+        report = await store.flush()
+        assert [o.lost_to for o in report.outcomes] == [2 if claimed_meanwhile else 0]
+        assert await value(central, "wm") == (None if claimed_meanwhile else 7)
+        if claimed_meanwhile:
+            with pytest.raises(OwnerLost):
+                await store.set(OWNER, "wm", 8)
+        else:
+            await store.set(OWNER, "wm", 8)
+            await store.flush()
+            assert await value(central, "wm") == 8
+    finally:
+        await store.close()
