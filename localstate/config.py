@@ -118,6 +118,21 @@ def _positive_float(raw: Any) -> float:
     return value
 
 
+def _optional_rate(raw: Any) -> float | None:
+    """A rate per second greater than 0, or none (empty, ``none``, 0: no limit)."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number per second greater than 0, or none") from None
+    if value == 0:
+        return None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("expected a number per second greater than 0, or none")
+    return value
+
+
 def _positive_int(raw: Any) -> int:
     if isinstance(raw, bool):
         raise ValueError("expected a whole number greater than 0")
@@ -344,6 +359,10 @@ _SPECS: Final[dict[str, _Spec]] = {
     "max_batch": _Spec(_positive_int, 10_000, "dirty keys that trigger a flush at once, and rows "
                        "per central transaction"),
     "max_value_bytes": _Spec(_positive_int, 64 * 1024, "largest encoded value"),
+    "central_budget_rows_per_s": _Spec(_optional_rate, None, "rows per second the whole fleet "
+                                       "of triggerers may write to the central DB: each "
+                                       "stretches its flush interval to share it; none: no "
+                                       "budget"),
     "conflict_policy": _Spec(_conflict_policy, "reject", "reject, last_writer_wins, max, "
                              "max:<int|timestamp|text>, max:<field>[:<order>], or "
                              "owner-glob=policy pairs"),
@@ -429,6 +448,7 @@ class Settings:
     flush_interval: float = _DEFAULTS["flush_interval"]
     max_batch: int = _DEFAULTS["max_batch"]
     max_value_bytes: int = _DEFAULTS["max_value_bytes"]
+    central_budget_rows_per_s: float | None = _DEFAULTS["central_budget_rows_per_s"]
     conflict_policy: str | dict[str, str] = _DEFAULTS["conflict_policy"]
     local_sync: str = _DEFAULTS["local_sync"]
     memory_window: float = _DEFAULTS["memory_window"]

@@ -9,6 +9,7 @@
     ├── StoreClosed                    a call on a store after `close()`
     ├── VersionConflict                `compare_and_set` saw another version
     ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
+    ├── OwnerLost                      another writer claimed the owner (a higher claim epoch)
     ├── CacheError                     the local cache file
     │   ├── CacheLocked                another live process holds the file
     │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidInput",
     "InvalidName",
     "LocalStateError",
+    "OwnerLost",
     "SchemaError",
     "StoreClosed",
     "ValueEncodingError",
@@ -94,6 +96,20 @@ class VersionConflict(LocalStateError):
 
 class WriteRejected(LocalStateError):
     """The central DB kept its own record over this write (the key's conflict policy)."""
+
+
+class OwnerLost(LocalStateError):
+    """Another writer claimed this owner after this store did (`StateStore.claim`): the central
+    DB refuses this store's writes of it, and the store refuses new ones. Claim it again to
+    write it (a trigger that moved back here does so when it starts)."""
+
+    def __init__(self, message: str, *, owner: str, epoch: int, current: int) -> None:
+        super().__init__(message)
+        self.owner = owner
+        #: the claim epoch this store held
+        self.epoch = epoch
+        #: the owner's epoch in the central DB when the write was refused
+        self.current = current
 
 
 class CacheError(LocalStateError):

@@ -14,6 +14,7 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
                                       OTel: a histogram in seconds)
     <prefix>.dirty_keys      gauge    keys whose latest write the central DB lacks
     <prefix>.flush_lag       gauge    seconds: age of the oldest write the central DB lacks
+    <prefix>.flush_interval  gauge    seconds between flushes now (stretched by the budget)
     <prefix>.conflicts       counter  conflicts settled by flushes
     <prefix>.central_errors  counter  flushes that failed on the central DB
     <prefix>.evictions       counter  entries evicted from memory (max_keys_in_memory)
@@ -63,9 +64,10 @@ GAUGES: Final[dict[str, str]] = {
     "oldest_unflushed_s": "flush_lag",
     "keys_in_memory": "keys_in_memory",
     "cache_file_bytes": "cache_file_bytes",
+    "flush_interval_s": "flush_interval",
 }
 TIMER: Final = "flush.duration"
-_GAUGE_UNITS: Final = {"flush_lag": "s", "cache_file_bytes": "By"}
+_GAUGE_UNITS: Final = {"flush_lag": "s", "flush_interval": "s", "cache_file_bytes": "By"}
 #: what `localstate db prune` deleted: counters it sends once, after its run
 PRUNE_COUNTERS: Final = ("prune.rows", "prune.tombstones")
 #: StatsD packets stay under a common path MTU: several lines per packet, never fragmented

@@ -54,6 +54,10 @@ class StoreStats:
     released_keys: int = 0
     #: bytes the local cache file and its WAL take on disk now (0 with the cache off)
     cache_file_bytes: int = 0
+    #: seconds between flushes now: flush_interval, stretched by central_budget_rows_per_s
+    flush_interval_s: float = 0.0
+    #: the fleet's rows/s to the central DB at the budget's last reading (None: no budget)
+    fleet_rows_per_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +94,8 @@ def store_stats(
         config_error=config_error, evictions=table.evictions,
         released_keys=table.released,
         cache_file_bytes=c.file_bytes if c is not None and not c.closed else 0,
+        flush_interval_s=w.interval if w else 0.0,
+        fleet_rows_per_s=w.budget.fleet_rows_per_s if w and w.budget else None,
     )
 
 

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from localstate.central_reads import first_write_base, known_entry, load_owner, set_reads_base
+from localstate.claims import ClaimBook
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings
 from localstate.entry import (
@@ -33,6 +34,7 @@ from localstate.entry import (
 from localstate.entry_table import EntryTable
 from localstate.errors import (
     CentralUnavailable,
+    ConfigError,
     InvalidInput,
     LocalStateError,
     StoreClosed,
@@ -59,7 +61,7 @@ from localstate.sync.conflicts import PolicyMap
 from localstate.sync.read_through import ReadThrough
 from localstate.sync.rows import CentralRow
 from localstate.sync.sink_thread import ThreadedSink
-from localstate.sync.sinks import Sink
+from localstate.sync.sinks import ClaimingSink, Sink
 from localstate.sync.worker import ConflictInfo, FlushReport, SyncWorker
 
 if TYPE_CHECKING:
@@ -118,6 +120,8 @@ class StateStore:
         self._direct = not settings.enabled
         self._policies = PolicyMap(settings.conflict_policy)
         self._on_conflict = on_conflict
+        #: the claim epochs this store holds, and the owners it lost (see `claim`)
+        self._claims = ClaimBook()
         self._sink: Sink | None = sink
         self._owns_sink = sink is None
         self._cache: LocalCache | None = None
@@ -351,6 +355,8 @@ class StateStore:
         """Set ``(owner, key)`` to `value`; return the new version once `durability` holds."""
         if self._closed:
             raise self._closed_error()
+        if self._claims.lost:  # another writer claimed an owner from this store
+            self._claims.check(owner)
         data = encode(value, self._max_value_bytes)
         if self._policies.checks_values:  # some owner's max policy declares an order
             self._policies.check_value(owner, value, data)
@@ -399,6 +405,8 @@ class StateStore:
             raise self._closed_error()
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
+        if self._claims.lost:
+            self._claims.check(owner)
         data = encode(value, self._max_value_bytes)
         if self._policies.checks_values:  # some owner's max policy declares an order
             self._policies.check_value(owner, value, data)
@@ -461,6 +469,8 @@ class StateStore:
         """
         if self._closed:
             raise self._closed_error()
+        if self._claims.lost:
+            self._claims.check(owner)
         async with self._gate.call():
             return await self._delete((owner, key), durability)
 
@@ -558,6 +568,53 @@ class StateStore:
             k[0], k[1], data, updated_at=time.time(), updated_by=self.triggerer_id
         )
         return row.version
+
+    # -- claims --------------------------------------------------------------------------
+
+    @property
+    def can_claim(self) -> bool:
+        """Whether this store's sink keeps claim epochs (the ``sql`` sink does; Airflow's
+        state store, the ``airflow`` sink, does not)."""
+        return isinstance(self._sink, ClaimingSink)
+
+    async def claim(self, owner: str) -> int:
+        """Take `owner` over for this store: bump its claim epoch in the central DB (recording
+        this store's ``triggerer_id``), then refresh its keys from there; return the epoch.
+
+        From then on the central DB refuses any flushed write of `owner` from a store that
+        holds a lower epoch (a zombie: a triggerer the trigger was moved away from), whatever
+        the conflict policy; that store raises `OwnerLost` for its later writes of `owner`.
+        Writes this store made before the claim are flushed first, under the claim they were
+        made in. Within one claim the conflict policies apply as before.
+        """
+        if self._closed:
+            raise self._closed_error()
+        check_name("owner", owner)
+        sink = self._require_sink()
+        if not isinstance(sink, ClaimingSink):
+            raise ConfigError(
+                f"the sink {sink.url} keeps no claim epochs (sink = airflow): owners cannot be "
+                "claimed, so a zombie triggerer is not fenced; use sink = sql")
+        async with self._gate.call():
+            since = self._claims.begin()
+            if self._worker is not None and any(k[0] == owner for k in self._table.dirty):
+                await self._worker.flush()
+            epoch = await sink.claim(
+                owner, claimant=self.triggerer_id,
+                writer=self._cache.writer_id if self._cache is not None else None)
+            self._claims.took(owner, epoch, since)
+            if not self._direct:
+                await load_owner(self._table, sink, owner)
+        return epoch
+
+    def claim_epoch(self, owner: str) -> int:
+        """The claim epoch this store holds on `owner` (0: none)."""
+        return self._claims.epoch_of(owner)
+
+    @property
+    def claims_refused(self) -> int:
+        """Flushed writes the central DB refused for their claim epoch."""
+        return self._claims.refused
 
     # -- flushing and figures ------------------------------------------------------------
 

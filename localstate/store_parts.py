@@ -79,7 +79,8 @@ async def start_cache(store: StateStore, s: Settings, *, keep_clean: bool) -> No
         table=table, cache=cache,
         sink=store._require_sink(), policies=store._policies,
         flush_interval=s.flush_interval, max_batch=s.max_batch,
-        on_conflict=store._on_conflict,
+        on_conflict=store._on_conflict, claims=store._claims,
+        budget_rows_per_s=s.central_budget_rows_per_s,
     )
     table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
                pinned=worker.holds)

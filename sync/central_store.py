@@ -30,6 +30,13 @@ compare-and-set on the central DB) clears it. Invariants:
 
 The common path (every row on its base) stays one statement; the writer travels once per
 statement.
+
+Claims (fencing tokens). `claim` bumps an owner's epoch; each flushed row carries the epoch its
+writer holds (`DirtyRow.epoch`, 0: none). The upsert refuses a row whose epoch is below its
+owner's, before any version fence or policy (`localstate.sync.dialects`), so within one claim
+the rules above apply unchanged and across claims a lower epoch never goes in. A refused row
+comes back "adopted" with ``lost_to`` set (`_claim_losses`); telling it apart costs a query on
+the refusal path only.
 """
 
 from __future__ import annotations
@@ -61,8 +68,15 @@ from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import make_engine
+from localstate.sync.fleet import (
+    FleetRow,
+    FleetStatus,
+    fleet_params,
+    fleet_statement,
+    upsert_with_fleet,
+)
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.schema import require_current, state_variable, upgrade
+from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
 
@@ -105,6 +119,8 @@ class CentralStore:
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+        #: the fleet row the next flush records (`note_fleet`), taken by it
+        self._fleet_next: FleetStatus | None = None
         #: whether the schema is known to be current; None: checked (and upgraded when this
         #: is True) before the next call, the database having been unreachable at `open`
         self._schema_pending: bool | None = None
@@ -262,6 +278,82 @@ class CentralStore:
         rows = (_central_row(r) for r in result)
         return {(r.owner, r.key): r for r in rows}
 
+    # -- claims --------------------------------------------------------------------------
+
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+        """Claim `owner` for `claimant`: bump its epoch (1 for a first claim) in one
+        transaction, record who, when and from which local cache file (`writer`), and return
+        the new epoch. From its commit on, every flushed write of `owner` carrying a lower
+        epoch is refused, except one from that cache file (its own, made before a restart)."""
+        await self._ready()
+        params = {"owner": owner, "by": claimant, "writer": writer,
+                  "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
+        async with self._errors("claim"), self.engine.begin() as conn:
+            result = await conn.execute(self._sql.claim, params)
+            if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
+                result = await conn.execute(self._sql.claim_epoch, params)
+            epoch = int(result.scalar_one())
+        self.transactions += 1
+        return epoch
+
+    async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """The claimed owners among `owners`: each one's (epoch, claimant)."""
+        await self._ready()
+        c = owner_claim.c
+        async with self._errors("read"), self.engine.connect() as conn:
+            result = await conn.execute(
+                select(c.owner, c.epoch, c.claimant).where(c.owner.in_(set(owners))))
+            return {o: (int(e), by) for o, e, by in result}
+
+    async def _claim_losses(self, conn: AsyncConnection, outcomes: list[FlushOutcome],
+                            writer: str | None) -> list[FlushOutcome]:
+        """`outcomes` with each refused row whose epoch is below its owner's (and whose claim
+        is not `writer`'s) turned into a claim loss: "adopted", the current central record,
+        `lost_to` the owner's epoch."""
+        refused = [o.row for o in outcomes if o.resolution != "written"]
+        if not refused:
+            return outcomes  # the common path: no query
+        c = owner_claim.c
+        epochs = {o: int(e) for o, e, w in await conn.execute(
+            select(c.owner, c.epoch, c.writer).where(c.owner.in_({r.owner for r in refused})))
+            if writer is None or w != writer}
+        lost = {(r.owner, r.key) for r in refused if r.epoch < epochs.get(r.owner, 0)}
+        if not lost:
+            return outcomes
+        current = await self._select(conn, list(lost), lock=False)
+        out: list[FlushOutcome] = []
+        for o in outcomes:
+            r = o.row
+            k = (r.owner, r.key)
+            if k not in lost:
+                out.append(o)
+                continue
+            # no central row: the current owner never wrote it; a tombstone at version 0
+            central = current.get(k) or CentralRow(r.owner, r.key, None, 0, r.updated_at,
+                                                   r.updated_by)
+            out.append(FlushOutcome(r, "adopted", central, False, o.policy,
+                                    lost_to=epochs[r.owner]))
+        return out
+
+    # -- the fleet table -----------------------------------------------------------------
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """Have the next `write_batch` record `status` in the fleet table, in its own
+        transaction (`localstate.sync.fleet`)."""
+        self._fleet_next = status
+
+    async def read_fleet(self) -> list[FleetRow]:
+        """Every triggerer's row of the fleet table."""
+        await self._ready()
+        c = fleet.c
+        async with self._errors("read"), self.engine.connect() as conn:
+            result = await conn.execute(select(
+                c.triggerer, c.host, c.pid, c.last_flush_at, c.dirty_keys,
+                c.oldest_unflushed_at, c.rows_per_s, c.flush_interval))
+            return [FleetRow(t, h, int(p), _epoch(at), int(d),
+                             None if old is None else _epoch(old), float(rate), float(iv))
+                    for t, h, p, at, d, old, rate, iv in result]
+
     # -- writing -------------------------------------------------------------------------
 
     async def write_direct(
@@ -413,8 +505,10 @@ class CentralStore:
         if not rows:
             return []
         await self._ready()
+        status, self._fleet_next = self._fleet_next, None
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await self._write_batch(conn, rows, policies, writer)
+            outcomes = await self._claim_losses(
+                conn, await self._write_batch(conn, rows, policies, writer, status), writer)
             if self.asset_mirror is not None:  # Airflow's asset_state_store, same transaction
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
         self.transactions += 1
@@ -423,7 +517,7 @@ class CentralStore:
 
     async def _write_batch(
         self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap,
-        writer: str | None,
+        writer: str | None, status: FleetStatus | None = None,
     ) -> list[FlushOutcome]:
         # this file's own chain: a central row its sync worker wrote (see the module docstring)
         def own(c: CentralRow) -> bool:
@@ -477,7 +571,7 @@ class CentralStore:
                 else:
                     outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
         # 2. The fenced upsert; what it does not return was refused by the fence.
-        written = await self._upsert(conn, to_write, writer)
+        written = await self._upsert(conn, to_write, writer, status)
         refused: list[DirtyRow] = []
         if written is None and not replaced:
             # the common case, every row through the fence: one outcome per row, built flat
@@ -540,20 +634,34 @@ class CentralStore:
 
     async def _upsert(
         self, conn: AsyncConnection, rows: Sequence[tuple[DirtyRow, int, bool]],
-        writer: str | None,
+        writer: str | None, status: FleetStatus | None = None,
     ) -> dict[StateKey, int] | None:
-        """Write `rows` fenced on their bases. None: every row went in, each at
-        `_next_version(row.version, base)`; else the versions of the rows that went in."""
+        """Write `rows` fenced on their bases (and `status`'s fleet row). None: every row went
+        in, each at `_next_version(row.version, base)`; else the versions of the rows that
+        went in."""
+        statement = self._sql.upsert
+        fleet_extra: dict[str, Any] = {}
+        if status is not None:
+            sql = self._sql
+            fleet_extra = fleet_params(self.dialect, status,
+                                       sql.timestamp if self.dialect == "sqlite" else None)
+            combined = upsert_with_fleet(self.dialect, sql.upsert) if rows else None
+            if combined is None:
+                await conn.execute(fleet_statement(self.dialect), fleet_extra)
+                fleet_extra = {}
+            else:
+                statement = combined
         if not rows:
             return {}
         # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
         # fence never matches (central versions start at 1) and an insert records as it is
         packed: list[UpsertRow] = [
             (r.owner, r.key, r.data, _next_version(r.version, base), base if base > 0 else 0,
-             r.updated_at, r.updated_by)
+             r.updated_at, r.updated_by, r.epoch)
             for r, base, _conflict in rows
         ]
-        result = await conn.execute(self._sql.upsert, self._sql.upsert_params(packed, writer))
+        result = await conn.execute(
+            statement, self._sql.upsert_params(packed, writer) | fleet_extra)
         if self._sql.upsert_complete(result.rowcount, packed):
             return None  # the fence let every row through: the common case
         intended = {(p[0], p[1]): p[3] for p in packed}

@@ -21,6 +21,17 @@ were (the conflicts). The writer travels once per statement (``:writer``), not o
 No RETURNING: on the common path (no conflict) decoding one returned row per written row cost
 more than the write.
 
+The claim fence (`CentralStore.claim`): each row carries the claim epoch its writer holds on
+the owner, and the upsert's ``SELECT`` keeps only rows whose epoch is at least the owner's
+epoch in the claim table (0 when the owner has no claim row), or that come from the local
+cache file that made the current claim (``writer``: its own writes, whichever process on the
+file made them, e.g. before a restart), whatever the version fence and the policy would say;
+the rows it drops are refused like the version fence's, and the caller tells them apart by
+the claim table. The claim row is read with a share lock (PostgreSQL,
+MySQL; SQLite's write lock serializes everything): a claim waits for a flush that read the
+old epoch to commit, and a flush waits for a claim in progress and then sees its epoch. So
+every write is ordered before or after each claim, and none of a lower epoch goes in after it.
+
 Order: owners and keys are ordered and compared byte-wise (their UTF-8 bytes) on every
 backend, never by the database's default collation, which in a real installation is a
 language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B`` < ``b``, and
@@ -42,6 +53,7 @@ from sqlalchemy import ColumnElement, TextClause, text
 
 from localstate.entry import StateKey
 from localstate.sync.schema import (
+    CLAIM_TABLE,
     MARIADB_NAME_COLLATION,
     MYSQL_NAME_COLLATION,
     STATE_TABLE,
@@ -62,8 +74,9 @@ _COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updat
 # a write with no file behind it (direct mode, compare-and-set on the central DB) clears it
 _DIRECT_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by'
 
-#: one row for the upsert: owner, key, value text, version, prev_version, updated_at, by
-UpsertRow = tuple[str, str, str | None, int, int, float, str]
+#: one row for the upsert: owner, key, value text, version, prev_version, updated_at, by,
+#: claim epoch
+UpsertRow = tuple[str, str, str | None, int, int, float, str, int]
 
 
 class BatchSql:
@@ -80,6 +93,10 @@ class BatchSql:
     #: with `direct_version`: a first write of a key, or over its tombstone, as one statement
     #: (`CentralStore.write_if_version` at expected version 0; params as `direct_upsert`)
     cas_insert: TextClause | None = None
+    #: bump an owner's claim epoch (1 for a first claim): params owner, by, at, writer; returns
+    #: the epoch unless `claim_epoch` is set (no RETURNING: read it back in the transaction)
+    claim: TextClause
+    claim_epoch: TextClause | None = None
 
     def upsert_complete(self, rowcount: int, rows: Sequence[UpsertRow]) -> bool:
         """Whether `upsert`'s row count proves every row went through the fence (False: look
@@ -125,6 +142,8 @@ class _PostgresSql(BatchSql):
         "SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, "
         "to_timestamp((r->>5)::float8), r->>6, CAST(:writer AS TEXT) "
         "FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r "
+        "WHERE (r->>7)::bigint >= COALESCE((SELECT CASE WHEN c.writer = CAST(:writer AS TEXT) "
+        f"THEN 0 ELSE c.epoch END FROM {CLAIM_TABLE} AS c WHERE c.owner = r->>0 FOR SHARE), 0) "
         f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} WHERE {_FENCE.format(t="t")} '
     )
     _select = (
@@ -141,6 +160,12 @@ class _PostgresSql(BatchSql):
         "version = t.version + 1, prev_version = t.version, "
         "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by, writer = NULL "
         "RETURNING t.version"
+    )
+    claim = text(
+        f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at, writer) "
+        "VALUES (:owner, 1, :by, :at, :writer) ON CONFLICT (owner) DO UPDATE SET "
+        "epoch = c.epoch + 1, claimant = EXCLUDED.claimant, claimed_at = EXCLUDED.claimed_at, "
+        "writer = EXCLUDED.writer RETURNING c.epoch"
     )
 
     def timestamp(self, ts: float) -> datetime:
@@ -160,12 +185,21 @@ class _SqliteSql(BatchSql):
     # (with one: a scan of the whole index for each page).
     bytewise_collation = None
     _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
-    # "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join
+    # the claim fence's WHERE also keeps SQLite from reading ON CONFLICT as part of the join
     upsert = text(
         f"INSERT INTO {STATE_TABLE} ({_COLUMNS}) SELECT {_cols}, :writer "
         "FROM json_each(:rows) AS j "
-        f'WHERE true ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
+        "WHERE json_extract(j.value, '$[7]') >= COALESCE((SELECT CASE WHEN c.writer = "
+        f":writer THEN 0 ELSE c.epoch END FROM {CLAIM_TABLE} AS c "
+        "WHERE c.owner = json_extract(j.value, '$[0]')), 0) "
+        f'ON CONFLICT (owner, "key") DO UPDATE SET {_SET} '
         f"WHERE {_FENCE.format(t=STATE_TABLE)} "
+    )
+    claim = text(
+        f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at, writer) "
+        "VALUES (:owner, 1, :by, :at, :writer) ON CONFLICT (owner) DO UPDATE SET "
+        f"epoch = {CLAIM_TABLE}.epoch + 1, claimant = excluded.claimant, "
+        "claimed_at = excluded.claimed_at, writer = excluded.writer RETURNING epoch"
     )
     # CROSS JOIN: SQLite keeps the left side as the outer loop, so each key is one PK lookup
     select_keys = text(
@@ -189,8 +223,8 @@ class _SqliteSql(BatchSql):
         return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     def upsert_params(self, rows: Sequence[UpsertRow], writer: str | None) -> dict[str, Any]:
-        packed = [(o, k, v, ver, prev, self.timestamp(at), by)
-                  for o, k, v, ver, prev, at, by in rows]
+        packed = [(o, k, v, ver, prev, self.timestamp(at), by, epoch)
+                  for o, k, v, ver, prev, at, by, epoch in rows]
         return {"rows": orjson.dumps(packed).decode(), "writer": writer}
 
     def key_params(self, keys: Sequence[StateKey]) -> dict[str, Any]:
@@ -248,7 +282,13 @@ class _MysqlSql(BatchSql):
             f"owner {name} PATH '$[0]', `key` {name} PATH '$[1]', "
             "value LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[2]', "
             "version BIGINT PATH '$[3]', prev_version BIGINT PATH '$[4]', "
-            f"at DECIMAL(20, 6) PATH '$[5]', updated_by {name} PATH '$[6]')) AS jt) AS j"
+            f"at DECIMAL(20, 6) PATH '$[5]', updated_by {name} PATH '$[6]', "
+            "epoch BIGINT PATH '$[7]')) AS jt"
+            # the claim fence: LOCK IN SHARE MODE (MySQL and MariaDB both take it), since a
+            # READ COMMITTED INSERT ... SELECT reads other tables without locks
+            " WHERE jt.epoch >= COALESCE((SELECT IF(c.writer = CONVERT(:writer USING ascii) "
+            f"COLLATE ascii_bin, 0, c.epoch) FROM {CLAIM_TABLE} AS c "
+            "WHERE c.owner = jt.owner LOCK IN SHARE MODE), 0)) AS j"
         )
         columns = "owner, `key`, value, version, prev_version, updated_at, updated_by"
         assign = _if_fenced(fence, ("value", "prev_version", "updated_at", *self._FENCED_LAST))
@@ -275,6 +315,11 @@ class _MysqlSql(BatchSql):
         )
         self.direct_version = text(
             f"SELECT version FROM {t} WHERE owner = :owner AND `key` = :key")
+        self.claim = text(
+            f"INSERT INTO {CLAIM_TABLE} (owner, epoch, claimant, claimed_at, writer) "
+            "VALUES (:owner, 1, :by, :at, :writer) ON DUPLICATE KEY UPDATE epoch = epoch + 1, "
+            "claimant = :by, claimed_at = :at, writer = :writer")
+        self.claim_epoch = text(f"SELECT epoch FROM {CLAIM_TABLE} WHERE owner = :owner")
         # a write over a tombstone only; `value` is read by every condition: set last
         self.cas_insert = text(
             f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "

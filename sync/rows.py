@@ -24,6 +24,9 @@ class DirtyRow(NamedTuple):
     base_version: int
     updated_at: float
     updated_by: str
+    #: the claim epoch its writer held on the owner (`StateStore.claim`); 0: no claim. The
+    #: flush refuses it when the owner's central epoch is higher (another writer claimed it)
+    epoch: int = 0
 
 
 class CentralRow(NamedTuple):
@@ -60,3 +63,7 @@ class FlushOutcome(NamedTuple):
     #: is then the local write itself, so the conflict callback and log could not tell what
     #: was overwritten.)
     replaced: CentralRow | None = None
+    #: the write was refused because its claim epoch is below the owner's central epoch
+    #: (another writer claimed the owner): "adopted", `central` the current record (a
+    #: tombstone at version 0 when there is none), `lost_to` that epoch
+    lost_to: int = 0

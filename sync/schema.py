@@ -8,6 +8,17 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     prev_version (the version this write replaced: the flush's fencing condition compares it),
     updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
     for any other write: see `localstate.sync.central_store` on replays).
+``localstate_owner_claim``
+    one row per claimed owner: owner (the primary key), epoch (bumped by each claim), claimant
+    (the claiming store's triggerer id), claimed_at, writer (the claiming store's local cache
+    file, `LocalCache.writer_id`; NULL without one). A flushed write carrying a lower epoch
+    than its owner's is refused unless it comes from the claim's own cache file
+    (`localstate.sync.dialects`); an owner with no row is at epoch 0.
+``localstate_fleet``
+    one row per triggerer (its ``triggerer_id``): host, pid, and as of its last flush, that
+    flush's time, the dirty keys it carried, the time of the oldest write among them, the rows
+    per second the triggerer has been writing, and its flush interval. Written by each flush in
+    its own transaction (`localstate.sync.fleet`).
 ``localstate_schema``
     one row per migration applied.
 
@@ -30,6 +41,7 @@ from sqlalchemy import (
     Column,
     Connection,
     DateTime,
+    Float,
     Integer,
     MetaData,
     String,
@@ -48,7 +60,9 @@ from sqlalchemy.types import TypeEngine
 from localstate.errors import SchemaError
 
 __all__ = [
+    "CLAIM_TABLE",
     "FILLFACTOR",
+    "FLEET_TABLE",
     "LATEST_VERSION",
     "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
@@ -57,8 +71,10 @@ __all__ = [
     "Migration",
     "apply_step",
     "current_version",
+    "fleet",
     "metadata",
     "name_collation",
+    "owner_claim",
     "require_current",
     "schema_table",
     "state_variable",
@@ -66,6 +82,8 @@ __all__ = [
 ]
 
 STATE_TABLE: Final = "localstate_state_variable"
+CLAIM_TABLE: Final = "localstate_owner_claim"
+FLEET_TABLE: Final = "localstate_fleet"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -127,6 +145,36 @@ state_variable = Table(
     Column("writer", String(64), nullable=True),
     **_MYSQL_TABLE,
 )
+
+owner_claim = Table(
+    CLAIM_TABLE,
+    metadata,
+    Column("owner", _name(), primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("claimant", _name(), nullable=False),
+    Column("claimed_at", _timestamp(), nullable=False),
+    Column("writer", String(64), nullable=True),
+    **_MYSQL_TABLE,
+)
+
+
+def _fleet_table(meta: MetaData, names: str | None) -> Table:
+    return Table(
+        FLEET_TABLE,
+        meta,
+        Column("triggerer", _name(names), primary_key=True),
+        Column("host", _name(names), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("last_flush_at", _timestamp(), nullable=False),
+        Column("dirty_keys", BigInteger, nullable=False),
+        Column("oldest_unflushed_at", _timestamp(), nullable=True),
+        Column("rows_per_s", Float, nullable=False),
+        Column("flush_interval", Float, nullable=False),
+        **_MYSQL_TABLE,
+    )
+
+
+fleet = _fleet_table(metadata, None)
 
 schema_table = Table(
     "localstate_schema",
@@ -194,10 +242,36 @@ def _v3_state_variable_writer(conn: Connection) -> None:
     conn.execute(text(f"ALTER TABLE {STATE_TABLE} ADD COLUMN writer {column}"))
 
 
+def _v4_create_owner_claim(conn: Connection) -> None:
+    # Pinned DDL, as in v1; checkfirst for MySQL's DDL that commits at once.
+    pinned = MetaData()
+    names = name_collation(conn.dialect)
+    Table(
+        CLAIM_TABLE,
+        pinned,
+        Column("owner", _name(names), primary_key=True),
+        Column("epoch", BigInteger, nullable=False),
+        Column("claimant", _name(names), nullable=False),
+        Column("claimed_at", _timestamp(), nullable=False),
+        # ids are ASCII (hex); on MySQL compared byte-wise, as the state table's writer
+        Column("writer", String(64).with_variant(
+            mysql.VARCHAR(64, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"),
+            nullable=True),
+        **_MYSQL_TABLE,
+    ).create(conn, checkfirst=True)
+
+
+def _v5_create_fleet(conn: Connection) -> None:
+    # Pinned here, where the model is still this one; checkfirst as in v5.
+    _fleet_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
     Migration(3, "state table writer column", _v3_state_variable_writer),
+    Migration(4, "owner claim epochs", _v4_create_owner_claim),
+    Migration(5, "fleet of triggerers", _v5_create_fleet),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -20,9 +20,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from localstate.entry import StateKey
+from localstate.errors import ConfigError
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import Sink
+from localstate.sync.sinks import ClaimingSink, FleetReporting, Sink
 
 __all__ = ["ThreadedSink"]
 
@@ -99,6 +101,23 @@ class ThreadedSink:
         return await self._call(self.inner.write_if_version(
             owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
         ))
+
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+        """The wrapped sink's `claim` (`ClaimingSink`); `ConfigError` when it has none."""
+        if not isinstance(self.inner, ClaimingSink):
+            raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
+        return await self._call(self.inner.claim(owner, claimant=claimant, writer=writer))
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """The wrapped sink's `note_fleet`, if it keeps a fleet table (a plain assignment
+        there: the next write_batch, handed over after it, sees it)."""
+        if isinstance(self.inner, FleetReporting):
+            self.inner.note_fleet(status)
+
+    async def read_fleet(self) -> list[FleetRow]:
+        if not isinstance(self.inner, FleetReporting):
+            return []
+        return await self._call(self.inner.read_fleet())
 
     async def close(self) -> None:
         """Close the wrapped sink on its loop, then stop the thread. Safe twice."""

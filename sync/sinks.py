@@ -8,13 +8,14 @@ store. A sink takes coalesced batches: one call per flush batch, never one per `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from localstate.entry import StateKey
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["Sink"]
+__all__ = ["ClaimingSink", "FleetReporting", "Sink"]
 
 
 class Sink(Protocol):
@@ -62,3 +63,24 @@ class Sink(Protocol):
         else `VersionConflict`."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ClaimingSink(Protocol):
+    """A sink that holds owners' claim epochs (`localstate.sync.central_store`); a sink
+    without them (Airflow's state store) cannot fence a zombie writer."""
+
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+        """Bump `owner`'s claim epoch for `claimant` (from the local cache file `writer`) in
+        one transaction; the new epoch."""
+
+
+@runtime_checkable
+class FleetReporting(Protocol):
+    """A sink that keeps the fleet table (`localstate.sync.fleet`)."""
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """Record `status` with the next `write_batch`, in its transaction."""
+
+    async def read_fleet(self) -> list[FleetRow]:
+        """Every triggerer's row of the fleet table."""

@@ -27,15 +27,18 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected, reason
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
+from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetStatus, this_host
 from localstate.sync.futures import mark_retrieved
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import Sink
+from localstate.sync.sinks import FleetReporting, Sink
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 
@@ -88,6 +91,8 @@ class SyncWorker:
         flush_interval: float = 1.0,
         max_batch: int = 10_000,
         on_conflict: Callable[[ConflictInfo], None] | None = None,
+        claims: ClaimBook | None = None,
+        budget_rows_per_s: float | None = None,
     ) -> None:
         #: the store's entries: the worker reads them and changes them only through the table
         self.table = table
@@ -97,6 +102,11 @@ class SyncWorker:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self.on_conflict = on_conflict
+        #: the store's claim epochs: stamped on each flushed row, told of owners lost
+        self.claims = claims if claims is not None else ClaimBook()
+        #: the fleet's central write budget, which stretches `interval` (None: no budget)
+        self.budget = (None if budget_rows_per_s is None
+                       else FlushBudget(budget_rows_per_s, flush_interval))
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
@@ -118,6 +128,11 @@ class SyncWorker:
         self.last_flush: FlushReport | None = None
         self.last_error: BaseException | None = None
         self.lags: deque[float] = deque(maxlen=10_000)
+        # the rows per second this worker writes: the last flush's rows over the time from its
+        # start to the next one's (the fleet table's figure)
+        self._last_start: float | None = None
+        self._last_rows = 0
+        self.rows_per_s = 0.0
 
     # -- running -------------------------------------------------------------------------
 
@@ -132,7 +147,14 @@ class SyncWorker:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
+        if self.budget is not None:
+            self.budget.retune(flush_interval)
         self._kick.set()
+
+    @property
+    def interval(self) -> float:
+        """Seconds between flushes now: `flush_interval`, stretched by the budget if any."""
+        return self.flush_interval if self.budget is None else self.budget.interval
 
     def holds(self, key: StateKey) -> bool:
         """Whether `key`'s entry must stay in memory for this worker: a central-durability
@@ -187,7 +209,7 @@ class SyncWorker:
                     self._backoff.reset()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self.flush_interval)
+                    await asyncio.wait_for(self._kick.wait(), self.interval)
             if self._stop.is_set():
                 return
             self._kick.clear()
@@ -203,6 +225,8 @@ class SyncWorker:
             else:
                 self._backoff.reset()
                 retry_in = None
+                if self.budget is not None:
+                    await self.budget.refresh(self.sink)
 
     # -- one flush -----------------------------------------------------------------------
 
@@ -211,6 +235,7 @@ class SyncWorker:
         async with self._flush_lock, _gc_paused(len(self.table.dirty) >= _GC_PAUSE_ROWS):
             started = time.monotonic()
             report = FlushReport(started_at=time.time())
+            self._note_fleet(report.started_at)
             try:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
@@ -230,6 +255,7 @@ class SyncWorker:
                 raise
             report.duration = time.monotonic() - started
             report.still_dirty = len(self.table.dirty)
+            self._last_rows = report.written
             self.flushes += 1
             self.last_flush_at = time.time()
             self.last_flush = report
@@ -237,13 +263,28 @@ class SyncWorker:
             self._retry_wake.set()
             return report
 
+    def _note_fleet(self, now: float) -> None:
+        """Tell a sink that keeps the fleet table this triggerer's figures for the flush
+        starting `now` (`localstate.sync.fleet`)."""
+        if self._last_start is not None and now > self._last_start:
+            self.rows_per_s = self._last_rows / (now - self._last_start)
+        self._last_start = now
+        if isinstance(self.sink, FleetReporting):
+            host, pid = this_host()
+            table = self.table
+            self.sink.note_fleet(FleetStatus(
+                table.updated_by, host, pid, now, len(table.dirty), table.oldest_dirty(),
+                self.rows_per_s, self.interval))
+
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""
         return self.table.collect_dirty(keys)
 
     async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
-        """Step 2: one fenced transaction through the sink, as this cache file's writes."""
-        return await self.sink.write_batch(rows, self.policies, writer=self.cache.writer_id)
+        """Step 2: one fenced transaction through the sink, as this cache file's writes, each
+        with the claim epoch it was written under."""
+        return await self.sink.write_batch(self.claims.stamp(rows), self.policies,
+                                           writer=self.cache.writer_id)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:
@@ -292,6 +333,9 @@ class SyncWorker:
             report.retried += 1
             return
         moved = e.version != r.version
+        if o.lost_to:
+            self._settle_lost(o, e, k, report, central, moved)
+            return
         discarded: tuple[int, str | None] | None = None
         if o.resolution == "written":
             report.written += 1
@@ -332,6 +376,26 @@ class SyncWorker:
         if o.resolution == "written" and since is not None:
             self.lags.append(max(0.0, now - since))
         table.after_settle(k, e, report.started_at)
+
+    def _settle_lost(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
+                     central: CentralRow, moved: bool) -> None:
+        """A write refused for its claim epoch (another writer claimed the owner): the entry
+        takes the central record, and the write's waiters get `OwnerLost`."""
+        r = o.row
+        report.adopted += 1
+        lost = self.claims.lose(r.owner, r.epoch, o.lost_to)
+        error = self.claims.error(r.owner, o.lost_to)
+        if moved and not lost:
+            # a write from before this store's claim, which still stands: the writes made
+            # since go out next, based on the central record, under the claim
+            self.table.settle_moved(e, central.version)
+            self._settle_waiters(k, r.version, error)
+        else:
+            # lost: every write of it this store holds is refused too (they carry the old epoch)
+            self.table.settle_adopted(e, central)
+            self._settle_waiters(k, e.version, error, every=True)
+        self.conflicted.discard(k)
+        self.table.after_settle(k, e, report.started_at)
 
     def _report_conflict(self, o: FlushOutcome, central: CentralRow,
                          discarded: tuple[int, str | None] | None = None) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from localstate import StateStore
 from localstate.sync.central_store import CentralStore
+from localstate.sync.schema import FLEET_TABLE
 
 
 class StatementLog:
@@ -45,7 +46,18 @@ class StatementLog:
             event.remove(self._engine, "commit", self._on_commit)
 
     def of_kind(self, verb: str) -> list[tuple[str, Any]]:
-        return [(s, p) for s, p in self.statements if s.lstrip().upper().startswith(verb)]
+        """The statements of `verb` on the state (the fleet row each flush records is left
+        out: on PostgreSQL its ``WITH fleet AS (...)`` prefix, elsewhere its statement)."""
+        out = []
+        for s, p in self.statements:
+            text = s.lstrip()
+            if text.startswith("WITH fleet AS ("):
+                text = text[text.index(") INSERT") + 2:]
+            elif FLEET_TABLE in text.split("(", 1)[0]:
+                continue
+            if text.upper().startswith(verb):
+                out.append((s, p))
+        return out
 
 
 def rows_carried(parameters: Any) -> int:

@@ -282,3 +282,36 @@ async def test_drop_in_clear_empties_local_and_airflow_keys(
         assert stored.values == {}
     finally:
         await store.close()
+
+
+async def test_a_trigger_claims_its_owner_and_stops_when_another_claims_it(
+        open_store: StoreFactory) -> None:
+    first = await use(await open_store(triggerer_id="first"))
+    zombie = CountingTrigger(source="orders")
+    assert await drive(zombie, 3) == [1, 2, 3]
+    assert first.claim_epoch(zombie.state_owner) == 1
+    await first.flush()
+    # the trigger moved: the other triggerer's start claims the owner
+    second = await use(await open_store(triggerer_id="second"))
+    moved = CountingTrigger(source="orders")
+    assert await drive(moved, 2) == [3, 4]
+    assert second.claim_epoch(moved.state_owner) == 2
+    await second.flush()
+    # the zombie goes on from its own state (watermark 2): event 3, its set of 3, event 4; the
+    # flush after event 4 learns the owner was lost, so the set of 4 raises and run() ends
+    StateVariable.configure(first)
+    await greenback.ensure_portal()
+    events: list[Any] = []
+    async for event in zombie.run():
+        events.append(event.payload)
+        await first.flush()
+        if len(events) > 5:
+            break
+    assert events == [3, 4]
+    assert first.claims_refused >= 1
+    # the new owner's record stands (its set after event 3); the zombie's set of 3 was refused
+    assert await second.get(moved.state_owner, "watermark") == 3
+    assert await second.record(moved.state_owner, "watermark") is not None
+    record = await first.record(moved.state_owner, "watermark")
+    assert record is not None
+    assert record.updated_by == "second"  # the zombie took it

@@ -567,8 +567,8 @@ async def test_an_unreachable_central_db_is_503(open_store: StoreFactory) -> Non
     {"Authorization": f"Bearer {RW_ALL[:-1]}"},
 ])
 @pytest.mark.parametrize(("method", "route"), [
-    ("GET", "/api/v1/state"), ("GET", "/api/v1/status"), ("GET", path("dag:x", "k")),
-    ("PUT", path("dag:x", "k")), ("DELETE", path("dag:x", "k")),
+    ("GET", "/api/v1/state"), ("GET", "/api/v1/status"), ("GET", "/api/v1/fleet"),
+    ("GET", path("dag:x", "k")), ("PUT", path("dag:x", "k")), ("DELETE", path("dag:x", "k")),
 ])
 async def test_no_token_or_a_wrong_one_is_401(api: Api, headers: dict[str, str], method: str,
                                               route: str) -> None:
@@ -638,7 +638,7 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
     assert r.status_code == 200
     doc = r.json()
     assert set(doc["paths"]) == {"/api/v1/state", "/api/v1/state/{owner}/{key}",
-                                 "/api/v1/status", "/api/v1/health",
+                                 "/api/v1/status", "/api/v1/fleet", "/api/v1/health",
                                  # the batched endpoints of sink = api
                                  "/api/v1/flush", "/api/v1/read", "/api/v1/write"}
     assert set(doc["paths"]["/api/v1/state/{owner}/{key}"]) == {"get", "put", "delete"}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from localstate.testing.postgres_server import PostgresServer
+
 REQUIRED = ["scenario", "mode", "triggers", "sets_per_s", "set_p50_ms", "set_p99_ms",
             "central_txns", "central_rows", "lag_p99_ms", "rss_mb"]
 MODES = ["bare", "direct", "memory", "local", "central"]
@@ -116,3 +118,35 @@ def test_config_error_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     proc = run_cli("config", cwd=tmp_path)
     assert proc.returncode == 1
     assert "max_batch" in proc.stderr
+
+
+FLEET_FIELDS = ["triggerers", "triggers", "central_txns_per_s", "central_rows_per_s",
+                "budget_rows_per_s", "lag_p99_ms", "handovers", "regressions",
+                "zombie_writes_accepted", "duplicate_window_ms"]
+
+
+def test_the_fleet_bench_moves_triggers_and_fences_its_zombie(
+        tmp_path: Path, pg_server: PostgresServer) -> None:
+    """Three triggerer processes, a few triggers each, with a budget: every figure is there,
+    the moves happened, and the DB's own history shows no regression and no zombie write."""
+    out = tmp_path / "fleet.json"
+    url = pg_server.create_database("bench_fleet")
+    proc = run_cli("bench", "--fleet", "3", "--triggers", "4", "--budget", "50",
+                   "--duration", "1", "--central-url", url, "--json", str(out),
+                   "--folder", str(tmp_path / "work"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert set(FLEET_FIELDS) <= row.keys()
+    assert row["scenario"] == "fleet"
+    assert (row["triggerers"], row["triggers"], row["budget_rows_per_s"]) == (3, 4, 50.0)
+    assert row["handovers"] == 4 + 6  # the zombie's 4, then the killed one's 4 + 2 of those
+    assert (row["regressions"], row["zombie_writes_accepted"]) == (0, 0)
+    assert row["zombie_triggers_stopped"] == 4
+    assert row["central_rows_per_s"] > 0
+
+
+def test_the_fleet_bench_needs_postgresql(tmp_path: Path) -> None:
+    proc = run_cli("bench", "--fleet", "2", "--triggers", "2", "--central-url",
+                   f"sqlite:///{tmp_path / 'c.db'}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "PostgreSQL" in proc.stderr

@@ -169,6 +169,10 @@ BAD_VALUES = [
     ("triggerer_id", "..", "A-Z a-z 0-9 _ . : @ -"),
     ("triggerer_id", "x" * 201, "A-Z a-z 0-9 _ . : @ -"),
     ("sink", "", "sql, airflow"),
+    ("central_budget_rows_per_s", "lots", "greater than 0, or none"),
+    ("central_budget_rows_per_s", "-5", "greater than 0, or none"),
+    ("central_budget_rows_per_s", "nan", "greater than 0, or none"),
+    ("central_budget_rows_per_s", "inf", "greater than 0, or none"),
     ("flush_interval", "soon", "greater than 0"),
     ("flush_interval", "0", "greater than 0"),
     ("flush_interval", "-1", "greater than 0"),
@@ -307,3 +311,10 @@ def test_settings_fields_are_the_specs_in_order_with_their_defaults() -> None:
     assert [f.name for f in named] == list(SETTING_NAMES)
     assert {f.name: f.default for f in named} == {
         name: default for name, (default, _help, _secret) in setting_specs().items()}
+
+
+@pytest.mark.parametrize(("raw", "value"), [("500", 500.0), ("2.5", 2.5), ("none", None),
+                                            ("", None), ("0", None)])
+def test_the_central_budget_is_a_rate_or_none(raw: str, value: float | None) -> None:
+    assert Settings.resolve({"central_budget_rows_per_s": raw}).central_budget_rows_per_s == (
+        value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from playwright.async_api import Page, async_playwright, expect
 from localstate import Settings
 from localstate.api import create_app
 from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetStatus
+from localstate.sync.rows import DirtyRow
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -176,5 +180,49 @@ async def test_the_token_in_the_served_url_logs_the_page_in(
             await expect(page.locator("#rows tr")).to_have_count(1)
             assert page.url == live_url + "/"
             assert await page.evaluate("sessionStorage.getItem('localstate.token')") == TOKEN
+        finally:
+            await browser.close()
+
+
+async def test_the_fleet_view_shows_lag_and_backlog_and_flags_a_stale_triggerer(
+    live_url: str, open_store: StoreFactory, central_url: str
+) -> None:
+    """Two triggerers in the fleet table: one that just flushed, one whose last flush is
+    ten minutes old (its row written as its flush would have, with a 1 s interval)."""
+    triggerer = await open_store(triggerer_id="triggerer-live")
+    await triggerer.set("dag:a", "k", 1)
+    await triggerer.flush()
+    central = await CentralStore.open(central_url)
+    try:
+        at = time.time() - 600.0
+        central.note_fleet(FleetStatus("triggerer-stuck", "far-host", 4242, at, 17, at - 2.5,
+                                       3.5, 1.0))
+        await central.write_batch([DirtyRow("dag:b", "k", "1", 1, 0, at, "triggerer-stuck")],
+                                  PolicyMap())
+    finally:
+        await central.close()
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(f"{live_url}/?token={TOKEN}")
+            fleet = page.locator("#fleet-rows tr")
+            await expect(fleet).to_have_count(2)
+            live = page.locator('#fleet-rows tr[data-triggerer="triggerer-live"]')
+            stuck = page.locator('#fleet-rows tr[data-triggerer="triggerer-stuck"]')
+            await expect(live.locator("td.backlog")).to_have_text("1")
+            await expect(live.locator(".badge.stale")).to_have_count(0)
+            await expect(stuck).to_have_class(re.compile(r"\bstale\b"))
+            await expect(stuck.locator(".badge.stale")).to_have_text("stale")
+            await expect(stuck.locator("td.host")).to_have_text("far-host:4242")
+            await expect(stuck.locator("td.backlog")).to_have_text("17")
+            await expect(stuck.locator("td.lag")).to_have_text("2.5 s")
+            await expect(stuck.locator("td.since")).to_have_text("10 min ago")
+            await expect(page.locator("#fleet-summary")).to_contain_text(
+                "2 triggerers")
+            await expect(page.locator("#fleet-summary")).to_contain_text("1 stale")
+            assert not errors, errors
         finally:
             await browser.close()

@@ -24,6 +24,12 @@ trigger on another triggerer finds the same state.
 Where the state lands is the ``sink`` setting: ``airflow`` flushes into Airflow's
 ``asset_state_store`` through the accessors the triggerer injected (registered here when the
 trigger starts running); ``sql`` into localstate's own central table.
+
+Handovers. When the state opens (the trigger starts on this triggerer), the trigger claims its
+owner (`StateStore.claim`): a new claim epoch, after which the central DB refuses the writes of
+the triggerer it was moved away from, should that one still be running (a zombie). A zombie's
+store raises `OwnerLost`; ``run()`` then ends quietly (the trigger stops). The ``airflow`` sink
+keeps no claims: there nothing is claimed and a zombie is not fenced (see the README).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 
 from localstate.airflow import shutdown
 from localstate.airflow.runner_gc import freeze_startup_heap
-from localstate.errors import LocalStateError, reason
+from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
@@ -233,6 +239,13 @@ class StateEnabledTrigger:
             return self._localstate_store
         self._register_accessors()
         store = await trigger_store()
+        if store.can_claim:
+            try:
+                await store.claim(self.state_owner)
+            except CentralUnavailable as exc:
+                # local-first: the trigger runs from its cache; unclaimed, its writes are
+                # refused (OwnerLost) only if another triggerer claims the owner meanwhile
+                log.warning("could not claim %s (%s); running unclaimed", self.state_owner, exc)
         self._localstate_store = store
         if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
             freeze_startup_heap()  # and full collections skip the start-up heap
@@ -324,9 +337,14 @@ def _opening_state(
     async def wrapped(self: StateEnabledTrigger, *args: Any, **kwargs: Any
                       ) -> AsyncGenerator[Any, None]:
         await self.open_state()
-        async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
-            async for event in events:
-                yield event
+        try:
+            async with contextlib.aclosing(run(self, *args, **kwargs)) as events:
+                async for event in events:
+                    yield event
+        except OwnerLost as exc:
+            # another triggerer claimed this trigger's owner: this one is a zombie, stop
+            log.warning("trigger of %s stops here: %s", exc.owner, exc)
+            return
         if self.forget_state_when_done:  # run() ended by itself: the task is done with it
             try:
                 await self.forget_state()

@@ -30,6 +30,8 @@ from localstate.api.paths import decode_cursor, encode_cursor, state_name
 from localstate.api.schemas import (
     MAX_VERSION,
     ErrorBody,
+    Fleet,
+    FleetMember,
     Health,
     PutBody,
     StateItem,
@@ -44,6 +46,7 @@ from localstate.entry import StateKey
 from localstate.model import FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
+from localstate.sync.fleet import fleet_total_rate, lag_and_backlog
 
 __all__ = ["RateMeter", "build_router", "caller_of", "central_or_503"]
 
@@ -236,6 +239,19 @@ def build_router(store: StateStore, auth: Authorizer,
             central_transactions=s.central_transactions, central_rows=s.central_rows,
             keys_in_memory=s.keys_in_memory, throughput=meter.sample(s.sets, s.central_rows),
         )
+
+    @router.get("/fleet", response_model=Fleet, responses=_ERRORS,
+                summary="Every triggerer's lag and backlog, from the fleet table")
+    async def fleet(_caller: Caller) -> Fleet:
+        now = time.time()
+        rows = await require_central().read_fleet()
+        members = [FleetMember(**{
+            **m, "last_flush_at": epoch_to_datetime(m["last_flush_at"]),
+            "oldest_unflushed_at": None if m["oldest_unflushed_at"] is None
+            else epoch_to_datetime(m["oldest_unflushed_at"]),
+        }) for m in lag_and_backlog(rows, now)]
+        return Fleet(triggerers=members, central_rows_per_s=fleet_total_rate(rows, now),
+                     stale=sum(m.stale for m in members))
 
     @router.get("/health", response_model=Health, summary="Liveness (no token needed)",
                 responses={503: {"model": Health, "description": "the store is closed"}})

@@ -90,6 +90,30 @@ class Status(BaseModel):
         description="recent rates of the serving store (null until two samples exist)")
 
 
+class FleetMember(BaseModel):
+    """One triggerer as its last flush recorded it in the fleet table."""
+
+    triggerer: str
+    host: str
+    pid: int
+    last_flush_at: datetime
+    since_last_flush_s: float = Field(description="seconds since that flush")
+    dirty_keys: int = Field(description="the keys that flush carried (its backlog)")
+    oldest_unflushed_at: datetime | None
+    lag_s: float = Field(description="from the oldest write it carried to the flush")
+    rows_per_s: float
+    flush_interval: float = Field(description="seconds between its flushes (budget included)")
+    stale: bool = Field(description="its last flush is older than a few flush intervals")
+
+
+class Fleet(BaseModel):
+    """Every triggerer that flushed to the central DB (`localstate_fleet`)."""
+
+    triggerers: list[FleetMember]
+    central_rows_per_s: float = Field(description="the live triggerers' rows/s together")
+    stale: int = Field(description="triggerers flagged stale")
+
+
 class Health(BaseModel):
     status: Literal["ok", "closed"]
     version: str

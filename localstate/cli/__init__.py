@@ -4,10 +4,11 @@
     localstate set OWNER KEY JSON [--expected-version N] [--json]
     localstate delete OWNER KEY [--expected-version N]
     localstate ls [--owner PREFIX] [--limit N] [--json]
-    localstate status [--json]
+    localstate status [--fleet] [--json]
     localstate flush [--cache PATH ...] [--json]
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
+    localstate bench --fleet N --triggers K [--budget R] --central-url postgresql://...
     localstate db upgrade [--central-url URL]
     localstate db prune [--older-than 7d] [--owner-prefix PREFIX] [--dry-run] [--json] ...
     localstate config
@@ -27,7 +28,8 @@ get, set, delete and ls work on the central DB directly (every triggerer flushes
 * ``flush`` flushes cache files no live process holds (a stopped triggerer's backlog); a
   cache in use is skipped, since its triggerer flushes it itself.
 * ``status`` reports the central DB (rows, writers, last writes) and the cache files in
-  ``cache_dir`` (rows not yet flushed, oldest unflushed write, who holds each).
+  ``cache_dir`` (rows not yet flushed, oldest unflushed write, who holds each); ``--fleet``
+  every triggerer's lag and backlog from the fleet table, flagging stale ones.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from localstate.cli._arg_types import (
     non_negative,
     port_number,
     positive_count,
+    positive_rate,
     trigger_counts,
     version_number,
 )
@@ -105,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="owners passing through 1,000 live triggers in the churn run, "
                             "which reports RSS and cache file size (default 20,000; --quick "
                             "5,000; 0: no churn run)")
+    bench.add_argument("--fleet", type=positive_count, metavar="N",
+                       help="the fleet benchmark: N triggerer processes (PostgreSQL), "
+                       "--triggers K each, with handovers and zombies")
+    bench.add_argument("--budget", type=positive_rate, metavar="R",
+                       help="with --fleet: central_budget_rows_per_s")
     bench.set_defaults(handler=cmd_bench)
 
     db = sub.add_parser("db", help="central schema")
@@ -171,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="the central DB and this host's cache files")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--fleet", action="store_true",
+                    help="every triggerer's lag and backlog (the fleet table)")
     central_url(st)
     st.set_defaults(handler=cmd_status)
 

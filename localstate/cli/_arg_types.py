@@ -45,6 +45,16 @@ def non_negative(text: str) -> float:
     return value
 
 
+def positive_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("expected a number above 0")
+    return value
+
+
 def version_number(text: str) -> int:
     try:
         value = int(text)

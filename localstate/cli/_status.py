@@ -14,6 +14,7 @@ from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import open_central, settings_for
 from localstate.cli._printing import human_time, print_json
 from localstate.errors import CentralError
+from localstate.sync.fleet import STALE_INTERVALS, fleet_total_rate, lag_and_backlog
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
@@ -69,8 +70,43 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     }
 
 
+def _print_fleet(fleet: dict[str, Any]) -> None:
+    members = fleet["triggerers"]
+    print(f"fleet         {len(members)} triggerers, {fleet['central_rows_per_s']:.1f} rows/s "
+          f"to the central DB, {fleet['stale']} stale")
+    if not members:
+        return
+    width = max(10, *(len(m["triggerer"]) for m in members))
+    print(f"{'TRIGGERER':<{width}}  {'HOST:PID':<20}  {'LAST FLUSH':<14}  {'BACKLOG':>7}  "
+          f"{'LAG':>8}  {'ROWS/S':>8}  {'INTERVAL':>8}")
+    for m in members:
+        flag = f"  STALE: no flush for over {STALE_INTERVALS:g} intervals" if m["stale"] else ""
+        print(f"{m['triggerer']:<{width}}  {m['host'] + ':' + str(m['pid']):<20}  "
+              f"{_ago(m['last_flush_at']):<14}  {m['dirty_keys']:>7}  {m['lag_s']:>7.2f}s  "
+              f"{m['rows_per_s']:>8.1f}  {m['flush_interval']:>7.2f}s{flag}")
+
+
+async def _fleet(central: CentralStore) -> dict[str, Any]:
+    now = time.time()
+    rows = await central.read_fleet()
+    members = lag_and_backlog(rows, now)
+    return {"triggerers": members, "central_rows_per_s": fleet_total_rate(rows, now),
+            "stale": sum(1 for m in members if m["stale"])}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_for(args)
+    if args.fleet:
+        async def fleet() -> dict[str, Any]:
+            async with open_central(settings) as central:
+                return await _fleet(central)
+
+        view = asyncio.run(fleet())
+        if args.json:
+            print_json({"fleet": view})
+        else:
+            _print_fleet(view)
+        return 0
 
     async def go() -> dict[str, Any]:
         async with open_central(settings) as central:

@@ -30,7 +30,10 @@ from localstate.sync.central_store import CentralStore
 from localstate.sync.engine import make_engine
 from localstate.sync.schema import state_variable
 
-__all__ = ["HistoryRow", "by_key", "current_rows", "install", "read", "regressions"]
+__all__ = [
+    "ClaimEvent", "HistoryRow", "by_key", "current_rows", "install", "install_claims", "read",
+    "read_claims", "regressions",
+]
 
 _PG_INSTALL = """
 CREATE TABLE fault_history (
@@ -71,6 +74,22 @@ _MYSQL_INSTALL = [
     "AND NEW.updated_at <=> OLD.updated_at) THEN "
     f"INSERT INTO fault_history ({_MY_COLUMNS}) VALUES ({_MY_NEW}); END IF; END",
 ]
+# Claims, numbered from the history's own sequence (PostgreSQL): a flush holds a share lock
+# on its owner's claim row from before its first write of that owner until it commits, and a
+# claim updates the row (an exclusive lock), so for one owner each claim's id falls between
+# the ids of the flushes that went in before it and of those after it.
+_PG_CLAIMS = """
+CREATE TABLE fault_claims (id bigint PRIMARY KEY, owner text NOT NULL, epoch bigint NOT NULL,
+    claimant text NOT NULL);
+CREATE FUNCTION fault_claims_append() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fault_claims VALUES (nextval('fault_history_id_seq'), NEW.owner, NEW.epoch,
+                                     NEW.claimant);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER fault_claims_append AFTER INSERT OR UPDATE ON localstate_owner_claim
+    FOR EACH ROW EXECUTE FUNCTION fault_claims_append();
+"""
 _SELECT = (
     'SELECT id, owner, "key", value, version, prev_version, updated_by FROM fault_history '
     "ORDER BY id"
@@ -90,6 +109,14 @@ class HistoryRow:
     @property
     def decoded(self) -> Any:
         return None if self.value is None else decode(self.value)
+
+
+@dataclass(frozen=True)
+class ClaimEvent:
+    id: int
+    owner: str
+    epoch: int
+    claimant: str
 
 
 def _sqlite_path(url: str) -> str:
@@ -143,6 +170,27 @@ async def read(url: str) -> list[HistoryRow]:
     conn = await asyncpg.connect(_dsn(url))
     try:
         return [HistoryRow(*row) for row in await conn.fetch(_SELECT)]
+    finally:
+        await conn.close()
+
+
+async def install_claims(url: str) -> None:
+    """On PostgreSQL, after `install`: record every claim in ``fault_claims``, numbered in
+    the history's order."""
+    assert make_url(url).get_backend_name() == "postgresql", url
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        await conn.execute(_PG_CLAIMS)
+    finally:
+        await conn.close()
+
+
+async def read_claims(url: str) -> list[ClaimEvent]:
+    """Every claim the central DB took, in history order (`install_claims`)."""
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        return [ClaimEvent(*row) for row in await conn.fetch(
+            "SELECT id, owner, epoch, claimant FROM fault_claims ORDER BY id")]
     finally:
         await conn.close()
 

@@ -117,6 +117,44 @@
     }
   }
 
+  // -- the fleet ---------------------------------------------------------------------------
+
+  // Every triggerer's lag and backlog as its last flush recorded them; one whose last flush
+  // is older than a few of its flush intervals is flagged stale.
+  async function loadFleet() {
+    try {
+      const f = await api("/api/v1/fleet");
+      const body = $("fleet-rows");
+      body.replaceChildren();
+      for (const m of f.triggerers) {
+        const tr = document.createElement("tr");
+        tr.dataset.triggerer = m.triggerer;
+        tr.className = m.stale ? "stale" : "";
+        cell(tr, "triggerer", m.triggerer);
+        cell(tr, "host", `${m.host}:${m.pid}`);
+        cell(tr, "since", `${seconds(m.since_last_flush_s)} ago`);
+        cell(tr, "backlog", String(m.dirty_keys));
+        cell(tr, "lag", seconds(m.lag_s));
+        cell(tr, "rate", m.rows_per_s.toFixed(1));
+        cell(tr, "interval", seconds(m.flush_interval));
+        const flag = cell(tr, "flag", "");
+        if (m.stale) {
+          const badge = document.createElement("span");
+          badge.className = "badge stale";
+          badge.textContent = "stale";
+          flag.appendChild(badge);
+        }
+        body.appendChild(tr);
+      }
+      $("fleet-summary").textContent =
+        `${f.triggerers.length} triggerers · ${f.central_rows_per_s.toFixed(1)} rows/s · ` +
+        `${f.stale} stale`;
+    } catch (e) {
+      $("fleet-summary").textContent = e.status === 401 || e.status === 403
+        ? "enter a valid token" : `unavailable: ${e.message}`;
+    }
+  }
+
   // -- the table -------------------------------------------------------------------------
 
   function cell(row, cls, text) {
@@ -292,6 +330,7 @@
       sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
       $("token").value = "";
       loadStatus();
+      loadFleet();
       loadRows(true);
     });
     $("token-clear").addEventListener("click", () => {
@@ -301,7 +340,9 @@
     // the token form shows when the server answers 401 (a server with api_tokens and no
     // token in this tab); inside Airflow the session cookie is enough and it stays hidden
     loadStatus();
+    loadFleet();
     setInterval(loadStatus, STATUS_EVERY_MS);
+    setInterval(loadFleet, STATUS_EVERY_MS);
     loadRows(true);
   }
 

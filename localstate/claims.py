@@ -1,0 +1,112 @@
+"""`ClaimBook`: the claim epochs one store holds, and the owners it lost.
+
+A store that claims an owner (`StateStore.claim`) holds the epoch the central DB gave it. Every
+flushed write of that owner carries an epoch (`DirtyRow.epoch`), stamped here at flush time:
+
+* the held epoch, for a write made since the claim;
+* the epoch held before it (0 if none), for a write made before the claim (its
+  ``updated_at`` is older than the claim's start): a write made under an older claim, or none,
+  never goes out under the newer one. `StateStore.claim` flushes first, so only writes made
+  while the claim was in progress get here.
+
+Rows of owners this store never claimed keep epoch 0: they behave as before claims existed,
+except that the central DB refuses them once another writer has claimed the owner.
+
+When a flush comes back with a write refused for its epoch (`FlushOutcome.lost_to`), the owner
+is lost: `check` raises `OwnerLost` for every later write of it until the store claims it again.
+The loss is logged once per claim.
+
+Invariant: an owner is in ``lost`` only while ``held`` has the epoch that lost it; a new claim
+replaces both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from localstate.errors import OwnerLost
+from localstate.sync.rows import DirtyRow
+
+__all__ = ["ClaimBook", "HeldClaim"]
+
+log = logging.getLogger("localstate.store")
+
+
+class HeldClaim(NamedTuple):
+    epoch: int
+    #: POSIX time the claim began (writes older than this were made before it)
+    since: float
+    #: the epoch held before this claim (0: none)
+    before: int
+
+
+class ClaimBook:
+    """The claims of one store (see the module docstring). Runs on the event loop's thread."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, HeldClaim] = {}
+        #: owners another writer claimed: owner -> the epoch the central DB holds
+        self.lost: dict[str, int] = {}
+        #: writes the central DB refused for their epoch (stats, the fault tally)
+        self.refused = 0
+
+    def begin(self) -> float:
+        """The time a claim begins: call before asking the central DB for the epoch."""
+        return time.time()
+
+    def took(self, owner: str, epoch: int, since: float) -> None:
+        """The central DB gave this store `epoch` of `owner`, claimed from `since` on."""
+        old = self.held.get(owner)
+        self.held[owner] = HeldClaim(epoch, since, old.epoch if old is not None else 0)
+        self.lost.pop(owner, None)
+
+    def epoch_of(self, owner: str) -> int:
+        """The epoch this store holds on `owner` (0: none)."""
+        held = self.held.get(owner)
+        return held.epoch if held is not None else 0
+
+    def stamp(self, rows: Sequence[DirtyRow]) -> Sequence[DirtyRow]:
+        """`rows` with the epoch each was written under (see the module docstring)."""
+        held = self.held
+        if not held:
+            return rows
+        out: list[DirtyRow] = []
+        for r in rows:
+            claim = held.get(r.owner)
+            if claim is None:
+                out.append(r)
+            else:
+                out.append(r._replace(
+                    epoch=claim.epoch if r.updated_at >= claim.since else claim.before))
+        return out
+
+    def lose(self, owner: str, epoch: int, current: int) -> bool:
+        """A write of `owner` made at `epoch` was refused: the central DB is at `current`.
+        Returns whether the owner is lost (False: the write predates this store's claim,
+        which is still the current one)."""
+        self.refused += 1
+        if current <= self.epoch_of(owner):
+            return False
+        if owner not in self.lost:
+            log.warning(
+                "owner %r was claimed by another writer (epoch %d, this store held %d): its "
+                "writes here are refused from now on (OwnerLost); claim it again to write it",
+                owner, current, epoch)
+        self.lost[owner] = current
+        return True
+
+    def check(self, owner: str) -> None:
+        """Raise `OwnerLost` when another writer claimed `owner` from this store."""
+        current = self.lost.get(owner)
+        if current is not None:
+            raise self.error(owner, current)
+
+    def error(self, owner: str, current: int) -> OwnerLost:
+        epoch = self.epoch_of(owner)
+        return OwnerLost(
+            f"owner {owner!r} was claimed by another writer (central epoch {current}, this "
+            f"store held {epoch}): this store may not write it; claim it again to take it back",
+            owner=owner, epoch=epoch, current=current)
