@@ -142,7 +142,7 @@ class LocalCache:
         memory_window: float = 0.05,
     ) -> LocalCache:
         cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window)
-        await cache._open()
+        await cache._open()  # an instance of this class, not yet returned to anyone
         return cache
 
     async def _open(self) -> None:

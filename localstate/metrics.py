@@ -221,7 +221,7 @@ def _otel_instruments(prefix: str) -> _OtelInstruments | None:
         return None
     instruments = _otel_by_prefix.get(prefix)
     if instruments is None:
-        from localstate import __version__
+        from localstate.version import __version__
 
         meter = metrics.get_meter("localstate", __version__)
         instruments = _otel_by_prefix[prefix] = _OtelInstruments(meter, prefix)

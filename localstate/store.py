@@ -130,7 +130,7 @@ class StateStore:
     @classmethod
     async def open(cls, **kwargs: Any) -> StateStore:
         store = cls(**kwargs)
-        await store._open()
+        await store._open()  # an instance of this class, not yet returned to anyone
         return store
 
     async def __aenter__(self) -> StateStore:
