@@ -20,7 +20,7 @@ from localstate.config import Settings
 from localstate.entry import UNKNOWN_BASE, Entry, StateKey, record_of
 from localstate.errors import CentralUnavailable, VersionConflict, WriteRejected
 from localstate.local_cache import LocalCache
-from localstate.model import Durability, FlushState, Record, refuse_unhashable_names
+from localstate.model import Durability, FlushState, Record, check_key
 from localstate.modes import Unflushed
 from localstate.store_parts import StoreParts
 from localstate.sync.rows import CentralRow
@@ -150,10 +150,7 @@ class LocalFirstMode:
     async def compare_and_set(self, k: StateKey, data: str, obj: object,
                               expected_version: int, durability: Durability) -> int:
         owner, key = k
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(*k)
+        check_key(k)
         entries = self.parts.table.entries
         central = durability == "central"
         for attempt in range(_CAS_ROUNDS):
@@ -187,10 +184,7 @@ class LocalFirstMode:
         raise AssertionError("unreachable")  # the last round returns or raises
 
     async def delete(self, k: StateKey, durability: Durability) -> bool:
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(*k)
+        check_key(k)
         e = await self._committed_base(k, durability)
         if e.data is None and e.synced_version != UNKNOWN_BASE and durability == "central":
             await self.read_central(k)  # another store may have written it since

@@ -16,7 +16,7 @@ from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localstate.entry import Entry, StateKey, entry_from_row, record_of
-from localstate.model import Durability, FlushState, Record, check_name, refuse_unhashable_names
+from localstate.model import Durability, FlushState, Record, check_key, check_name
 from localstate.store_parts import StoreParts, require_open
 from localstate.sync.rows import CentralRow
 from localstate.sync.worker import FlushReport
@@ -76,7 +76,7 @@ class DirectMode:
         return frozenset()
 
     async def read(self, k: StateKey) -> Entry | None:
-        _check_names(k)
+        check_key(k)
         row = (await self.parts.sink.read_many([k])).get(k)
         return None if row is None else entry_from_row(row)
 
@@ -134,15 +134,6 @@ class DirectMode:
         check_name("owner", k[0])
         check_name("key", k[1])
         self.parts.table.count_direct_write()
-
-
-def _check_names(k: StateKey) -> None:
-    try:
-        hash(k)
-    except TypeError:  # an unhashable owner or key (a list, say)
-        refuse_unhashable_names(*k)
-    check_name("owner", k[0])
-    check_name("key", k[1])
 
 
 class NotOpen:

@@ -31,6 +31,7 @@ from localstate.model import (
     Durability,
     Record,
     check_durability,
+    check_key,
     check_name,
     refuse_unhashable_names,
 )
@@ -296,12 +297,7 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         k = (owner, key)
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(owner, key)
-        check_name("owner", owner)
-        check_name("key", key)
+        check_key(k)
         async with self._gate.call():
             row = await self._mode.read_central(k)
             if row is None or row.data is None:

@@ -18,8 +18,8 @@ where it is: in the local cache, so memory stays bounded by the number of distin
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -32,9 +32,9 @@ from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.futures import mark_retrieved
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.sinks import Sink
+from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 
@@ -104,7 +104,7 @@ class SyncWorker:
         self._retry_wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._waiters: dict[StateKey, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._waiters = FlushWaiters()  # central-durability calls waiting for a flush
         # capped at one flush interval: after an outage the lag recovers within two intervals
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
         #: keys whose last flush met a conflict (the record's flush state says "conflict")
@@ -136,7 +136,7 @@ class SyncWorker:
     def holds(self, key: StateKey) -> bool:
         """Whether `key`'s entry must stay in memory for this worker: a central-durability
         waiter waits on it, or its last flush lost a conflict (its flush state says so)."""
-        return key in self._waiters or key in self.conflicted
+        return key in self._waiters.pending or key in self.conflicted
 
     def kick(self) -> None:
         """Flush now rather than at the next interval (enough keys are dirty, or a waiter)."""
@@ -162,15 +162,9 @@ class SyncWorker:
                     "local cache %s and are flushed at the next start",
                     len(self.table.dirty), exc or "deadline passed", self.cache.path,
                 )
-        for waiters in self._waiters.values():
-            for _version, fut in waiters:
-                if not fut.done():
-                    fut.set_exception(CentralUnavailable(
-                        "the store closed before the central DB held this write; it is kept "
-                        f"in the local cache {self.cache.path} and flushed at the next start"
-                    ))
-                    fut.add_done_callback(mark_retrieved)
-        self._waiters.clear()
+        self._waiters.fail_all(CentralUnavailable(
+            "the store closed before the central DB held this write; it is kept in the local "
+            f"cache {self.cache.path} and flushed at the next start"))
         return report
 
     async def _run(self) -> None:
@@ -253,6 +247,7 @@ class SyncWorker:
         now = time.time()
         table, lags = self.table, self.lags
         entries = table.entries
+        waiting = bool(self._waiters.pending)  # no await below: nobody registers meanwhile
         staged: dict[StateKey, Entry] = {}
         written = 0
         for o in outcomes:
@@ -267,8 +262,8 @@ class SyncWorker:
                 # The common case, kept flat: the central DB holds exactly the local entry.
                 written += 1
                 since = table.settle_written(k, e, central.version)
-                if self._waiters:
-                    self._settle_waiters(k, r.version, None)
+                if waiting:
+                    self._waiters.settle(k, r.version, None)
                 if self.conflicted:
                     self.conflicted.discard(k)
                 if since is not None:
@@ -298,7 +293,7 @@ class SyncWorker:
                 table.settle_moved(e, central.version)
             else:
                 table.settle_written(k, e, central.version)
-            self._settle_waiters(k, r.version, None)
+            self._waiters.settle(k, r.version, None)
         else:
             report.adopted += 1
             if not o.conflict:
@@ -308,21 +303,21 @@ class SyncWorker:
                 # out next, based on central's record, and their waiters wait for that flush.
                 if moved:
                     table.settle_moved(e, central.version)
-                    self._settle_waiters(k, r.version, None)
+                    self._waiters.settle(k, r.version, None)
                 else:
                     table.settle_adopted(e, central)
-                    self._settle_waiters(k, central.version, None)
+                    self._waiters.settle(k, central.version, None)
             elif moved and self.policies.for_owner(r.owner).is_max:
                 # newer local writes came in meanwhile: the next flush weighs them
                 table.settle_moved(e, central.version)
-                self._settle_waiters(k, r.version, _rejected(r, central))
+                self._waiters.settle(k, r.version, _rejected(r, central))
             else:
                 if moved:
                     # the writes made during the flush are replaced too: report the latest
                     # of them, not the refused row, so on_conflict names what was discarded
                     discarded = (e.version, e.data)
                 table.settle_adopted(e, central)
-                self._settle_waiters(k, e.version, _rejected(r, central), every=True)
+                self._waiters.settle(k, e.version, _rejected(r, central), every=True)
         if o.conflict:
             report.conflicts += 1
             self._report_conflict(o, central, discarded)
@@ -365,16 +360,10 @@ class SyncWorker:
         Register it before any await a flush could overtake: a flush that carries the version
         before its waiter exists settles nothing, and the waiter then times out.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append((version, fut))
-        return fut
+        return self._waiters.expect(key, version)
 
     def drop_waiter(self, key: StateKey, fut: asyncio.Future[None]) -> None:
-        waiters = self._waiters.get(key)
-        if waiters is not None:
-            waiters[:] = [(v, f) for v, f in waiters if f is not fut]
-            if not waiters:
-                del self._waiters[key]
+        self._waiters.drop(key, fut)
 
     async def wait_flushed(self, key: StateKey, version: int, timeout: float,
                            fut: asyncio.Future[None] | None = None) -> None:
@@ -392,19 +381,6 @@ class SyncWorker:
             ) from None
         finally:
             self.drop_waiter(key, fut)
-
-    def _settle_waiters(self, key: StateKey, version: int, error: BaseException | None,
-                        *, every: bool = False) -> None:
-        waiters = self._waiters.get(key)
-        if not waiters:
-            return
-        for v, fut in waiters:
-            if (every or v <= version) and not fut.done():
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(error)
-                    fut.add_done_callback(mark_retrieved)
 
 
 def _rejected(r: DirtyRow, central: CentralRow) -> WriteRejected:
