@@ -144,9 +144,9 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str) -> st
         await conn.execute("PRAGMA journal_size_limit=8388608")
         await conn.execute("PRAGMA temp_store=MEMORY")
         if app_id == 0 or user_version < SCHEMA_VERSION:
-            # One transaction: sqlite3 runs DDL in autocommit, so without the BEGIN a
-            # crash right after CREATE TABLE left a file with a table and application_id
-            # 0, which every later open refused as "not a localstate cache".
+            # One transaction (sqlite3 runs DDL in autocommit otherwise): a file has its
+            # tables and its application_id together or neither, so a crash here never
+            # leaves a file that later opens refuse as "not a localstate cache".
             await conn.execute("BEGIN IMMEDIATE")
             if app_id == 0:
                 await conn.execute(SCHEMA)

@@ -98,9 +98,8 @@ class SyncWorker:
         self.on_conflict = on_conflict
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
-        # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
-        # loop slept out its backoff (up to flush_interval) even after an explicit flush() had
-        # found the DB back, ignoring kicks, so `central` writes timed out meanwhile.
+        # Set by a successful flush (and by stop): ends a retry backoff early, so once any
+        # flush finds the DB back the loop flushes on kicks again at once.
         self._retry_wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -145,8 +144,8 @@ class SyncWorker:
     async def stop(self, deadline: float) -> FlushReport | None:
         """Stop the loop, then flush what is dirty for up to `deadline` seconds."""
         self._stop.set()
-        # Wake the loop too: between flushes it waits on `_kick` (up to flush_interval), not
-        # on `_stop`, so without this close() hung for up to a whole flush_interval.
+        # Wake the loop too: between flushes it waits on `_kick` (or `_retry_wake`), not on
+        # `_stop`; stopping returns without waiting out an interval.
         self._kick.set()
         self._retry_wake.set()
         if self._task is not None:
