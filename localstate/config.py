@@ -180,6 +180,16 @@ class Settings:
     def resolved_central_url(self) -> str:
         return self.central_url or f"sqlite:///{self.home / 'localstate-central.db'}"
 
+    @classmethod
+    def with_arguments(cls, settings: Settings | None, arguments: Mapping[str, Any]
+                       ) -> Settings:
+        """`settings` (None: resolved from the sources) with the arguments that are not None
+        applied on top: how a store takes its keyword arguments."""
+        given = {k: v for k, v in arguments.items() if v is not None}
+        if settings is None:
+            return cls.resolve(given)
+        return settings.replace(**given) if given else settings
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` applied (parsed and checked as arguments are)."""
         parsed: dict[str, Any] = {}

@@ -82,9 +82,12 @@ class LocalFirstMode:
             worker.kick()
         return cls(parts, cache, worker, s)
 
-    async def close(self, timeout: float) -> None:
-        """Flush what can be flushed within `timeout`, then close the cache."""
+    async def stop(self, timeout: float) -> None:
+        """Stop the sync worker after a last flush of up to `timeout` seconds."""
         await self.worker.stop(timeout)
+
+    async def close(self) -> None:
+        """Close the local cache (after `stop`): what is staged is committed first."""
         await self.cache.close()
 
     async def drain_and_stop(self, timeout: float) -> None:

@@ -1,6 +1,7 @@
 """Applying live settings to a running store: what changed, and the cache toggle.
 
-`StateStore.reconfigure` takes its reconfiguring lock, asks `live_changes` what changed and,
+`open_mode` opens a store's parts and first mode. `StateStore.reconfigure` takes its
+reconfiguring lock, asks `live_changes` what changed and,
 when ``enabled`` did, replaces its mode with `toggled` inside its `ModeGate`'s switch (no call
 in progress meanwhile). The store keeps the mode and the settings; these functions only compute
 the new ones.
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
+from localstate.entry_table import EntryTable
 from localstate.local_first import LocalFirstMode
 from localstate.modes import DirectMode, Mode
 from localstate.store_parts import StoreParts
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.sinks import Sink
+from localstate.sync.worker import ConflictInfo
 
-__all__ = ["live_changes", "toggled"]
+__all__ = ["live_changes", "open_mode", "toggled"]
 
 # the store's logger: what reconfigure logs is the store's, wherever the code lives
 log = logging.getLogger("localstate.store")
@@ -40,6 +46,23 @@ def live_changes(current: Settings, settings: Settings) -> tuple[tuple[str, ...]
         sources={**current.sources,
                  **{n: settings.sources.get(n, "default") for n in changed}},
     )
+
+
+async def open_mode(
+    s: Settings, *, table: EntryTable, sink: Sink | None, policies: PolicyMap,
+    on_conflict: Callable[[ConflictInfo], None] | None,
+) -> tuple[StoreParts, Mode]:
+    """Open a store's shared parts and its first mode (``enabled``: local-first, the cache
+    file loaded as it is); on an error nothing is left open."""
+    parts = await StoreParts.open(s, table=table, sink=sink, policies=policies,
+                                  on_conflict=on_conflict)
+    try:
+        mode: Mode = (await LocalFirstMode.start(parts, s, keep_clean=True) if s.enabled
+                      else DirectMode(parts))
+    except BaseException:
+        await parts.close()
+        raise
+    return parts, mode
 
 
 async def toggled(mode: Mode, parts: StoreParts, new: Settings) -> Mode:

@@ -61,6 +61,10 @@ class Mode(Protocol):
     async def sync_local(self) -> None: ...
     def unflushed(self, keys: Iterable[StateKey] | None = None) -> list[Unflushed]: ...
     def retune(self, settings: Settings) -> None: ...
+    async def stop(self, timeout: float) -> None:
+        """Stop flushing, after a last flush of up to `timeout` seconds (the store closes)."""
+    async def close(self) -> None:
+        """Close what the mode opened (after `stop`)."""
 
 
 class DirectMode:
@@ -127,6 +131,12 @@ class DirectMode:
         return []
 
     def retune(self, settings: Settings) -> None:
+        return None
+
+    async def stop(self, timeout: float) -> None:
+        return None
+
+    async def close(self) -> None:
         return None
 
     def _count_write(self, k: StateKey) -> None:

@@ -23,10 +23,9 @@ from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, recor
 from localstate.entry_table import EntryTable
 from localstate.errors import InvalidInput, LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
-from localstate.local_first import LocalFirstMode
 from localstate.metrics import MetricsReporter, start_reporter
 from localstate.mode_gate import ModeGate
-from localstate.mode_switch import live_changes, toggled
+from localstate.mode_switch import live_changes, open_mode, toggled
 from localstate.model import (
     Durability,
     Record,
@@ -35,7 +34,7 @@ from localstate.model import (
     check_name,
     refuse_unhashable_names,
 )
-from localstate.modes import DirectMode, Mode, NotOpen, Unflushed
+from localstate.modes import Mode, NotOpen, Unflushed
 from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import StoreParts
@@ -83,18 +82,12 @@ class StateStore:
     ) -> None:
         if isinstance(sink, str):  # the `sink` setting ("sql" | "airflow"), not a Sink
             options["sink"], sink = sink, None
-        explicit = dict(
+        self.settings = settings = Settings.with_arguments(settings, dict(
             cache_path=cache_path, central_url=central_url, triggerer_id=triggerer_id,
             durability=durability, enabled=enabled, flush_interval=flush_interval,
             max_batch=max_batch, conflict_policy=conflict_policy,
             max_value_bytes=max_value_bytes, **options,
-        )
-        given = {k: v for k, v in explicit.items() if v is not None}
-        if settings is None:
-            settings = Settings.resolve(given)
-        elif given:
-            settings = settings.replace(**given)
-        self.settings = settings
+        ))
         self.triggerer_id = settings.resolved_triggerer_id
         self._durability: Durability = settings.durability
         self._max_value_bytes = settings.max_value_bytes
@@ -151,15 +144,9 @@ class StateStore:
                 raise StoreClosed("this store was closed; open a new StateStore")
             return
         s = self.settings
-        parts = await StoreParts.open(s, table=self._table, sink=self._given_sink,
-                                      policies=self._policies, on_conflict=self._on_conflict)
-        try:
-            self._mode = (await LocalFirstMode.start(parts, s, keep_clean=True) if s.enabled
-                          else DirectMode(parts))
-        except BaseException:
-            await parts.close()
-            raise
-        self._parts = parts
+        self._parts, self._mode = await open_mode(
+            s, table=self._table, sink=self._given_sink, policies=self._policies,
+            on_conflict=self._on_conflict)
         self._opened = True
         self._metrics = start_reporter(self)
         if s.watch_config:
@@ -179,13 +166,10 @@ class StateStore:
         if self._watcher is not None:
             await self._watcher.stop()
         async with self._gate.exclusive():  # a mode switch in progress finishes first
-            mode = self._mode
-            if isinstance(mode, LocalFirstMode):
-                await mode.worker.stop(self.settings.close_timeout)
+            await self._mode.stop(self.settings.close_timeout)
             if self._metrics is not None:
                 await self._metrics.stop()  # the last report: what the final flush did
-            if isinstance(mode, LocalFirstMode):
-                await mode.cache.close()
+            await self._mode.close()
             if self._parts is not None:
                 await self._parts.close()
 
