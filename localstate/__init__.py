@@ -34,6 +34,7 @@ from localstate.errors import (
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
+from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.blocking import BlockingStateStore
@@ -64,8 +65,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "LIVE_SETTINGS",

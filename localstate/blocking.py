@@ -24,7 +24,6 @@ reader) knows which from the import alone.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import threading
 import warnings
@@ -33,6 +32,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from localstate.config import Settings
+from localstate.default_store import DEFAULT
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.model import Durability, Record
 from localstate.stats import StoreStats
@@ -224,47 +224,21 @@ class BlockingStateStore:
         return StateVariable(key, owner=owner, store=self)
 
 
-class _DefaultStore:
-    """The process's default store for the class-level calls, opened from config on first use."""
-
-    _lock = threading.Lock()
-    store: BlockingStateStore | None = None
-    owned = False  # opened here (closed here, and at exit), not given to configure()
-    _atexit = False
-
-    @classmethod
-    def get(cls) -> BlockingStateStore:
-        store = cls.store
-        if store is not None and not store.closed:
-            return store
-        with cls._lock:
-            if cls.store is None or cls.store.closed:
-                cls.store, cls.owned = BlockingStateStore(), True
-                if not cls._atexit:
-                    atexit.register(cls.close_owned)
-                    cls._atexit = True
-            return cls.store
-
-    @classmethod
-    def close_owned(cls) -> None:
-        with cls._lock:
-            store, owned = cls.store, cls.owned
-            cls.store, cls.owned = None, False
-        if store is not None and owned:
-            store.close()
+def _default() -> BlockingStateStore:
+    return DEFAULT.get_blocking(BlockingStateStore)
 
 
 def _class_get(key: str, *, owner: str, default: Any = None) -> Any:
-    return _DefaultStore.get().get(owner, key, default)
+    return _default().get(owner, key, default)
 
 
 def _class_set(key: str, value: Any, *, owner: str, durability: Durability | None = None
                ) -> int:
-    return _DefaultStore.get().set(owner, key, value, durability=durability)
+    return _default().set(owner, key, value, durability=durability)
 
 
 def _class_delete(key: str, *, owner: str) -> bool:
-    return _DefaultStore.get().delete(owner, key)
+    return _default().delete(owner, key)
 
 
 class StateVariable:
@@ -300,14 +274,13 @@ class StateVariable:
 
     @staticmethod
     def configure(store: BlockingStateStore | None) -> None:
-        """Make `store` the default of the class-level calls (None: open one from config).
+        """Make `store` the process's default store (None: open one from config on first use).
 
-        A default this module opened itself is closed first.
+        A default the blocking calls opened themselves is closed first.
         """
-        _DefaultStore.close_owned()
-        with _DefaultStore._lock:
-            _DefaultStore.store, _DefaultStore.owned = store, False
+        DEFAULT.configure_blocking(store)
 
     @staticmethod
     def default_store() -> BlockingStateStore | None:
-        return _DefaultStore.store
+        front = DEFAULT.current_front()
+        return front if isinstance(front, BlockingStateStore) else None

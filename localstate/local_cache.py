@@ -1,21 +1,6 @@
 """`LocalCache`: the triggerer's own SQLite file, written by one group-committing writer task.
 
-Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = `APPLICATION_ID`)::
-
-    CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-        -- 'writer_id': a random id given to the file when it is created (see `writer_id`)
-
-    CREATE TABLE state (
-        owner          TEXT    NOT NULL,
-        key            TEXT    NOT NULL,
-        value          TEXT,              -- JSON text; NULL: deleted, not yet flushed
-        version        INTEGER NOT NULL,  -- one more with every write
-        updated_at     REAL    NOT NULL,  -- POSIX seconds
-        updated_by     TEXT    NOT NULL,  -- the writer's id (the triggerer id)
-        synced_version INTEGER NOT NULL,  -- the version the central DB is known to hold (0: none)
-        PRIMARY KEY (owner, key)
-    ) WITHOUT ROWID;
-
+The file itself (schema, pragmas, migration, errors) is `localstate.cache_file`.
 A row is dirty (the sync worker still owes it to the central DB) while
 ``version != synced_version``. Every write goes through one writer task: callers stage entries,
 the writer turns all the entries staged while the previous commit ran into one transaction
@@ -29,69 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import sqlite3
-import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import aiosqlite
 
-from localstate.cache_compaction import (
-    Compactor,
-    choose_incremental,
-    convert_existing,
-    file_bytes,
+from localstate.cache_compaction import Compactor, file_bytes
+from localstate.cache_file import (
+    APPLICATION_ID,
+    SCHEMA,
+    SCHEMA_VERSION,
+    UPSERT,
+    connect,
+    file_in_the_way,
+    fsync_folder,
+    make_folder,
+    prepare,
+    wrap_errors,
 )
 from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
-from localstate.errors import (
-    CacheCorrupt,
-    CacheError,
-    CacheFull,
-    CachePathNotWritable,
-    CacheWriteFailed,
-    SchemaError,
-)
+from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 from localstate.file_lock import CacheFileLock
 
 __all__ = ["APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "LocalCache", "LocalSync"]
 
 log = logging.getLogger(__name__)
 
-#: "LSt1": marks a SQLite file as a localstate cache, so a stranger's database is never touched.
-APPLICATION_ID: Final = 0x4C537431
-SCHEMA_VERSION: Final = 2
-
 LocalSync = Literal["full", "normal"]
-
-SCHEMA: Final = """
-CREATE TABLE state (
-    owner          TEXT    NOT NULL,
-    key            TEXT    NOT NULL,
-    value          TEXT,
-    version        INTEGER NOT NULL,
-    updated_at     REAL    NOT NULL,
-    updated_by     TEXT    NOT NULL,
-    synced_version INTEGER NOT NULL,
-    PRIMARY KEY (owner, key)
-) WITHOUT ROWID
-"""
-#: version 2 adds it: one row, the file's writer id
-_META: Final = "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
-UPSERT: Final = "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?, ?, ?)"
 _PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
-# The way on after a failed commit, for the messages of CacheWriteFailed and CacheFull.
-_KEPT: Final = (
-    "Writes not yet committed are kept in memory and retried every 0.1 s; a set that raised "
-    "this is not acknowledged until a retry commits it"
-)
-# Below this many free bytes a filesystem counts as full (an I/O error there is ENOSPC).
-_NEARLY_FULL: Final = 64 * 1024
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
 
@@ -150,14 +104,14 @@ class LocalCache:
         memory_window: float = 0.05,
     ) -> LocalCache:
         cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window)
-        await cache._open()
+        await cache._open()  # an instance of this class, not yet returned to anyone
         return cache
 
     async def _open(self) -> None:
         try:
-            await asyncio.to_thread(_make_folder, self.path.parent)
+            await asyncio.to_thread(make_folder, self.path.parent)
         except OSError as exc:
-            blocker = _file_in_the_way(self.path.parent)
+            blocker = file_in_the_way(self.path.parent)
             why = exc.strerror if blocker is None else f"{blocker} is a file, not a folder"
             raise CachePathNotWritable(
                 f"cannot create the cache folder {self.path.parent} for the local cache "
@@ -167,14 +121,14 @@ class LocalCache:
         self._lock.acquire()
         try:
             new_file = not self.path.exists()
-            self._conn = await self._connect()
-            await self._check_and_prepare(self._conn)
+            self._conn = await connect(self.path)
+            self._writer_id = await prepare(self._conn, self.path, self.local_sync)
             if new_file:
                 # The file's name is durable only once its folder is fsynced. SQLite does that
                 # when it first syncs a new journal or WAL, unless built without it
                 # (SQLITE_DISABLE_DIRSYNC): do it here, once, whatever the build.
                 try:
-                    await asyncio.to_thread(_fsync_folder, self.path.parent)
+                    await asyncio.to_thread(fsync_folder, self.path.parent)
                 except OSError as exc:
                     raise CacheWriteFailed(
                         f"cannot fsync the folder of the new local cache {self.path}: "
@@ -188,22 +142,6 @@ class LocalCache:
             self._write_loop(), name=f"localstate-writer:{self.path.name}"
         )
 
-    async def _connect(self) -> aiosqlite.Connection:
-        connection = aiosqlite.connect(self.path)
-        try:
-            # wrapped: a cache path SQLite cannot open (a folder, say) must raise our error
-            # naming the file, not a bare sqlite3.OperationalError
-            with self._wrap("open"):
-                return await connection
-        except BaseException:
-            # After a failed connect aiosqlite stops its worker thread without waiting for it;
-            # the thread then calls into the event loop, which may be closed by then
-            # ("RuntimeError: Event loop is closed" in that thread). Wait for it here.
-            thread = getattr(connection, "_thread", None)
-            if thread is not None and thread.is_alive():
-                await asyncio.to_thread(thread.join, 10)
-            raise
-
     async def _abort_open(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -211,126 +149,6 @@ class LocalCache:
             self._conn = None
         self._lock.release()
         self._closed = True
-
-    async def _check_and_prepare(self, conn: aiosqlite.Connection) -> None:
-        """Refuse any file that is not ours, then set the pragmas. Never wipes anything."""
-        with self._wrap("open"):
-            app_id = await self._scalar(conn, "PRAGMA application_id")
-            user_version = await self._scalar(conn, "PRAGMA user_version")
-            tables = await self._scalar(conn, "SELECT count(*) FROM sqlite_master")
-        if app_id != APPLICATION_ID and (app_id != 0 or tables != 0):
-            raise CacheCorrupt(
-                f"{self.path} is a SQLite database but not a localstate cache "
-                f"(application_id {app_id:#x}); point cache_path at another file, "
-                "this one was left untouched",
-                path=str(self.path),
-            )
-        if app_id == APPLICATION_ID and user_version > SCHEMA_VERSION:
-            raise SchemaError(
-                f"the local cache {self.path} has schema version {user_version}, newer than "
-                f"this localstate ({SCHEMA_VERSION}); upgrade localstate, or move the file "
-                "aside to start an empty cache (its unflushed writes stay in it)"
-            )
-        with self._wrap("open"):
-            quick = await self._scalar(conn, "PRAGMA quick_check(1)")
-            if quick != "ok":
-                raise CacheCorrupt(
-                    f"the local cache {self.path} failed SQLite's quick_check ({quick}); "
-                    "move it aside (what it has flushed is safe in the central DB) and restart",
-                    path=str(self.path),
-                )
-            # before WAL mode and the first table: only then can a new file take it
-            await choose_incremental(conn)
-            # WAL: a commit appends to the -wal file instead of rewriting pages, readers (the
-            # CLI, a backup) never block the writer, and a commit needs one fsync, not two.
-            mode = await self._scalar(conn, "PRAGMA journal_mode=WAL")
-            if str(mode).lower() != "wal":
-                raise CachePathNotWritable(
-                    f"{self.path} cannot use WAL mode (got {mode!r}); keep the cache on a "
-                    "local filesystem",
-                    path=str(self.path),
-                )
-            # FULL: every commit is fsynced, so a write acknowledged in `local` durability
-            # survives power loss as well as a crash. Group commit spreads that one fsync over
-            # every write staged meanwhile. NORMAL (an option) survives a process crash but
-            # may lose the last commits on power loss.
-            await conn.execute(f"PRAGMA synchronous={self.local_sync.upper()}")
-            # A CLI reader or a backup may hold a read lock for a moment: wait, don't fail.
-            await conn.execute("PRAGMA busy_timeout=5000")
-            # Keep the -wal file from growing past 8 MiB after checkpoints (a soak stays flat).
-            await conn.execute("PRAGMA journal_size_limit=8388608")
-            await conn.execute("PRAGMA temp_store=MEMORY")
-            if app_id == 0 or user_version < SCHEMA_VERSION:
-                # One transaction: sqlite3 runs DDL in autocommit, so without the BEGIN a
-                # crash right after CREATE TABLE left a file with a table and application_id
-                # 0, which every later open refused as "not a localstate cache".
-                await conn.execute("BEGIN IMMEDIATE")
-                if app_id == 0:
-                    await conn.execute(SCHEMA)
-                await conn.execute(_META)
-                await conn.execute("INSERT INTO meta VALUES ('writer_id', ?)",
-                                   (uuid.uuid4().hex,))
-                await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                await conn.commit()
-            if await convert_existing(conn):  # a file made before auto_vacuum, once
-                log.info("the local cache %s now gives free pages back (auto_vacuum)", self.path)
-            self._writer_id = str(
-                await self._scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))
-
-    @staticmethod
-    async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
-        async with conn.execute(sql) as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else row[0]
-
-    @contextlib.contextmanager
-    def _wrap(self, doing: str) -> Iterator[None]:
-        """Turn sqlite3 errors into localstate's, naming the file and what to do."""
-        try:
-            yield
-        except CacheError:
-            raise
-        except sqlite3.Error as exc:
-            raise self._translate(exc, doing) from exc
-
-    def _translate(self, exc: sqlite3.Error, doing: str) -> CacheError:
-        text = str(exc)
-        path = str(self.path)
-        if isinstance(exc, sqlite3.DatabaseError) and (
-            "not a database" in text or "malformed" in text
-        ):
-            return CacheCorrupt(
-                f"the local cache {path} is damaged or not a database ({text}); move it aside "
-                "(what it has flushed is safe in the central DB) and restart",
-                path=path,
-            )
-        if "readonly" in text or "unable to open" in text:
-            return CachePathNotWritable(
-                f"cannot write the local cache {path} ({text}); make it and its folder "
-                "writable, or set cache_dir to a writable folder",
-                path=path,
-            )
-        # what became of the writes: only a failed commit has any in hand
-        kept = f" {_KEPT}" if doing == "commit" else ""
-        # SQLITE_FULL says "database or disk is full"; a full disk met while SQLite extends
-        # its -shm file (an open, say) only says "disk I/O error": ask the filesystem
-        if "disk is full" in text or ("disk I/O" in text and _no_space_left(self.path)):
-            return CacheFull(
-                f"the local cache {path} could not {doing}: the disk holding it is full "
-                f"({text}); free space on that filesystem, or set cache_dir (or cache_path) to "
-                f"a folder on another disk.{kept}",
-                path=path,
-            )
-        if "disk I/O" in text:
-            return CacheWriteFailed(
-                f"the local cache {path} could not {doing}: {text}; check that disk (the "
-                f"kernel log says why) or set cache_dir to a folder on a healthy local disk."
-                f"{kept}",
-                path=path,
-            )
-        return CacheWriteFailed(f"the local cache {path} could not {doing}: {text}.{kept}",
-                                path=path)
 
     async def close(self) -> None:
         """Commit what is staged, stop the writer and close the file. Safe to call twice."""
@@ -379,7 +197,7 @@ class LocalCache:
         """Every row of the file as entries (the store keeps them all in memory)."""
         conn = self._require()
         entries: dict[StateKey, Entry] = {}
-        with self._wrap("read"):
+        with wrap_errors(self.path, "read"):
             async with conn.execute(
                 "SELECT owner, key, value, version, updated_at, updated_by, synced_version "
                 "FROM state"
@@ -479,7 +297,7 @@ class LocalCache:
                 )
         conn = self._require()
         try:
-            with self._wrap("commit"):
+            with wrap_errors(self.path, "commit"):
                 try:
                     if upserts:
                         await conn.executemany(UPSERT, upserts)
@@ -516,46 +334,6 @@ class LocalCache:
         if self._conn is None:
             raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
         return self._conn
-
-
-def _make_folder(folder: Path) -> None:
-    """``mkdir -p folder``, durably: a new folder's name is only durable once its parent is
-    fsynced, and a power loss would take an unsynced folder, and the cache in it, away."""
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    folder.mkdir(parents=True, exist_ok=True)
-    for created in reversed(missing):
-        _fsync_folder(created.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """fsync a folder, making the names in it durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # a filesystem that cannot fsync a folder (EINVAL) has nothing more to offer: go on,
-        # as SQLite does for its own folder syncs
-        if exc.errno != errno.EINVAL:
-            raise
-    finally:
-        os.close(fd)
-
-
-def _file_in_the_way(folder: Path) -> Path | None:
-    """The nearest existing ancestor of `folder` (itself included) when it is not a folder."""
-    for candidate in (folder, *folder.parents):
-        if candidate.exists():
-            return None if candidate.is_dir() else candidate
-    return None
-
-
-def _no_space_left(path: Path) -> bool:
-    """Whether the filesystem holding `path` has (almost) no block left for it."""
-    try:
-        fs = os.statvfs(path.parent)
-    except OSError:
-        return False
-    return fs.f_bavail * fs.f_frsize < _NEARLY_FULL
 
 
 def _immutable(data: str | None) -> Any:

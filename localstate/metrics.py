@@ -36,13 +36,25 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from localstate.stats import StoreStats
 
 if TYPE_CHECKING:
     from localstate.config import Settings
-    from localstate.store import StateStore
+    from localstate.sync.worker import SyncWorker
+
+
+class MeasuredStore(Protocol):
+    """What a reporter reads of a store (`StateStore` is one)."""
+
+    @property
+    def triggerer_id(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def sync_worker(self) -> SyncWorker | None: ...
+    def stats(self) -> StoreStats: ...
 
 __all__ = ["COUNTERS", "GAUGES", "PRUNE_COUNTERS", "MetricsReporter", "StatsdClient",
            "report_prune", "start_reporter"]
@@ -225,7 +237,7 @@ def _otel_instruments(prefix: str) -> _OtelInstruments | None:
         return None
     instruments = _otel_by_prefix.get(prefix)
     if instruments is None:
-        from localstate import __version__
+        from localstate.version import __version__
 
         meter = metrics.get_meter("localstate", __version__)
         instruments = _otel_by_prefix[prefix] = _OtelInstruments(meter, prefix)
@@ -239,7 +251,7 @@ class MetricsReporter:
     """Samples one store's stats every `interval` seconds and reports them."""
 
     def __init__(
-        self, store: StateStore, *, interval: float, statsd: StatsdClient | None = None,
+        self, store: MeasuredStore, *, interval: float, statsd: StatsdClient | None = None,
         otel: _OtelInstruments | None = None,
     ) -> None:
         self.store = store
@@ -313,16 +325,15 @@ class MetricsReporter:
                 self.statsd.close()
 
 
-def _last_flush_duration(store: StateStore) -> float | None:
+def _last_flush_duration(store: MeasuredStore) -> float | None:
     # StoreStats has no flush duration; the worker's last report has it. (Reading the
     # worker here keeps the store's hot path free of any metrics call.)
-    worker = getattr(store, "_worker", None)
-    report = getattr(worker, "last_flush", None)
-    duration = getattr(report, "duration", None)
-    return float(duration) if isinstance(duration, int | float) else None
+    worker = store.sync_worker
+    report = worker.last_flush if worker is not None else None
+    return report.duration if report is not None else None
 
 
-def start_reporter(store: StateStore) -> MetricsReporter | None:
+def start_reporter(store: MeasuredStore) -> MetricsReporter | None:
     """Start reporting `store`'s metrics as its settings say; None when metrics are off."""
     s = store.settings
     statsd = (StatsdClient(s.statsd_host, s.statsd_port, s.statsd_prefix)

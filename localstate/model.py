@@ -26,6 +26,7 @@ __all__ = [
     "Record",
     "Unset",
     "check_durability",
+    "check_key",
     "check_name",
     "check_names",
     "epoch_to_datetime",
@@ -128,6 +129,16 @@ def refuse_unhashable_names(owner: object, key: object) -> NoReturn:
     check_name("key", key)
     raise InvalidName(f"owner and key must be str, not {type(owner).__name__} and "
                       f"{type(key).__name__}")
+
+
+def check_key(k: tuple[object, object]) -> None:
+    """Raise `InvalidName` unless `k` is an (owner, key) pair of valid names."""
+    try:
+        hash(k)
+    except TypeError:  # an unhashable owner or key (a list, say)
+        refuse_unhashable_names(*k)
+    check_name("owner", k[0])
+    check_name("key", k[1])
 
 
 def epoch_to_datetime(ts: float) -> datetime:

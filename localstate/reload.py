@@ -29,19 +29,24 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from watchfiles import awatch
 
 from localstate.config import Settings
 from localstate.errors import ConfigError, LocalStateError, StoreClosed
 
-if TYPE_CHECKING:
-    from localstate.store import StateStore
-
-__all__ = ["ConfigWatcher"]
+__all__ = ["ConfigWatcher", "Reconfigurable"]
 
 log = logging.getLogger(__name__)
+
+
+class Reconfigurable(Protocol):
+    """What a watcher needs of a store (`StateStore` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    async def reconfigure(self, settings: Settings) -> tuple[str, ...]: ...
 
 
 class ConfigWatcher:
@@ -49,7 +54,7 @@ class ConfigWatcher:
 
     def __init__(
         self,
-        store: StateStore,
+        store: Reconfigurable,
         path: str | Path,
         *,
         environ: Mapping[str, str] | None = None,

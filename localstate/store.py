@@ -10,70 +10,48 @@ call goes straight to the central DB, one transaction per `set`, as Airflow's ow
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Container, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from localstate.central_reads import first_write_base, known_entry, load_owner, set_reads_base
 from localstate.claims import ClaimBook
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
-from localstate.config import Settings
-from localstate.entry import (
-    NOT_DECODED,
-    UNKNOWN_BASE,
-    Entry,
-    StateKey,
-    entry_from_row,
-    record_of,
-)
+from localstate.config import Settings, config_file_path
+from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
 from localstate.entry_table import EntryTable
-from localstate.errors import (
-    CentralUnavailable,
-    ConfigError,
-    InvalidInput,
-    LocalStateError,
-    StoreClosed,
-    VersionConflict,
-    WriteRejected,
-)
+from localstate.errors import ConfigError, InvalidInput, LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
-from localstate.metrics import MetricsReporter
+from localstate.metrics import MetricsReporter, start_reporter
 from localstate.mode_gate import ModeGate
-from localstate.mode_switch import apply_live_settings
+from localstate.mode_switch import live_changes, open_mode, toggled
 from localstate.model import (
     Durability,
-    FlushState,
     Record,
     check_durability,
+    check_key,
     check_name,
     refuse_unhashable_names,
 )
+from localstate.modes import Mode, NotOpen, Unflushed
 from localstate.release import ReleaseReport, release_owner
+from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats, store_stats
-from localstate.store_parts import open_parts, release, require_open
+from localstate.store_parts import StoreParts
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.read_through import ReadThrough
-from localstate.sync.rows import CentralRow
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import ClaimingSink, Sink
 from localstate.sync.worker import ConflictInfo, FlushReport, SyncWorker
 
 if TYPE_CHECKING:
-    from localstate.reload import ConfigWatcher
     from localstate.variable import StateVariable
 
 __all__ = ["StateStore"]
 
 log = logging.getLogger(__name__)
-#: rounds a central-durability compare-and-set makes when its flush meets an unseen commit
-_CAS_ROUNDS = 3
-_now = time.time
 
 
 class StateStore:
@@ -81,6 +59,10 @@ class StateStore:
 
     Every option may also come from the environment or ``airflow.cfg`` (see
     `localstate.config`); explicit arguments win.
+
+    What it owns: its settings, its mode (`LocalFirstMode` or `DirectMode`, replaced only by
+    `reconfigure` under the `ModeGate`), the parts both modes share (`StoreParts`, from open
+    to close), and its get counters. The entries belong to its `EntryTable`.
     """
 
     def __init__(
@@ -102,31 +84,20 @@ class StateStore:
     ) -> None:
         if isinstance(sink, str):  # the `sink` setting ("sql" | "airflow"), not a Sink
             options["sink"], sink = sink, None
-        explicit = dict(
+        self.settings = settings = Settings.with_arguments(settings, dict(
             cache_path=cache_path, central_url=central_url, triggerer_id=triggerer_id,
             durability=durability, enabled=enabled, flush_interval=flush_interval,
             max_batch=max_batch, conflict_policy=conflict_policy,
             max_value_bytes=max_value_bytes, **options,
-        )
-        given = {k: v for k, v in explicit.items() if v is not None}
-        if settings is None:
-            settings = Settings.resolve(given)
-        elif given:
-            settings = settings.replace(**given)
-        self.settings = settings
+        ))
         self.triggerer_id = settings.resolved_triggerer_id
         self._durability: Durability = settings.durability
         self._max_value_bytes = settings.max_value_bytes
-        self._direct = not settings.enabled
         self._policies = PolicyMap(settings.conflict_policy)
         self._on_conflict = on_conflict
         #: the claim epochs this store holds, and the owners it lost (see `claim`)
         self._claims = ClaimBook()
-        self._sink: Sink | None = sink
-        self._owns_sink = sink is None
-        self._cache: LocalCache | None = None
-        self._worker: SyncWorker | None = None
-        self._reader: ReadThrough | None = None
+        self._given_sink: Sink | None = sink
         #: the one owner of the entries, dirty keys and absent keys (see EntryTable)
         self._table = EntryTable(updated_by=self.triggerer_id, kick_at=settings.max_batch,
                                  absent_ttl=settings.absent_ttl,
@@ -134,10 +105,14 @@ class StateStore:
         # The table's map, read by the hot path without a call; never changed here. The same
         # dict for the store's lifetime (the table fills and empties it in place).
         self._entries = self._table.entries
+        # The entries a `set` may write without the gate: the table's map, except while the
+        # cache is being turned off (then empty: every set waits at the gate). In direct mode
+        # the table holds nothing, so every call goes to the mode.
+        self._hot: Mapping[StateKey, Entry] = self._entries
         # the hot path's one call, bound once (a lookup less per set than self._table.write)
         self._write_entry = self._table.write
-        # read by api/view.py (through getattr) until it asks `unflushed()`
-        self._dirty = self._table.dirty
+        self._parts: StoreParts | None = None
+        self._mode: Mode = NotOpen()
         self._opened = False
         self._closed = False
         self._hits = 0  # gets served from memory
@@ -153,11 +128,11 @@ class StateStore:
     @classmethod
     async def open(cls, **kwargs: Any) -> StateStore:
         store = cls(**kwargs)
-        await open_parts(store)
+        await store._open()  # an instance of this class, not yet returned to anyone
         return store
 
     async def __aenter__(self) -> StateStore:
-        await open_parts(self)
+        await self._open()
         return self
 
     async def __aexit__(
@@ -165,6 +140,26 @@ class StateStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    async def _open(self) -> None:
+        """Open (once): the shared parts, the mode, metrics and the config watcher."""
+        if self._opened:
+            if self._closed:
+                raise StoreClosed("this store was closed; open a new StateStore")
+            return
+        s = self.settings
+        self._parts, self._mode = await open_mode(
+            s, table=self._table, sink=self._given_sink, policies=self._policies,
+            on_conflict=self._on_conflict, claims=self._claims)
+        self._opened = True
+        self._metrics = start_reporter(self)
+        if s.watch_config:
+            self._watcher = ConfigWatcher(self, config_file_path())
+            try:
+                await self._watcher.start()
+            except BaseException:
+                await self.close()
+                raise
 
     async def close(self) -> None:
         """Flush what can be flushed within ``close_timeout``, then close. Safe twice."""
@@ -175,11 +170,12 @@ class StateStore:
         if self._watcher is not None:
             await self._watcher.stop()
         async with self._gate.exclusive():  # a mode switch in progress finishes first
-            if self._worker is not None:
-                await self._worker.stop(self.settings.close_timeout)
+            await self._mode.stop(self.settings.close_timeout)
             if self._metrics is not None:
                 await self._metrics.stop()  # the last report: what the final flush did
-            await release(self)
+            await self._mode.close()
+            if self._parts is not None:
+                await self._parts.close()
 
     @property
     def closed(self) -> bool:
@@ -191,15 +187,26 @@ class StateStore:
         return self._watcher
 
     @property
+    def sink(self) -> Sink | None:
+        """The sink to the central DB (None before the store is open)."""
+        return self._parts.sink if self._parts is not None else self._given_sink
+
+    @property
     def central_store(self) -> CentralStore | None:
         """The SQL central store behind this store (None when another sink is used)."""
-        sink = self._sink.inner if isinstance(self._sink, ThreadedSink) else self._sink
+        sink = self.sink
+        sink = sink.inner if isinstance(sink, ThreadedSink) else sink
         return sink if isinstance(sink, CentralStore) else None
 
     @property
     def sync_worker(self) -> SyncWorker | None:
         """The sync worker (None with the cache off): its named flush steps, for tests."""
-        return self._worker
+        return self._mode.worker
+
+    @property
+    def local_cache(self) -> LocalCache | None:
+        """The local cache (None with the cache off)."""
+        return self._mode.cache
 
     @property
     def entry_table(self) -> EntryTable:
@@ -237,7 +244,7 @@ class StateStore:
             return obj if obj is not NOT_DECODED else decode(data)
         self._misses += 1
         async with self._gate.call():
-            e = await self._read((owner, key))
+            e = await self._mode.read((owner, key))
         if e is None or e.data is None:
             return default
         return e.obj if e.obj is not NOT_DECODED else decode(e.data)
@@ -248,7 +255,8 @@ class StateStore:
             raise self._closed_error()
         keys = list(keys)
         async with self._gate.call():
-            found = await asyncio.gather(*(self._read((owner, k)) for k in keys))
+            read = self._mode.read
+            found = await asyncio.gather(*(read((owner, k)) for k in keys))
         return {
             k: (e.obj if e.obj is not NOT_DECODED else decode(e.data))
             for k, e in zip(keys, found, strict=True)
@@ -260,10 +268,10 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
-            e = await self._read((owner, key))
+            e = await self._mode.read((owner, key))
             if e is None or e.data is None:
                 return None
-            return record_of((owner, key), e, self._conflicted())
+            return record_of((owner, key), e, self._mode.conflicted())
 
     async def read_committed(self, owner: str, key: str) -> Record | None:
         """The record the central DB holds now (None: no value), read with a query of its own.
@@ -277,27 +285,12 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         k = (owner, key)
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(owner, key)
-        check_name("owner", owner)
-        check_name("key", key)
+        check_key(k)
         async with self._gate.call():
-            row = await self._read_central(k)
+            row = await self._mode.read_central(k)
             if row is None or row.data is None:
                 return None
             return record_of(k, entry_from_row(row), ())
-
-    async def _read_central(self, k: StateKey) -> CentralRow | None:
-        """`k`'s central record, read now with a query of its own (not through the
-        read-through: joining a read already in flight could return a row read before this
-        call began); a clean, older entry of this store takes it."""
-        since = self._table.read_epoch(k[0])
-        row = (await self._require_sink().read_many([k])).get(k)
-        if row is not None and not self._direct:
-            self._table.adopt(k, row, since)  # not as a new key if an eviction ran meanwhile
-        return row
 
     async def items(self, owner: str) -> AsyncIterator[Record]:
         """The records of `owner` this store holds (call `load(owner)` first to refresh)."""
@@ -305,16 +298,7 @@ class StateStore:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():  # not held while the caller iterates
-            if self._direct:
-                rows = await self._require_sink().read_owner(owner)
-                conflicted = self._conflicted()
-                records = [record_of((r.owner, r.key), entry_from_row(r), conflicted)
-                           for r in rows if r.data is not None]
-            else:
-                snapshot = [(k, e) for k, e in self._entries.items() if k[0] == owner]
-                conflicted = self._conflicted()
-                records = [record_of(k, e, conflicted)
-                           for k, e in sorted(snapshot) if e.data is not None]
+            records = await self._mode.records(owner)
         for record in records:
             yield record
 
@@ -329,23 +313,7 @@ class StateStore:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():
-            if self._direct:
-                rows = await self._require_sink().read_owner(owner)
-                return sum(1 for r in rows if r.data is not None)
-            return await load_owner(self._table, self._require_sink(), owner)
-
-    async def _read(self, k: StateKey) -> Entry | None:
-        """The entry of `k` in the mode in force (inside the gate): memory, else central."""
-        if not self._direct:
-            return await known_entry(self._table, self._require_reader(), k)
-        try:
-            hash(k)
-        except TypeError:
-            refuse_unhashable_names(*k)
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        row = (await self._require_sink().read_many([k])).get(k)
-        return None if row is None else entry_from_row(row)
+            return await self._mode.load(owner)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -366,31 +334,18 @@ class StateStore:
             check_durability(durability)  # raises, before anything is written
         k = (owner, key)
         try:
-            e = None if self._direct else self._entries.get(k)
+            e = self._hot.get(k)
         except TypeError:  # an unhashable owner or key (a list, say)
             refuse_unhashable_names(owner, key)
-        if e is None:
-            return await self._set_slow(k, data, value, durability)
+        obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+        if e is None:  # a key not in memory, or direct mode: in one mode from start to end
+            async with self._gate.call():
+                return await self._mode.set(k, data, obj, durability)
         # the hot path: one call into the table, which makes the write in memory (inline there)
-        version = self._write_entry(
-            k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED,
-            durability == "memory",
-        )
+        version = self._write_entry(k, e, data, obj, durability == "memory")
         if durability == "memory":
             return version
-        return await self._persist(k, e, version, durability)
-
-    async def _set_slow(self, k: StateKey, data: str, value: Any, durability: Durability
-                        ) -> int:
-        """`set` in direct mode, or of a key not in memory: in one mode from start to end."""
-        async with self._gate.call():
-            if self._direct:
-                return await self._set_direct(k, data, durability)
-            e = await first_write_base(self._table, self._require_reader(), k, read=(
-                set_reads_base(durability, self._policies.for_owner(k[0]))))
-            return await self._write(
-                k, e, data, value if type(value) in IMMUTABLE_TYPES else NOT_DECODED, durability
-            )
+        return await self._mode.persist(k, e, version, durability)
 
     async def compare_and_set(
         self, owner: str, key: str, value: Any, *, expected_version: int,
@@ -410,53 +365,11 @@ class StateStore:
         data = encode(value, self._max_value_bytes)
         if self._policies.checks_values:  # some owner's max policy declares an order
             self._policies.check_value(owner, value, data)
-        async with self._gate.call():
-            return await self._compare_and_set((owner, key), value, data, expected_version,
-                                               durability)
-
-    async def _compare_and_set(self, k: StateKey, value: Any, data: str, expected_version: int,
-                               durability: Durability | None) -> int:
-        owner, key = k
-        if self._direct:  # one conditional statement on the central DB
-            self._count_direct_write(k, durability)
-            row = await self._require_sink().write_if_version(
-                owner, key, data, expected_version, updated_by=self.triggerer_id,
-                updated_at=_now())
-            return row.version
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(*k)
+        mode = self._durability if durability is None else check_durability(durability)
         obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-        for attempt in range(_CAS_ROUNDS):
-            e = await self._committed_base(k, durability)
-            if e.synced_version == UNKNOWN_BASE and self._entries.get(k) is not e:
-                raise CentralUnavailable(
-                    f"cannot compare {owner}/{key} with version {expected_version}: this store "
-                    "does not hold it and the central DB could not be read; nothing was written"
-                )
-            actual = e.version if e.data is not None else 0
-            if actual != expected_version and self._decides_on_central(durability):
-                # this store's entry may be behind another store's commit: compare with the
-                # central record before refusing (a query on the refusal path only)
-                await self._read_central(k)
-                e = await self._committed_base(k, durability)
-                actual = e.version if e.data is not None else 0
-            if actual != expected_version:
-                raise VersionConflict(
-                    f"{owner}/{key} is at version {actual}, not {expected_version}",
-                    expected=expected_version, actual=actual,
-                )
-            try:
-                return await self._write(k, e, data, obj, durability)
-            except WriteRejected:
-                # Its flush met a commit this store had not seen (the entry holds it now, and
-                # the refused write never took effect). The comparison is with the committed
-                # record, so make it again: a key another store deleted still has no value
-                # for expected_version 0, whatever the tombstone's version.
-                if attempt == _CAS_ROUNDS - 1:
-                    raise
-        raise AssertionError("unreachable")  # the last round returns or raises
+        async with self._gate.call():
+            return await self._mode.compare_and_set((owner, key), data, obj, expected_version,
+                                                    mode)
 
     async def delete(
         self, owner: str, key: str, *, durability: Durability | None = None
@@ -471,103 +384,9 @@ class StateStore:
             raise self._closed_error()
         if self._claims.lost:
             self._claims.check(owner)
-        async with self._gate.call():
-            return await self._delete((owner, key), durability)
-
-    async def _delete(self, k: StateKey, durability: Durability | None) -> bool:
-        if self._direct:  # a compare-and-delete on the central DB
-            self._count_direct_write(k, durability)
-            return await self._require_sink().delete_current(
-                k[0], k[1], updated_by=self.triggerer_id)
-        try:
-            hash(k)
-        except TypeError:  # an unhashable owner or key (a list, say)
-            refuse_unhashable_names(*k)
-        e = await self._committed_base(k, durability)
-        if e.data is None and e.synced_version != UNKNOWN_BASE and self._decides_on_central(
-                durability):
-            await self._read_central(k)  # another store may have written it since
-            e = await self._committed_base(k, durability)
-        if e.data is None and e.synced_version != UNKNOWN_BASE:
-            return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
-        await self._write(k, e, None, None, durability)
-        return True
-
-    def _decides_on_central(self, durability: Durability | None) -> bool:
-        """Whether a conditional write in `durability` decides on the central record."""
-        return (durability or self._durability) == "central"
-
-    async def _committed_base(self, k: StateKey, durability: Durability | None) -> Entry:
-        """The entry a conditional write (compare-and-set, delete) decides on.
-
-        In ``central`` durability, the committed one: while this store still owes the central
-        DB a write of `k` (its own, pending), wait until the flush has settled it (written, or
-        replaced by the central record), so the decision is made on what the central DB holds
-        as far as this store can know, never on a write that may yet be refused. Other writers'
-        later commits are caught by the fence of this write's own flush. In ``local`` and
-        ``memory`` durability, this store's own view, pending writes included. A refusal in
-        ``central`` durability is checked against the central record first (`_read_central`).
-        """
-        e = await first_write_base(self._table, self._require_reader(), k)
-        if not self._decides_on_central(durability):
-            return e
-        worker = self._require_worker()
-        while e.dirty and self._entries.get(k) is e:  # a new entry owes nothing yet
-            # a write that lost to the central record: the entry holds that record now
-            with contextlib.suppress(WriteRejected):
-                await worker.wait_flushed(k, e.version, self.settings.central_timeout)
-            e = await first_write_base(self._table, self._require_reader(), k)
-        return e
-
-    async def _persist(
-        self, k: StateKey, e: Entry, version: int, durability: Durability
-    ) -> int:
-        """Wait until the write `version` of `k` holds at `durability`."""
-        if durability == "memory":
-            return version  # staged by EntryTable.write
-        if durability != "central":
-            await self._require_cache().commit(k, e)
-            return version
-        # The central waiter is registered before the local commit is awaited: a flush
-        # running meanwhile can carry this version, and it settles only the waiters that
-        # exist when it marks the key clean.
-        worker = self._require_worker()
-        fut = worker.expect_flush(k, version)
-        try:
-            await self._require_cache().commit(k, e)
-        except BaseException:
-            worker.drop_waiter(k, fut)
-            if fut.done() and not fut.cancelled():
-                fut.exception()  # settled meanwhile: the commit's error is the one to raise
-            raise
-        await worker.wait_flushed(k, version, self.settings.central_timeout, fut)
-        return version
-
-    async def _write(
-        self, k: StateKey, e: Entry, data: str | None, obj: Any,
-        durability: Durability | None,
-    ) -> int:
-        """A write off the hot path: `e` is `k`'s entry, or the new one it is based on."""
         mode = self._durability if durability is None else check_durability(durability)
-        version = self._table.write_first(k, e, data, obj, mode == "memory")
-        return await self._persist(k, e, version, mode)
-
-    def _count_direct_write(self, k: StateKey, durability: Durability | None) -> None:
-        """Check a direct write's names and durability (nothing in memory checks them here)."""
-        check_name("owner", k[0])
-        check_name("key", k[1])
-        if durability is not None:
-            check_durability(durability)
-        self._table.count_direct_write()
-
-    async def _set_direct(
-        self, k: StateKey, data: str | None, durability: Durability | None
-    ) -> int:
-        self._count_direct_write(k, durability)
-        row = await self._require_sink().write_direct(
-            k[0], k[1], data, updated_at=time.time(), updated_by=self.triggerer_id
-        )
-        return row.version
+        async with self._gate.call():
+            return await self._mode.delete((owner, key), mode)
 
     # -- claims --------------------------------------------------------------------------
 
@@ -575,7 +394,7 @@ class StateStore:
     def can_claim(self) -> bool:
         """Whether this store's sink keeps claim epochs (the ``sql`` sink does; Airflow's
         state store, the ``airflow`` sink, does not)."""
-        return isinstance(self._sink, ClaimingSink)
+        return isinstance(self.sink, ClaimingSink)
 
     async def claim(self, owner: str) -> int:
         """Take `owner` over for this store: bump its claim epoch in the central DB (recording
@@ -590,21 +409,21 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
-        sink = self._require_sink()
+        sink = self.sink
         if not isinstance(sink, ClaimingSink):
             raise ConfigError(
-                f"the sink {sink.url} keeps no claim epochs (sink = airflow): owners cannot be "
-                "claimed, so a zombie triggerer is not fenced; use sink = sql")
+                f"the sink {sink.url if sink else None} keeps no claim epochs (sink = airflow): "
+                "owners cannot be claimed, so a zombie triggerer is not fenced; use sink = sql")
         async with self._gate.call():
             since = self._claims.begin()
-            if self._worker is not None and any(k[0] == owner for k in self._table.dirty):
-                await self._worker.flush()
-            epoch = await sink.claim(
-                owner, claimant=self.triggerer_id,
-                writer=self._cache.writer_id if self._cache is not None else None)
+            worker, cache = self._mode.worker, self._mode.cache
+            if worker is not None and any(k[0] == owner for k in self._table.dirty):
+                await worker.flush()
+            epoch = await sink.claim(owner, claimant=self.triggerer_id,
+                                     writer=cache.writer_id if cache is not None else None)
             self._claims.took(owner, epoch, since)
-            if not self._direct:
-                await load_owner(self._table, sink, owner)
+            if worker is not None:
+                await self._mode.load(owner)
         return epoch
 
     def claim_epoch(self, owner: str) -> int:
@@ -623,9 +442,7 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         async with self._gate.call():
-            if self._worker is None:
-                return FlushReport()
-            return await self._worker.flush()
+            return await self._mode.flush()
 
     async def release(self, owner: str, *, timeout: float | None = None) -> ReleaseReport:
         """`owner` left this store: flush its writes, then drop its entries from memory and
@@ -638,10 +455,11 @@ class StateStore:
             raise self._closed_error()
         check_name("owner", owner)
         async with self._gate.call():
-            if self._worker is None:  # the cache is off: nothing is held
+            worker = self._mode.worker
+            if worker is None:  # the cache is off: nothing is held
                 return ReleaseReport()
             wait = self.settings.central_timeout if timeout is None else timeout
-            return await release_owner(self._table, self._worker, owner, wait)
+            return await release_owner(self._table, worker, owner, wait)
 
     # -- settings at run time ------------------------------------------------------------
 
@@ -657,63 +475,55 @@ class StateStore:
         """
         if self._closed:
             raise self._closed_error()
-        if not self._opened:
+        if not self._opened or self._parts is None:
             raise LocalStateError("open the store before reconfiguring it")
+        parts = self._parts
         async with self._reconfiguring:  # one at a time: each compares with the one before
-            return await apply_live_settings(self, settings)
+            changed, new = live_changes(self.settings, settings)
+            if not changed:
+                return ()
+            toggle = new.enabled != self.settings.enabled
+            async with self._gate.switch() if toggle else self._gate.exclusive():
+                if self._closed:
+                    raise self._closed_error()
+                if toggle:
+                    if not new.enabled:
+                        self._hot = {}  # from here every set, hot path included, waits
+                    try:
+                        self._mode = await toggled(self._mode, parts, new)
+                    finally:
+                        self._hot = self._entries  # empty in direct mode
+                self._durability = new.durability
+                self._table.kick_at = new.max_batch
+                self._mode.retune(new)
+                self.settings = new
+            log.info("applied %s", ", ".join(f"{n}={getattr(new, n)!r}" for n in changed))
+            return changed
 
     def stats(self) -> StoreStats:
+        mode = self._mode
         return store_stats(
-            table=self._table, worker=self._worker, cache=self._cache, sink=self._sink,
-            reader=self._reader, hits=self._hits, misses=self._misses,
-            cache_enabled=not self._direct,
+            table=self._table, worker=mode.worker, cache=mode.cache, sink=self.sink,
+            reader=self._parts.reader if self._parts is not None else None,
+            hits=self._hits, misses=self._misses,
+            cache_enabled=self.settings.enabled,
             config_error=self._watcher.last_error if self._watcher is not None else None,
         )
 
-    def unflushed(self) -> list[tuple[StateKey, Entry, FlushState]]:
-        """The keys whose entry is dirty, or whose last flush lost a conflict, in key order.
+    def unflushed(self, keys: Iterable[StateKey] | None = None) -> list[Unflushed]:
+        """The keys whose entry is dirty, or whose last flush lost a conflict, in key order
+        (of `keys` only, when given).
 
         A snapshot (the entries are the store's own: read them, do not change them).
         """
-        table = self._table
-        conflicted = self._worker.conflicted if self._worker is not None else set()
-        out: list[tuple[StateKey, Entry, FlushState]] = []
-        for k in sorted({*table.dirty, *conflicted}):
-            e = table.entries.get(k)
-            if e is None:
-                continue
-            if e.dirty:
-                out.append((k, e, FlushState.DIRTY))
-            elif k in conflicted:
-                out.append((k, e, FlushState.CONFLICT))
-        return out
+        return self._mode.unflushed(keys)
 
     async def sync_local(self) -> None:
         """Wait until every write made so far is committed to the local cache file."""
-        if self._cache is not None:
-            await self._cache.sync_now()
+        await self._mode.sync_local()
 
     def variable(self, key: str, *, owner: str) -> StateVariable:
         """A handle on one state variable: ``await sv.get()``, ``await sv.set(v)``."""
         from localstate.variable import StateVariable
 
         return StateVariable(key, owner=owner, store=self)
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _conflicted(self) -> Container[StateKey]:
-        """The keys whose last flush lost a conflict (none without a sync worker)."""
-        w = self._worker
-        return w.conflicted if w is not None else frozenset()
-
-    def _require_sink(self) -> Sink:
-        return require_open(self._sink)
-
-    def _require_reader(self) -> ReadThrough:
-        return require_open(self._reader)
-
-    def _require_worker(self) -> SyncWorker:
-        return require_open(self._worker)
-
-    def _require_cache(self) -> LocalCache:
-        return require_open(self._cache)

@@ -1,104 +1,65 @@
-"""Opening, wiring and releasing the parts of a `StateStore`.
+"""`StoreParts`: what both of a store's modes share, opened once and closed once.
 
-The parts: the sink to the central DB, the read-through in front of it and, in local-first mode,
-the local cache with the sync worker that flushes it. They stay attributes of the store (the hot
-path reads them there, one attribute lookup each); these functions only set them up and tear
-them down.
+The parts: the sink to the central DB, the read-through in front of it, the store's
+`EntryTable`, its name, conflict policies and conflict callback. They are fixed from the open to
+the close; the mode in force (`localstate.modes`) reads them, and owns what it opens itself
+(the local cache and the sync worker of local-first mode).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
-from localstate.config import Settings, config_file_path
-from localstate.errors import LocalStateError, StoreClosed
-from localstate.local_cache import LocalCache
-from localstate.metrics import start_reporter
+from localstate.claims import ClaimBook
+from localstate.config import Settings
+from localstate.entry_table import EntryTable
+from localstate.errors import LocalStateError
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
 from localstate.sync.read_through import ReadThrough
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import SyncWorker
+from localstate.sync.worker import ConflictInfo
 
-if TYPE_CHECKING:
-    from localstate.store import StateStore
-
-__all__ = ["open_central", "open_parts", "release", "require_open", "start_cache"]
-
-# the store's logger: what it logs while opening is the store's, wherever the code lives
-log = logging.getLogger("localstate.store")
+__all__ = ["StoreParts", "open_central", "require_open"]
 
 _T = TypeVar("_T")
 
 
-async def open_parts(store: StateStore) -> None:
-    """Open `store` (once): its sink, read-through, cache and worker, metrics and watcher."""
-    if store._opened:
-        if store._closed:
-            raise StoreClosed("this store was closed; open a new StateStore")
-        return
-    s = store.settings
-    try:
-        if store._sink is None:
-            store._sink = await open_central(s)
-        store._reader = ReadThrough(store._sink)
-        if not store._direct:
-            await start_cache(store, s, keep_clean=True)
-    except BaseException:
-        await release(store)
-        raise
-    store._opened = True
-    store._metrics = start_reporter(store)
-    if s.watch_config:
-        from localstate.reload import ConfigWatcher
+@dataclass(frozen=True, slots=True)
+class StoreParts:
+    table: EntryTable
+    sink: Sink
+    reader: ReadThrough
+    triggerer_id: str
+    policies: PolicyMap
+    on_conflict: Callable[[ConflictInfo], None] | None
+    #: the claim epochs the store holds and the owners it lost (see `StateStore.claim`)
+    claims: ClaimBook
+    #: the store opened the sink (and closes it); a sink given to the store is the caller's
+    owns_sink: bool
 
-        store._watcher = ConfigWatcher(store, config_file_path())
-        try:
-            await store._watcher.start()
-        except BaseException:
-            await store.close()
-            raise
+    @classmethod
+    async def open(
+        cls, settings: Settings, *, table: EntryTable, sink: Sink | None, policies: PolicyMap,
+        on_conflict: Callable[[ConflictInfo], None] | None, claims: ClaimBook,
+    ) -> StoreParts:
+        """Open the sink the settings name (unless one is given) and the read-through."""
+        owns_sink = sink is None
+        if sink is None:
+            sink = await open_central(settings)
+        return cls(table=table, sink=sink, reader=ReadThrough(sink),
+                   triggerer_id=settings.resolved_triggerer_id, policies=policies,
+                   on_conflict=on_conflict, claims=claims, owns_sink=owns_sink)
 
-
-async def start_cache(store: StateStore, s: Settings, *, keep_clean: bool) -> None:
-    """Open the local cache, load it into the store's entry table and start the sync worker.
-
-    `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`.
-    """
-    store._cache = cache = await LocalCache.open(
-        s.resolved_cache_path,
-        owner_id=store.triggerer_id,
-        local_sync="normal" if s.local_sync == "normal" else "full",
-        memory_window=s.memory_window,
-    )
-    entries = await cache.load()
-    table = store._table
-    store._worker = worker = SyncWorker(
-        table=table, cache=cache,
-        sink=store._require_sink(), policies=store._policies,
-        flush_interval=s.flush_interval, max_batch=s.max_batch,
-        on_conflict=store._on_conflict, claims=store._claims,
-        budget_rows_per_s=s.central_budget_rows_per_s,
-    )
-    table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
-               pinned=worker.holds)
-    worker.start()
-    if table.dirty:
-        log.info("%d writes not yet in the central DB found in %s; flushing",
-                 len(table.dirty), cache.path)
-        worker.kick()
-
-
-async def release(store: StateStore) -> None:
-    """Close the cache, the read-through and (when the store opened it) the sink."""
-    if store._cache is not None:
-        await store._cache.close()
-    if store._reader is not None:
-        await store._reader.close()
-    if store._sink is not None and store._owns_sink:
-        await store._sink.close()
+    async def close(self) -> None:
+        """Close the read-through and (when the store opened it) the sink."""
+        await self.reader.close()
+        if self.owns_sink:
+            await self.sink.close()
 
 
 async def open_central(s: Settings) -> Sink:

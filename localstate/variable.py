@@ -17,16 +17,16 @@ the settings (environment, ``airflow.cfg``) on first use, in the running event l
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from localstate.errors import LocalStateError
 from localstate.model import Durability, Record
-from localstate.store import StateStore
 
-__all__ = ["StateVariable", "process_store"]
+if TYPE_CHECKING:
+    from localstate.config import Settings
+
+__all__ = ["StateVariable", "VariableStore"]
 
 _PC = ParamSpec("_PC")
 _RC = TypeVar("_RC")
@@ -54,55 +54,53 @@ class _ClassOrInstance(Generic[_PC, _RC, _S, _PI, _RI]):
         return functools.partial(self._on_instance, obj)
 
 
-class _DefaultStore:
-    """The process's default store for class-level calls, opened lazily once per loop."""
+class VariableStore(Protocol):
+    """What a handle and the class-level calls use of a store (`StateStore` has it)."""
 
-    store: StateStore | None = None
-    _lock: asyncio.Lock | None = None
-    _loop: asyncio.AbstractEventLoop | None = None
+    @property
+    def triggerer_id(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def closed(self) -> bool: ...
+    async def close(self) -> None: ...
 
-    @classmethod
-    async def get(cls) -> StateStore:
-        loop = asyncio.get_running_loop()
-        if cls.store is not None and not cls.store.closed:
-            if cls._loop is not None and cls._loop is not loop:
-                raise LocalStateError(
-                    "the default StateStore belongs to another event loop; call "
-                    "StateVariable.configure(store) in this loop, or use the sync API"
-                )
-            return cls.store
-        if cls._lock is None or cls._loop is not loop:
-            cls._lock, cls._loop = asyncio.Lock(), loop
-        async with cls._lock:
-            if cls.store is None or cls.store.closed:
-                cls.store = await StateStore.open()
-        return cls.store
+    async def get(self, owner: str, key: str, default: Any = None) -> Any: ...
+    async def set(self, owner: str, key: str, value: Any, *,
+                  durability: Durability | None = None) -> int: ...
+    async def delete(self, owner: str, key: str, *, durability: Durability | None = None
+                     ) -> bool: ...
+    async def record(self, owner: str, key: str) -> Record | None: ...
+    async def compare_and_set(self, owner: str, key: str, value: Any, *, expected_version: int,
+                              durability: Durability | None = None) -> int: ...
 
 
-async def process_store() -> StateStore:
-    """The process's default store (`StateVariable.configure`, else opened from the settings
-    once, on first use): the one opener of it for class-level calls and Airflow triggers."""
-    return await _DefaultStore.get()
+async def _default() -> VariableStore:
+    # imported on use: the default store's module opens a StateStore, whose `variable()`
+    # makes handles of this module (the store does not depend on the default store)
+    from localstate.default_store import DEFAULT
+
+    return await DEFAULT.get()
 
 
 async def _class_get(key: str, *, owner: str, default: Any = None) -> Any:
-    return await (await _DefaultStore.get()).get(owner, key, default)
+    return await (await _default()).get(owner, key, default)
 
 
 async def _class_set(
     key: str, value: Any, *, owner: str, durability: Durability | None = None
 ) -> int:
-    return await (await _DefaultStore.get()).set(owner, key, value, durability=durability)
+    return await (await _default()).set(owner, key, value, durability=durability)
 
 
 async def _class_delete(key: str, *, owner: str) -> bool:
-    return await (await _DefaultStore.get()).delete(owner, key)
+    return await (await _default()).delete(owner, key)
 
 
 class StateVariable:
     """One state variable: a key and its owner, in a store."""
 
-    def __init__(self, key: str, *, owner: str, store: StateStore) -> None:
+    def __init__(self, key: str, *, owner: str, store: VariableStore) -> None:
         self.key = key
         self.owner = owner
         self.store = store
@@ -132,17 +130,15 @@ class StateVariable:
         )
 
     @staticmethod
-    def configure(store: StateStore | None) -> None:
-        """Make `store` the default of the class-level calls (None: open one from config)."""
-        _DefaultStore.store = store
-        _DefaultStore._loop = None
-        _DefaultStore._lock = None
-        if store is not None:
-            try:
-                _DefaultStore._loop = asyncio.get_running_loop()
-            except RuntimeError:
-                _DefaultStore._loop = None
+    def configure(store: VariableStore | None) -> None:
+        """Make `store` (a `StateStore`) the process's default store (None: open one from
+        the settings on first use)."""
+        from localstate.default_store import DEFAULT  # imported on use, as in `_default`
+
+        DEFAULT.configure(store)
 
     @staticmethod
-    def default_store() -> StateStore | None:
-        return _DefaultStore.store
+    def default_store() -> VariableStore | None:
+        from localstate.default_store import DEFAULT  # imported on use, as in `_default`
+
+        return DEFAULT.current()

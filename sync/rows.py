@@ -59,9 +59,8 @@ class FlushOutcome(NamedTuple):
     #: the central version was not the base the write expected (or a max policy refused it)
     conflict: bool = False
     policy: str = ""
-    #: for a conflict the local write won: the central record it replaced. (Added: `central`
-    #: is then the local write itself, so the conflict callback and log could not tell what
-    #: was overwritten.)
+    #: for a conflict the local write won: the central record it replaced (`central` is then
+    #: the local write itself)
     replaced: CentralRow | None = None
     #: the write was refused because its claim epoch is below the owner's central epoch
     #: (another writer claimed the owner): "adopted", `central` the current record (a

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
+import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
@@ -36,9 +35,9 @@ from localstate.sync.backoff import Backoff
 from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus, this_host
-from localstate.sync.futures import mark_retrieved
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.sinks import FleetReporting, Sink
+from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 
@@ -109,13 +108,12 @@ class SyncWorker:
                        else FlushBudget(budget_rows_per_s, flush_interval))
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
-        # Set by a successful flush (and by stop): ends a retry backoff early. Without it the
-        # loop slept out its backoff (up to flush_interval) even after an explicit flush() had
-        # found the DB back, ignoring kicks, so `central` writes timed out meanwhile.
+        # Set by a successful flush (and by stop): ends a retry backoff early, so once any
+        # flush finds the DB back the loop flushes on kicks again at once.
         self._retry_wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._waiters: dict[StateKey, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._waiters = FlushWaiters()  # central-durability calls waiting for a flush
         # capped at one flush interval: after an outage the lag recovers within two intervals
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
         #: keys whose last flush met a conflict (the record's flush state says "conflict")
@@ -159,7 +157,7 @@ class SyncWorker:
     def holds(self, key: StateKey) -> bool:
         """Whether `key`'s entry must stay in memory for this worker: a central-durability
         waiter waits on it, or its last flush lost a conflict (its flush state says so)."""
-        return key in self._waiters or key in self.conflicted
+        return key in self._waiters.pending or key in self.conflicted
 
     def kick(self) -> None:
         """Flush now rather than at the next interval (enough keys are dirty, or a waiter)."""
@@ -168,8 +166,8 @@ class SyncWorker:
     async def stop(self, deadline: float) -> FlushReport | None:
         """Stop the loop, then flush what is dirty for up to `deadline` seconds."""
         self._stop.set()
-        # Wake the loop too: between flushes it waits on `_kick` (up to flush_interval), not
-        # on `_stop`, so without this close() hung for up to a whole flush_interval.
+        # Wake the loop too: between flushes it waits on `_kick` (or `_retry_wake`), not on
+        # `_stop`; stopping returns without waiting out an interval.
         self._kick.set()
         self._retry_wake.set()
         if self._task is not None:
@@ -185,15 +183,9 @@ class SyncWorker:
                     "local cache %s and are flushed at the next start",
                     len(self.table.dirty), reason(exc), self.cache.path,
                 )
-        for waiters in self._waiters.values():
-            for _version, fut in waiters:
-                if not fut.done():
-                    fut.set_exception(CentralUnavailable(
-                        "the store closed before the central DB held this write; it is kept "
-                        f"in the local cache {self.cache.path} and flushed at the next start"
-                    ))
-                    fut.add_done_callback(mark_retrieved)
-        self._waiters.clear()
+        self._waiters.fail_all(CentralUnavailable(
+            "the store closed before the central DB held this write; it is kept in the local "
+            f"cache {self.cache.path} and flushed at the next start"))
         return report
 
     async def _run(self) -> None:
@@ -232,7 +224,7 @@ class SyncWorker:
 
     async def flush(self) -> FlushReport:
         """Flush every key dirty now, in batches of `max_batch`; one flush at a time."""
-        async with self._flush_lock, _gc_paused(len(self.table.dirty) >= _GC_PAUSE_ROWS):
+        async with self._flush_lock:
             started = time.monotonic()
             report = FlushReport(started_at=time.time())
             self._note_fleet(report.started_at)
@@ -258,7 +250,7 @@ class SyncWorker:
             self._last_rows = report.written
             self.flushes += 1
             self.last_flush_at = time.time()
-            self.last_flush = report
+            self.last_flush = dataclasses.replace(report, outcomes=[])  # counts only
             self.last_error = None
             self._retry_wake.set()
             return report
@@ -295,6 +287,7 @@ class SyncWorker:
         now = time.time()
         table, lags = self.table, self.lags
         entries = table.entries
+        waiting = bool(self._waiters.pending)  # no await below: nobody registers meanwhile
         staged: dict[StateKey, Entry] = {}
         written = 0
         for o in outcomes:
@@ -309,8 +302,8 @@ class SyncWorker:
                 # The common case, kept flat: the central DB holds exactly the local entry.
                 written += 1
                 since = table.settle_written(k, e, central.version)
-                if self._waiters:
-                    self._settle_waiters(k, r.version, None)
+                if waiting:
+                    self._waiters.settle(k, r.version, None)
                 if self.conflicted:
                     self.conflicted.discard(k)
                 if since is not None:
@@ -343,7 +336,7 @@ class SyncWorker:
                 table.settle_moved(e, central.version)
             else:
                 table.settle_written(k, e, central.version)
-            self._settle_waiters(k, r.version, None)
+            self._waiters.settle(k, r.version, None)
         else:
             report.adopted += 1
             if not o.conflict:
@@ -353,21 +346,21 @@ class SyncWorker:
                 # out next, based on central's record, and their waiters wait for that flush.
                 if moved:
                     table.settle_moved(e, central.version)
-                    self._settle_waiters(k, r.version, None)
+                    self._waiters.settle(k, r.version, None)
                 else:
                     table.settle_adopted(e, central)
-                    self._settle_waiters(k, central.version, None)
+                    self._waiters.settle(k, central.version, None)
             elif moved and self.policies.for_owner(r.owner).is_max:
                 # newer local writes came in meanwhile: the next flush weighs them
                 table.settle_moved(e, central.version)
-                self._settle_waiters(k, r.version, _rejected(r, central))
+                self._waiters.settle(k, r.version, _rejected(r, central))
             else:
                 if moved:
                     # the writes made during the flush are replaced too: report the latest
                     # of them, not the refused row, so on_conflict names what was discarded
                     discarded = (e.version, e.data)
                 table.settle_adopted(e, central)
-                self._settle_waiters(k, e.version, _rejected(r, central), every=True)
+                self._waiters.settle(k, e.version, _rejected(r, central), every=True)
         if o.conflict:
             report.conflicts += 1
             self._report_conflict(o, central, discarded)
@@ -389,11 +382,11 @@ class SyncWorker:
             # a write from before this store's claim, which still stands: the writes made
             # since go out next, based on the central record, under the claim
             self.table.settle_moved(e, central.version)
-            self._settle_waiters(k, r.version, error)
+            self._waiters.settle(k, r.version, error)
         else:
             # lost: every write of it this store holds is refused too (they carry the old epoch)
             self.table.settle_adopted(e, central)
-            self._settle_waiters(k, e.version, error, every=True)
+            self._waiters.settle(k, e.version, error, every=True)
         self.conflicted.discard(k)
         self.table.after_settle(k, e, report.started_at)
 
@@ -430,16 +423,10 @@ class SyncWorker:
         Register it before any await a flush could overtake: a flush that carries the version
         before its waiter exists settles nothing, and the waiter then times out.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append((version, fut))
-        return fut
+        return self._waiters.expect(key, version)
 
     def drop_waiter(self, key: StateKey, fut: asyncio.Future[None]) -> None:
-        waiters = self._waiters.get(key)
-        if waiters is not None:
-            waiters[:] = [(v, f) for v, f in waiters if f is not fut]
-            if not waiters:
-                del self._waiters[key]
+        self._waiters.drop(key, fut)
 
     async def wait_flushed(self, key: StateKey, version: int, timeout: float,
                            fut: asyncio.Future[None] | None = None) -> None:
@@ -457,39 +444,6 @@ class SyncWorker:
             ) from None
         finally:
             self.drop_waiter(key, fut)
-
-    def _settle_waiters(self, key: StateKey, version: int, error: BaseException | None,
-                        *, every: bool = False) -> None:
-        waiters = self._waiters.get(key)
-        if not waiters:
-            return
-        for v, fut in waiters:
-            if (every or v <= version) and not fut.done():
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(error)
-                    fut.add_done_callback(mark_retrieved)
-
-
-# A flush of many rows makes three short-lived tuples per row (the dirty row, the central row,
-# the outcome), all dead by the end of mark_clean. With the cyclic GC running, the collections
-# that those allocations trigger traverse the store's whole map and promote the rows to older
-# generations: measured 45 ms of a 190 ms flush of 10,000 keys (141-164 ms with it paused).
-# Refcounting frees the rows either way; the pause only skips traversals, for one flush.
-_GC_PAUSE_ROWS: Final = 1000
-
-
-@contextlib.asynccontextmanager
-async def _gc_paused(pause: bool) -> AsyncIterator[None]:
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _rejected(r: DirtyRow, central: CentralRow) -> WriteRejected:

@@ -248,7 +248,7 @@ def test_bad_sink_setting_names_it(raw: str, source: str) -> None:
 async def test_sink_setting_selects_the_process_airflow_sink(tmp_path: Path) -> None:
     store = await StateStore.open(cache_path=tmp_path / "c.db", sink="airflow")
     try:
-        assert store._require_sink() is process_sink()
+        assert store.sink is process_sink()
         assert store.central_store is None  # no SQL central store, no thread
         assert store.settings.sources["sink"] == "argument"
     finally:

@@ -39,6 +39,7 @@ import functools
 import hashlib
 import json
 import logging
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, ClassVar, Final, TypeVar, cast
 
@@ -47,11 +48,12 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 
 from localstate.airflow import shutdown
 from localstate.airflow.runner_gc import freeze_startup_heap
+from localstate.default_store import process_store
 from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
-from localstate.variable import StateVariable, process_store
+from localstate.variable import StateVariable
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 
@@ -100,6 +102,7 @@ class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
     """One asset's state through the local cache; Airflow's accessor is what the sink uses."""
 
     def __init__(self, inner: AssetStateStoreAccessor, owner: str) -> None:
+        # Airflow's accessor keeps its asset's name and uri private (no public reader)
         super().__init__(name=inner._name, uri=inner._uri)
         self.inner = inner
         self.owner = owner
@@ -144,13 +147,14 @@ class LocalAssetStateStoreAccessors(AssetStateStoreAccessors):
     def __init__(self, inner: AssetStateStoreAccessors) -> None:
         super().__init__(inlets=[])
         self.inner = inner
+        # Airflow keeps a task's accessors only in these dicts (no public way to list them)
+        by_name, by_uri = inner._by_name, inner._by_uri
         self._by_name = {
             name: LocalAssetStateStoreAccessor(acc, asset_owner(name))
-            for name, acc in inner._by_name.items()
+            for name, acc in by_name.items()
         }
         self._by_uri = {
-            uri: LocalAssetStateStoreAccessor(acc, asset_owner(uri))
-            for uri, acc in inner._by_uri.items()
+            uri: LocalAssetStateStoreAccessor(acc, asset_owner(uri)) for uri, acc in by_uri.items()
         }
         self._total = len(self._by_name) + len(self._by_uri)
 
@@ -326,7 +330,7 @@ class StateEnabledTrigger:
         # written before the mixin has no run() of its own)
         run = getattr(cls, "run", None)
         if (run is not None and not getattr(run, "__isabstractmethod__", False)
-                and not getattr(run, "_localstate_opens_state", False)):
+                and run not in _OPENING_STATE):
             setattr(cls, "run", _opening_state(run))  # noqa: B010 (mypy: run is not ours)
 
 
@@ -351,5 +355,9 @@ def _opening_state(
             except LocalStateError as exc:
                 log.warning("could not delete %s's state (%s); it stays", self.state_owner, exc)
 
-    wrapped._localstate_opens_state = True  # type: ignore[attr-defined]
+    _OPENING_STATE.add(wrapped)
     return wrapped
+
+
+#: the run() methods wrapped by `_opening_state` (a subclass inheriting one is not rewrapped)
+_OPENING_STATE: weakref.WeakSet[Callable[..., AsyncGenerator[Any, None]]] = weakref.WeakSet()

@@ -7,14 +7,12 @@ flush met a *conflict* is shown as the store holds it, marked by that flush stat
 else is shown as the central DB holds it, ``flushed``. Other triggerers' dirty writes live in
 their own caches and show once flushed.
 
-The store has no public call for "your dirty and conflicted keys", so this module reads its
-in-memory map (no query, O(page + dirty keys)). Keep every such read
-here: when `StateStore` grows public calls for them, only this module changes.
+The store's unfinished business comes from `StateStore.unflushed` (no query, O(page + dirty
+keys)).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -57,27 +55,11 @@ def _item_from_entry(k: StateKey, e: Entry, state: FlushState) -> Item:
                 deleted=e.data is None)
 
 
-def _pending(store: StateStore) -> Iterator[tuple[StateKey, Entry, FlushState]]:
-    """The store's keys that are dirty or in conflict, with their entries."""
-    entries: dict[StateKey, Entry] = getattr(store, "_entries", {})
-    dirty: dict[StateKey, float] = getattr(store, "_dirty", {})
-    worker = getattr(store, "_worker", None)
-    conflicted: set[StateKey] = getattr(worker, "conflicted", set())
-    for k in list(dirty) + [k for k in list(conflicted) if k not in dirty]:
-        e = entries.get(k)
-        if e is None:
-            continue
-        if e.dirty:
-            yield k, e, FlushState.DIRTY
-        elif k in conflicted:
-            yield k, e, FlushState.CONFLICT
-
-
 def local_overrides(store: StateStore, prefixes: tuple[str, ...],
                     after: StateKey | None) -> dict[StateKey, Item]:
     """Dirty or conflicted keys of the store under `prefixes`, after the cursor `after`."""
     out: dict[StateKey, Item] = {}
-    for k, e, state in _pending(store):
+    for k, e, state in store.unflushed():
         if after is not None and k <= after:
             continue
         if not any(k[0].startswith(p) for p in prefixes):
@@ -88,13 +70,6 @@ def local_overrides(store: StateStore, prefixes: tuple[str, ...],
 
 def local_override(store: StateStore, k: StateKey) -> Item | None:
     """The store's own version of `k` when it is dirty or in conflict, else None."""
-    entries: dict[StateKey, Entry] = getattr(store, "_entries", {})
-    e = entries.get(k)
-    if e is None:
-        return None
-    if e.dirty:
-        return _item_from_entry(k, e, FlushState.DIRTY)
-    worker = getattr(store, "_worker", None)
-    if k in getattr(worker, "conflicted", set()):
-        return _item_from_entry(k, e, FlushState.CONFLICT)
+    for _, e, state in store.unflushed([k]):
+        return _item_from_entry(k, e, state)
     return None

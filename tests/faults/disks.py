@@ -115,7 +115,8 @@ class PageLimitDisk:
     @staticmethod
     async def _pragma(store: StateStore | None, sql: str) -> int:
         assert store is not None, "the page limit is set on an open store's cache connection"
-        conn = store._cache._conn if store._cache is not None else None
+        cache = store.local_cache
+        conn = cache._conn if cache is not None else None
         assert conn is not None
         async with conn.execute(sql) as cursor:
             row = await cursor.fetchone()

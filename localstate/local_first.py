@@ -1,0 +1,275 @@
+"""`LocalFirstMode`: a store's calls off the hot path with the local cache on.
+
+It owns the local cache and the sync worker: `start` opens them (loading the cache file into the
+store's `EntryTable`), `close` and `drain_and_stop` end them. Entries live in the `EntryTable`
+and change only through its operations; this mode decides which operation a call makes:
+a first write is based on the key's central record (`central_reads.first_write_base`), a
+compare-and-set or delete in ``central`` durability decides on the committed record
+(`_committed_base`), and `persist` waits until a write holds at its durability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Container, Iterable
+
+from localstate.central_reads import first_write_base, known_entry, load_owner, set_reads_base
+from localstate.config import Settings
+from localstate.entry import UNKNOWN_BASE, Entry, StateKey, record_of
+from localstate.errors import CentralUnavailable, VersionConflict, WriteRejected
+from localstate.local_cache import LocalCache
+from localstate.model import Durability, FlushState, Record, check_key
+from localstate.modes import Unflushed
+from localstate.store_parts import StoreParts
+from localstate.sync.rows import CentralRow
+from localstate.sync.worker import FlushReport, SyncWorker
+
+__all__ = ["LocalFirstMode"]
+
+# the store's logger: what this mode logs is the store's
+log = logging.getLogger("localstate.store")
+#: rounds a central-durability compare-and-set makes when its flush meets an unseen commit
+_CAS_ROUNDS = 3
+
+
+class LocalFirstMode:
+    """Entries in memory, a local cache file behind them, a sync worker to the central DB."""
+
+    def __init__(self, parts: StoreParts, cache: LocalCache, worker: SyncWorker,
+                 settings: Settings) -> None:
+        self.parts = parts
+        self.cache = cache
+        self.worker = worker
+        self._settings = settings
+
+    @classmethod
+    async def start(cls, parts: StoreParts, s: Settings, *, keep_clean: bool
+                    ) -> LocalFirstMode:
+        """Open the local cache, load it into the table and start the sync worker.
+
+        `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`. On an
+        error nothing is left open and the table holds nothing.
+        """
+        cache = await LocalCache.open(
+            s.resolved_cache_path,
+            owner_id=parts.triggerer_id,
+            local_sync="normal" if s.local_sync == "normal" else "full",
+            memory_window=s.memory_window,
+        )
+        table = parts.table
+        worker: SyncWorker | None = None
+        try:
+            entries = await cache.load()
+            worker = SyncWorker(
+                table=table, cache=cache, sink=parts.sink, policies=parts.policies,
+                flush_interval=s.flush_interval, max_batch=s.max_batch,
+                on_conflict=parts.on_conflict, claims=parts.claims,
+                budget_rows_per_s=s.central_budget_rows_per_s,
+            )
+            table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
+                       pinned=worker.holds)
+            worker.start()
+        except BaseException:
+            table.forget_all(purge=False)
+            if worker is not None:
+                await worker.stop(0)
+            await cache.close()
+            raise
+        if table.dirty:
+            log.info("%d writes not yet in the central DB found in %s; flushing",
+                     len(table.dirty), cache.path)
+            worker.kick()
+        return cls(parts, cache, worker, s)
+
+    async def stop(self, timeout: float) -> None:
+        """Stop the sync worker after a last flush of up to `timeout` seconds."""
+        await self.worker.stop(timeout)
+
+    async def close(self) -> None:
+        """Close the local cache (after `stop`): what is staged is committed first."""
+        await self.cache.close()
+
+    async def drain_and_stop(self, timeout: float) -> None:
+        """Flush every dirty key, stop, empty the table and the file (the cache turned off).
+
+        Raises `CentralUnavailable` when the flush does not finish within `timeout`; then (or
+        on any other error) the mode is left running, nothing lost or changed.
+        """
+        table = self.parts.table
+        try:
+            await asyncio.wait_for(self._drain(), timeout)
+        except asyncio.TimeoutError:
+            raise CentralUnavailable(
+                f"could not flush {len(table.dirty)} dirty keys to {self.worker.sink.url} "
+                f"within {timeout:g} s (close_timeout) to turn the cache off; it stays on"
+            ) from None
+        await self.worker.stop(timeout)  # nothing is dirty: this only ends its loop
+        # The central DB holds every row now: empty the file, so that turning the cache on
+        # again (or the next start) cannot serve a value written centrally meanwhile.
+        table.forget_all(purge=True)
+        await self.cache.close()
+
+    async def _drain(self) -> None:
+        while self.parts.table.dirty:
+            await self.worker.flush()
+
+    def retune(self, settings: Settings) -> None:
+        self._settings = settings
+        self.worker.retune(flush_interval=settings.flush_interval,
+                           max_batch=settings.max_batch)
+
+    def conflicted(self) -> Container[StateKey]:
+        return self.worker.conflicted
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, k: StateKey) -> Entry | None:
+        return await known_entry(self.parts.table, self.parts.reader, k)
+
+    async def read_central(self, k: StateKey) -> CentralRow | None:
+        """`k`'s central record, read now; a clean, older entry of this store takes it."""
+        table = self.parts.table
+        since = table.read_epoch(k[0])
+        row = (await self.parts.sink.read_many([k])).get(k)
+        if row is not None:
+            table.adopt(k, row, since)  # not as a new key if an eviction ran meanwhile
+        return row
+
+    async def records(self, owner: str) -> list[Record]:
+        snapshot = [(k, e) for k, e in self.parts.table.entries.items() if k[0] == owner]
+        conflicted = self.worker.conflicted
+        return [record_of(k, e, conflicted) for k, e in sorted(snapshot) if e.data is not None]
+
+    async def load(self, owner: str) -> int:
+        return await load_owner(self.parts.table, self.parts.sink, owner)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def set(self, k: StateKey, data: str, obj: object, durability: Durability) -> int:
+        e = await first_write_base(self.parts.table, self.parts.reader, k, read=(
+            set_reads_base(durability, self.parts.policies.for_owner(k[0]))))
+        return await self._write(k, e, data, obj, durability)
+
+    async def compare_and_set(self, k: StateKey, data: str, obj: object,
+                              expected_version: int, durability: Durability) -> int:
+        owner, key = k
+        check_key(k)
+        entries = self.parts.table.entries
+        central = durability == "central"
+        for attempt in range(_CAS_ROUNDS):
+            e = await self._committed_base(k, durability)
+            if e.synced_version == UNKNOWN_BASE and entries.get(k) is not e:
+                raise CentralUnavailable(
+                    f"cannot compare {owner}/{key} with version {expected_version}: this store "
+                    "does not hold it and the central DB could not be read; nothing was written"
+                )
+            actual = e.version if e.data is not None else 0
+            if actual != expected_version and central:
+                # this store's entry may be behind another store's commit: compare with the
+                # central record before refusing (a query on the refusal path only)
+                await self.read_central(k)
+                e = await self._committed_base(k, durability)
+                actual = e.version if e.data is not None else 0
+            if actual != expected_version:
+                raise VersionConflict(
+                    f"{owner}/{key} is at version {actual}, not {expected_version}",
+                    expected=expected_version, actual=actual,
+                )
+            try:
+                return await self._write(k, e, data, obj, durability)
+            except WriteRejected:
+                # The flush met a commit this store had not seen: the entry holds that commit
+                # and the refused write never took effect. The comparison is with the
+                # committed record, so it is made again (a key another store deleted has no
+                # value for expected_version 0, whatever its tombstone's version).
+                if attempt == _CAS_ROUNDS - 1:
+                    raise
+        raise AssertionError("unreachable")  # the last round returns or raises
+
+    async def delete(self, k: StateKey, durability: Durability) -> bool:
+        check_key(k)
+        e = await self._committed_base(k, durability)
+        if e.data is None and e.synced_version != UNKNOWN_BASE and durability == "central":
+            await self.read_central(k)  # another store may have written it since
+            e = await self._committed_base(k, durability)
+        if e.data is None and e.synced_version != UNKNOWN_BASE:
+            return False  # known to have no value (a base of UNKNOWN_BASE: it may have one)
+        await self._write(k, e, None, None, durability)
+        return True
+
+    async def _committed_base(self, k: StateKey, durability: Durability) -> Entry:
+        """The entry a conditional write (compare-and-set, delete) decides on.
+
+        In ``central`` durability, the committed one: while this store still owes the central
+        DB a write of `k` (its own, pending), wait until the flush has settled it (written, or
+        replaced by the central record), so the decision is made on what the central DB holds
+        as far as this store can know, never on a write that may yet be refused. Other writers'
+        later commits are caught by the fence of this write's own flush. In ``local`` and
+        ``memory`` durability, this store's own view, pending writes included. A refusal in
+        ``central`` durability is checked against the central record first (`read_central`).
+        """
+        table, reader = self.parts.table, self.parts.reader
+        e = await first_write_base(table, reader, k)
+        if durability != "central":
+            return e
+        while e.dirty and table.entries.get(k) is e:  # a new entry owes nothing yet
+            # a write that lost to the central record: the entry holds that record now
+            with contextlib.suppress(WriteRejected):
+                await self.worker.wait_flushed(k, e.version, self._settings.central_timeout)
+            e = await first_write_base(table, reader, k)
+        return e
+
+    async def _write(self, k: StateKey, e: Entry, data: str | None, obj: object,
+                     durability: Durability) -> int:
+        """A write off the hot path: `e` is `k`'s entry, or the new one it is based on."""
+        version = self.parts.table.write_first(k, e, data, obj, durability == "memory")
+        return await self.persist(k, e, version, durability)
+
+    async def persist(self, k: StateKey, e: Entry, version: int, durability: Durability
+                      ) -> int:
+        """Wait until the write `version` of `k` holds at `durability`."""
+        if durability == "memory":
+            return version  # staged by EntryTable.write
+        if durability != "central":
+            await self.cache.commit(k, e)
+            return version
+        # The central waiter is registered before the local commit is awaited: a flush
+        # running meanwhile can carry this version, and it settles only the waiters that
+        # exist when it marks the key clean.
+        worker = self.worker
+        fut = worker.expect_flush(k, version)
+        try:
+            await self.cache.commit(k, e)
+        except BaseException:
+            worker.drop_waiter(k, fut)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # settled meanwhile: the commit's error is the one to raise
+            raise
+        await worker.wait_flushed(k, version, self._settings.central_timeout, fut)
+        return version
+
+    # -- flushing --------------------------------------------------------------------------
+
+    async def flush(self) -> FlushReport:
+        return await self.worker.flush()
+
+    async def sync_local(self) -> None:
+        await self.cache.sync_now()
+
+    def unflushed(self, keys: Iterable[StateKey] | None = None) -> list[Unflushed]:
+        """The keys (of `keys`, if given) whose entry is dirty, or whose last flush lost a
+        conflict, in key order."""
+        table, conflicted = self.parts.table, self.worker.conflicted
+        candidates = {*table.dirty, *conflicted} if keys is None else set(keys)
+        out: list[Unflushed] = []
+        for k in sorted(candidates):
+            e = table.entries.get(k)
+            if e is None:
+                continue
+            if e.dirty:
+                out.append((k, e, FlushState.DIRTY))
+            elif k in conflicted:
+                out.append((k, e, FlushState.CONFLICT))
+        return out
