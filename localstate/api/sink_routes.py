@@ -35,7 +35,6 @@ from localstate.model import check_name, check_names
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.gc_pause import GC_PAUSE_BYTES, gc_paused
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
     WireError,
@@ -171,9 +170,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def flush(request: Request, caller: Caller) -> Response:
         if not caller.can_write:
             caller.require_write("")
-        raw = await request.body()
-        with gc_paused(len(raw) >= GC_PAUSE_BYTES):
-            return await flush_batch(raw, caller)
+        return await flush_batch(await request.body(), caller)
 
     async def flush_batch(raw: bytes, caller: Principal) -> Response:
         body = decode_body(raw)
