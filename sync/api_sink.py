@@ -36,6 +36,7 @@ from localstate.config import Settings
 from localstate.entry import StateKey
 from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
     MAX_BATCH_BODY,
@@ -54,6 +55,7 @@ _API: Final = "/api/v1"
 #: keys one read asks for (the server's limit is higher)
 _READ_CHUNK: Final = 50_000
 _DIRTY_HEADER: Final = field_header(DirtyRow)
+_FLEET_HEADER: Final = field_header(FleetStatus)
 #: answers that mean "the API server is not there right now" (a proxy in front of it)
 _GATEWAY: Final = frozenset({502, 503, 504})
 
@@ -76,6 +78,8 @@ class ApiSink:
         #: committed flush transactions (one per request) and the rows they wrote
         self.transactions = 0
         self.rows_written = 0
+        #: this triggerer's status for the fleet table, sent with the next flush
+        self._fleet_next: FleetStatus | None = None
 
     @classmethod
     async def open(cls, settings: Settings) -> ApiSink:
@@ -128,10 +132,16 @@ class ApiSink:
     ) -> list[FlushOutcome]:
         if not rows:
             return []
-        body = encode_body({"fields": _DIRTY_HEADER, "writer": writer,
-                            "policies": policies.spec, "rows": encode_rows(rows)})
+        request: dict[str, Any] = {"fields": _DIRTY_HEADER, "writer": writer,
+                                   "policies": policies.spec, "rows": encode_rows(rows)}
+        status, self._fleet_next = self._fleet_next, None
+        if status is not None:  # recorded by the server in the flush's transaction
+            request["fleet_fields"] = _FLEET_HEADER
+            request["fleet"] = encode_rows([status])[0]
+        body = encode_body(request)
         if len(body) > MAX_BATCH_BODY and len(rows) > 1:
             half = len(rows) // 2  # a huge batch goes as two requests (two transactions)
+            self._fleet_next = status
             return [*await self.write_batch(rows[:half], policies, writer=writer),
                     *await self.write_batch(rows[half:], policies, writer=writer)]
         answer = await self._post("/flush", body)
@@ -185,6 +195,28 @@ class ApiSink:
             "expected_version": expected_version, "updated_at": updated_at,
             "updated_by": updated_by})
         return _written(row)
+
+    # -- claims and the fleet table, kept by the server's central DB --------------------
+
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+        """Bump `owner`'s claim epoch through the server (`CentralStore.claim`, one
+        transaction there); the new epoch."""
+        answer = await self._post("/claim", encode_body(
+            {"owner": owner, "claimant": claimant, "writer": writer}))
+        epoch = answer.get("epoch")
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise CentralUnavailable(f"{self.url} answered a claim without its epoch; retried")
+        self.transactions += 1
+        return epoch
+
+    def note_fleet(self, status: FleetStatus) -> None:
+        """Send `status` with the next flush (`FleetReporting`)."""
+        self._fleet_next = status
+
+    async def read_fleet(self) -> list[FleetRow]:
+        """Every triggerer's row of the server's fleet table."""
+        answer = await self._post("/read", encode_body({"fleet": True}))
+        return decode_rows(FleetStatus, answer.get("fields"), answer.get("rows"))
 
     async def close(self) -> None:
         """Close the connection pool. Safe twice."""

@@ -504,8 +504,9 @@ class CentralStore:
         """
         if not rows:
             return []
-        await self._ready()
+        # taken before any await: a status noted just before this call is this batch's
         status, self._fleet_next = self._fleet_next, None
+        await self._ready()
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await self._claim_losses(
                 conn, await self._write_batch(conn, rows, policies, writer, status), writer)

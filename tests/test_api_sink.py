@@ -26,6 +26,7 @@ from localstate.errors import (
     AccessDenied,
     ConfigError,
     InvalidInput,
+    OwnerLost,
     ValueTooLarge,
     VersionConflict,
 )
@@ -33,6 +34,7 @@ from localstate.sync.api_sink import ApiSink
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.sinks import FleetReporting
 from localstate.sync.wire import (
     WireError,
     decode_body,
@@ -379,3 +381,35 @@ def test_outcomes_round_trip_plain_writes_compact_the_rest_in_full() -> None:
                                           strict=True))
     with pytest.raises(WireError):  # an index outside the request's rows
         decode_outcomes(body["fields"], [[6, 1, "reject"]], [], rows)
+
+
+async def test_claims_and_the_fleet_table_work_through_the_server(
+        server: ServeProcess, central_url: str, tmp_path: Path) -> None:
+    # a trigger moved from a to b: b claims its owner through the API; a, now a zombie, has
+    # its next flush refused there and learns it lost the owner
+    async with api_store(server, tmp_path, "a") as a, api_store(server, tmp_path, "b") as b:
+        assert a.can_claim
+        assert b.can_claim
+        assert await a.claim("trigger:t") == 1
+        await a.set("trigger:t", "wm", 10)
+        await a.flush()
+        assert await b.claim("trigger:t") == 2
+        assert await b.get("trigger:t", "wm") == 10  # the claim refreshed the owner's keys
+        await b.set("trigger:t", "wm", 11)
+        await a.set("trigger:t", "wm", 99)  # the zombie writes on
+        await b.flush()
+        await a.flush()
+        assert a.claims_refused == 1
+        with pytest.raises(OwnerLost):
+            await a.set("trigger:t", "wm", 100)
+        assert await a.get("trigger:t", "wm") == 11  # it took the owner's record
+        # each flush recorded its triggerer in the server's fleet table, in its transaction
+        sink = b.sink
+        assert isinstance(sink, FleetReporting)
+        names = {r.triggerer for r in await sink.read_fleet()}
+        assert names == {"a", "b"}
+    async with CentralStore.open(central_url) as central:
+        row = (await central.read_many([("trigger:t", "wm")]))[("trigger:t", "wm")]
+        claims = await central.read_claims(["trigger:t"])
+    assert row.data == "11"
+    assert claims == {"trigger:t": (2, "b")}

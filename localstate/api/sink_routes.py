@@ -35,6 +35,7 @@ from localstate.model import check_name, check_names
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.fleet import FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
     WireError,
@@ -164,6 +165,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     max_value_bytes = store.settings.max_value_bytes
     outcome_header = field_header(FlushOutcome, CentralRow)
     central_header = field_header(CentralRow)
+    fleet_header = field_header(FleetStatus)
 
     @router.post("/flush", summary="Write a batch of fenced rows in one transaction "
                  "(what sink = api flushes through)", response_class=Response)
@@ -178,10 +180,17 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         _require_owners(caller, (r.owner for r in rows), write=True)
         writer = _writer(body.get("writer"))
         policy_map = policies.get(body.get("policies", "reject"))
+        status = None
         if rows:
             _check_rows(rows, max_value_bytes)
+            if body.get("fleet") is not None:
+                status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
+                check_name("triggerer", status.triggerer)
         require_open(store)
-        outcomes = await central_or_503(central).write_batch(rows, policy_map, writer=writer)
+        c = central_or_503(central)
+        if status is not None:  # no await until write_batch takes it: this batch's own
+            c.note_fleet(status)
+        outcomes = await c.write_batch(rows, policy_map, writer=writer)
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": outcome_header, "written": written, "outcomes": full})
 
@@ -190,6 +199,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def read(request: Request, caller: Caller) -> Response:
         body = decode_body(await request.body())
         c = central_or_503(central)
+        if body.get("fleet") is True:  # the fleet table (what a write budget reads)
+            return _json({"fields": fleet_header, "rows": encode_rows(await c.read_fleet())})
         if "owner" in body:
             owner = check_name("owner", body["owner"])
             caller.require_read(owner)
@@ -199,6 +210,18 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             _require_owners(caller, (o for o, _k in keys), write=False)
             found = list((await c.read_many(keys)).values())
         return _json({"fields": central_header, "rows": encode_rows(found)})
+
+    @router.post("/claim", summary="Claim an owner: bump its claim epoch in one transaction "
+                 "(what a triggerer does when a trigger starts on it)", response_class=Response)
+    async def claim(request: Request, caller: Caller) -> Response:
+        body = decode_body(await request.body())
+        owner = check_name("owner", body.get("owner"))
+        claimant = check_name("claimant", body.get("claimant"))
+        writer = _writer(body.get("writer"))
+        caller.require_write(owner)
+        require_open(store)
+        epoch = await central_or_503(central).claim(owner, claimant=claimant, writer=writer)
+        return _json({"epoch": epoch})
 
     @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
                  "(409 on another version) or compare-and-delete", response_class=Response)
