@@ -67,7 +67,7 @@ from localstate.errors import (
 )
 from localstate.model import FlushState, Record, check_name
 
-__all__ = ["AsyncStateClient", "StateClient"]
+__all__ = ["AsyncStateClient", "StateClient", "error_for"]
 
 _API: Final = "/api/v1"
 _JSON: Final = {"Content-Type": "application/json"}
@@ -131,7 +131,7 @@ def _body(response: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def _error(response: httpx.Response) -> LocalStateError:
+def error_for(response: httpx.Response) -> LocalStateError:
     """The typed error for a 4xx or 5xx answer of the API."""
     body = _body(response)
     status = response.status_code
@@ -189,7 +189,7 @@ def _answer(response: httpx.Response, *, absent_ok: bool) -> dict[str, Any] | No
     if response.status_code == 404 and absent_ok:
         return None
     if response.is_error:
-        raise _error(response)
+        raise error_for(response)
     return _body(response)
 
 

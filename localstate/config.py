@@ -223,6 +223,21 @@ def _metric_prefix(raw: Any) -> str:
     return text
 
 
+def _http_url(raw: Any) -> str | None:
+    text = _optional_str(raw)
+    if text is not None and (not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", text)):
+        raise ValueError("expected an http:// or https:// URL without query "
+                         "(e.g. http://127.0.0.1:8686)")
+    return text
+
+
+def _optional_token(raw: Any) -> str | None:
+    text = _optional_str(raw)
+    if text is not None and not _TOKEN_CHARS.fullmatch(text):
+        raise ValueError("the token must be printable ASCII without spaces")
+    return text
+
+
 _TOKEN_FORMAT: Final = (
     "expected TOKEN:ROLE:PREFIX|PREFIX entries separated by commas (ROLE read or read-write, "
     "PREFIX an owner prefix or * for every owner), or a JSON list of "
@@ -343,11 +358,19 @@ _SPECS: Final[dict[str, _Spec]] = {
                                 "beyond it the least recently used clean ones are evicted "
                                 "and read through again when asked for"),
     "upgrade_schema": _Spec(_bool, True, "create or upgrade the central schema on open"),
-    "sink": _Spec(_choice("sql", "airflow"), "sql", "where flushes go: sql (localstate's own "
-                  "central table at central_url) or airflow (Airflow 3.3's asset state store, "
-                  "through the accessors the triggerer gives watcher triggers)"),
+    "sink": _Spec(_choice("sql", "airflow", "api"), "sql", "where flushes go: sql "
+                  "(localstate's own central table at central_url), airflow (Airflow 3.3's "
+                  "asset state store, through the accessors the triggerer gives watcher "
+                  "triggers) or api (a localstate API server at api_url: no database "
+                  "credentials in this process)"),
     "central_thread": _Spec(_bool, True, "talk to the central DB from a thread of its own, so "
                             "busy triggers never delay a flush"),
+    "api_url": _Spec(_http_url, None, "with sink = api: the localstate API server to flush "
+                     "and read through (http://host:8686, or Airflow's API server with the "
+                     "plugin: http://host:8080/localstate)"),
+    "api_token": _Spec(_optional_token, None, "with sink = api: the bearer token sent to "
+                       "api_url (a read-write token of the server's api_tokens whose owner "
+                       "prefixes cover this process's owners)", secret=True),
     "api_tokens": _Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
                         "list of {token, role, owners, name}; none: `localstate serve` "
@@ -412,6 +435,8 @@ class Settings:
     upgrade_schema: bool = _DEFAULTS["upgrade_schema"]
     sink: str = _DEFAULTS["sink"]
     central_thread: bool = _DEFAULTS["central_thread"]
+    api_url: str | None = _DEFAULTS["api_url"]
+    api_token: str | None = _DEFAULTS["api_token"]
     api_tokens: tuple[ApiToken, ...] = _DEFAULTS["api_tokens"]
     api_open: bool = _DEFAULTS["api_open"]
     api_host: str = _DEFAULTS["api_host"]

@@ -108,6 +108,12 @@ async def open_central(s: Settings) -> Sink:
         from localstate.sync.airflow_sink import process_sink
 
         return process_sink()
+    if s.sink == "api":
+        # a localstate API server over HTTP: no database credentials in this process
+        from localstate.sync.api_sink import ApiSink
+
+        return (await ThreadedSink.open(lambda: ApiSink.open(s)) if s.central_thread
+                else await ApiSink.open(s))
     url, upgrade = s.resolved_central_url, s.upgrade_schema
 
     async def opened() -> CentralStore:

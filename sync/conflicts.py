@@ -189,6 +189,9 @@ class PolicyMap:
     """The policy of each owner, from a name or an ordered glob-to-name mapping."""
 
     def __init__(self, spec: str | Mapping[str, str] = "reject") -> None:
+        #: the spec this map was made from (the `conflict_policy` setting's form): what a
+        #: client sends an API server, which makes the same map from it
+        self.spec: str | dict[str, str] = spec if isinstance(spec, str) else dict(spec)
         if isinstance(spec, str):
             self._rules: list[tuple[str, ConflictPolicy]] = [("*", ConflictPolicy.parse(spec))]
         else:

@@ -108,5 +108,10 @@ class ThreadedSink:
             await self._call(self.inner.close())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            await asyncio.to_thread(self._thread.join)
+            try:
+                await asyncio.to_thread(self._thread.join)
+            except RuntimeError:
+                # at interpreter exit (a default store closed by atexit) the default executor
+                # is shut down; the stopped loop's thread ends within one turn anyway
+                self._thread.join()
             self._loop.close()

@@ -638,7 +638,9 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
     assert r.status_code == 200
     doc = r.json()
     assert set(doc["paths"]) == {"/api/v1/state", "/api/v1/state/{owner}/{key}",
-                                 "/api/v1/status", "/api/v1/health"}
+                                 "/api/v1/status", "/api/v1/health",
+                                 # the batched endpoints of sink = api
+                                 "/api/v1/flush", "/api/v1/read", "/api/v1/write"}
     assert set(doc["paths"]["/api/v1/state/{owner}/{key}"]) == {"get", "put", "delete"}
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert "expected_version" in doc["components"]["schemas"]["PutBody"]["properties"]

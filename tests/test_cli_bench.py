@@ -45,8 +45,13 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
                 assert name in row, (mode, k, name)
             assert row["sets_per_s"] > 0
             assert row["set_p50_ms"] is not None
-    for mode in ("aiosqlite_executemany", "central_bulk", "flush"):
+    for mode in ("aiosqlite_executemany", "central_bulk", "flush", "flush_api"):
         assert any(r["mode"] == mode for r in rows), mode
+    # the same flush through sink = api (a localstate serve process), beside the sql sink's
+    api = next(r for r in rows if r["mode"] == "flush_api")
+    assert api["sets_per_s"] > 0, api["note"]
+    assert "of the sql sink's flush" in api["note"]
+    assert "Through sink = api" in proc.stdout
     direct = next(r for r in rows if r["mode"] == "direct" and r["triggers"] == 20)
     local = next(r for r in rows if r["mode"] == "local" and r["triggers"] == 20
                  and r["scenario"] == "distinct")

@@ -30,10 +30,12 @@ from localstate.api.auth import Authorizer
 from localstate.api.errors import error_response, install_error_handlers
 from localstate.api.paths import STATE_PATH
 from localstate.api.routes import build_router
+from localstate.api.sink_routes import SINK_PATHS, build_sink_router
 from localstate.api.ui import build_ui_router
 from localstate.config import ApiToken, Settings
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
+from localstate.sync.wire import MAX_BATCH_BODY
 
 __all__ = ["create_app"]
 
@@ -41,21 +43,27 @@ _STATE_PATH = STATE_PATH.encode()
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413, before they are read whole."""
+    """Refuse request bodies over `limit` bytes with 413, before they are read whole; the
+    paths ending in one of `batch_paths` (a flush, a batched read) over `batch_limit`."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, batch_paths: tuple[str, ...] = (),
+                 batch_limit: int = 0) -> None:
         self.app = app
-        self.limit = limit
+        self.default_limit = limit
+        self.batch_paths = batch_paths
+        self.batch_limit = batch_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        message = f"the request body is over {self.limit} bytes"
+        limit = (self.batch_limit if str(scope.get("path", "")).endswith(self.batch_paths)
+                 else self.default_limit)
+        message = f"the request body is over {limit} bytes"
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.limit
+                    too_big = int(value) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
@@ -68,7 +76,7 @@ class BodyLimit:
             msg = await receive()
             if msg["type"] == "http.request":
                 received += len(msg.get("body", b""))
-                if received > self.limit:  # a chunked body with no Content-Length
+                if received > limit:  # a chunked body with no Content-Length
                     raise HTTPException(413, message)
             return msg
 
@@ -145,8 +153,11 @@ def create_app(
     )
     install_error_handlers(app)
     app.include_router(build_router(store, auth, lambda: reader[0]))
+    app.include_router(build_sink_router(store, auth, lambda: reader[0]))
     app.include_router(build_ui_router())
-    # value limit, room for JSON whitespace and escapes, and the body's own fields
-    app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024)
+    # value limit, room for JSON whitespace and escapes, and the body's own fields; a batch
+    # (sink = api) splits its requests below MAX_BATCH_BODY
+    app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024,
+                       batch_paths=SINK_PATHS, batch_limit=2 * MAX_BATCH_BODY)
     app.add_middleware(RawStatePath)
     return app

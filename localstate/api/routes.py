@@ -17,7 +17,7 @@ When a PUT or DELETE answers, the central DB holds it.
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -45,7 +45,7 @@ from localstate.model import FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 
-__all__ = ["RateMeter", "build_router"]
+__all__ = ["RateMeter", "build_router", "caller_of", "central_or_503"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,26 @@ def _state_item(item: Item | Record) -> StateItem:
     )
 
 
+def central_or_503(central: Callable[[], CentralStore | None]) -> CentralStore:
+    """The app's own reader of the central DB (503 before the app's lifespan opened it)."""
+    c = central()
+    if c is None:
+        raise ApiError(503, "store_unavailable",
+                       "the app has not started: run it under an ASGI server (its lifespan "
+                       "opens the central DB), or pass central= to create_app")
+    return c
+
+
+def caller_of(auth: Authorizer) -> Callable[..., Awaitable[Principal]]:
+    """The dependency giving the request's `Principal` (401 without a valid token)."""
+
+    async def principal(request: Request, _credentials: Annotated[Any, Depends(_bearer)]
+                        ) -> Principal:
+        return await auth.principal(request)
+
+    return principal
+
+
 def build_router(store: StateStore, auth: Authorizer,
                  central: Callable[[], CentralStore | None]) -> APIRouter:
     """The routes over `store`; `central()` gives the app's own reader of the central DB."""
@@ -108,18 +128,9 @@ def build_router(store: StateStore, auth: Authorizer,
     meter = RateMeter()
 
     def require_central() -> CentralStore:
-        c = central()
-        if c is None:
-            raise ApiError(503, "store_unavailable",
-                           "the app has not started: run it under an ASGI server (its lifespan "
-                           "opens the central DB), or pass central= to create_app")
-        return c
+        return central_or_503(central)
 
-    async def principal(request: Request, _credentials: Annotated[Any, Depends(_bearer)]
-                        ) -> Principal:
-        return await auth.principal(request)
-
-    Caller = Annotated[Principal, Depends(principal)]
+    Caller = Annotated[Principal, Depends(caller_of(auth))]
     OwnerDoc = Annotated[str, Path(description="the owner, percent-encoded (a '/' is %2F)")]
     KeyDoc = Annotated[str, Path(description="the key, percent-encoded")]
     Pending = Annotated[bool, Query(

@@ -192,14 +192,18 @@ async def _mysql_bulk_upsert(url: str, owners: list[str], batch: int, method: st
 
 
 async def flush_rows_per_s(url: str, folder: Path, keys: int, *, tag: str = "flush",
-                           max_batch: int = 10_000, rounds: int = 1) -> tuple[float, float]:
+                           max_batch: int = 10_000, rounds: int = 1,
+                           **store_options: Any) -> tuple[float, float]:
     """(rows/s, seconds) of one `StateStore.flush()` of `keys` dirty keys to the central DB:
     the median of `rounds` flushes, each after every key was set again (a triggerer's steady
-    state: each flush rewrites rows the central DB already holds)."""
+    state: each flush rewrites rows the central DB already holds). `store_options` go to the
+    store (``sink="api", api_url=..., api_token=...``: the same flush through an API server).
+    """
     cache = folder / f"flush-{tag}-{keys}.db"
     times: list[float] = []
     async with StateStore(cache_path=cache, central_url=url, triggerer_id=f"flush-{tag}",
-                          flush_interval=3600.0, max_batch=max_batch) as store:
+                          flush_interval=3600.0, max_batch=max_batch,
+                          **store_options) as store:
         # Keep the max_batch kick from flushing in the background while the keys are dirtied:
         # the flush measured is the one below, in batches of `max_batch` rows.
         store.entry_table.kick_at = keys + 1

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from localstate.bench.airflow_peer import measure_metastore_aset
+from localstate.bench.api_server import api_server
 from localstate.bench.baselines import (
     PEER_MODES,
     aiosqlite_executemany,
@@ -33,7 +34,7 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     plan = [("distinct", m, k) for k in cfg.triggers for m in store_modes]
     if cfg.shared:
         plan += [("shared", m, max(cfg.triggers)) for m in store_modes if m != "bare"]
-    progress = Progress(len(plan) + 3, label="localstate bench", enabled=cfg.progress)
+    progress = Progress(len(plan) + 4, label="localstate bench", enabled=cfg.progress)
     central = await CentralStore.open(cfg.url)  # create the schema once, up front
     dialect = central.dialect
     await central.close()
@@ -53,7 +54,8 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     progress.step(f"aiosqlite executemany: {raw_local:,.0f} rows/s")
     flush_keys = min(10_000, n * 10)
     bulk = await central_bulk_upsert(cfg.url, flush_keys)
-    flushed, flush_s = await flush_rows_per_s(cfg.url, cfg.folder, flush_keys)
+    # medians of 3 flushes, the sql sink's and (below) the api sink's in the same run
+    flushed, flush_s = await flush_rows_per_s(cfg.url, cfg.folder, flush_keys, rounds=3)
     rows.append(BenchRow("baseline", "central_bulk", flush_keys, sets=flush_keys,
                          sets_per_s=bulk, central_txns=1, central_rows=flush_keys,
                          rows_per_txn=float(flush_keys), rss_mb=rss_mb(),
@@ -65,6 +67,8 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                          x_direct=None, note=f"{flushed / bulk:.0%} of central_bulk"))
     progress.step(f"flush of {flush_keys:,} keys: {flushed:,.0f} rows/s "
                   f"({flushed / bulk:.0%} of the raw bulk upsert)")
+    rows.append(await _api_flush(cfg, flush_keys, flushed))
+    progress.step(f"flush through sink = api: {rows[-1].note}")
     # peers are always accounted for: measured, or skipped with the reason printed
     skipped = {"airflow_variable": "Variable.set needs a running Airflow's Execution API; "
                                    "the e2e test measures a real triggerer's writes instead"}
@@ -88,6 +92,24 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "rows": [r.as_dict() for r in rows],
         "skipped": {m: r for m, r in skipped.items() if r},
     }
+
+
+async def _api_flush(cfg: BenchConfig, keys: int, sql_rows_per_s: float) -> BenchRow:
+    """The same flush through ``sink = api``: a `localstate serve` process on the same central
+    DB writes each batch (one request, one transaction)."""
+    try:
+        async with api_server(cfg.url, cfg.folder) as server:
+            rate, seconds = await flush_rows_per_s(
+                cfg.url, cfg.folder, keys, tag="api", rounds=3, sink="api",
+                api_url=server.url, api_token=server.token, enabled=True)
+    except LocalStateError as exc:
+        return BenchRow("baseline", "flush_api", keys, rss_mb=rss_mb(),
+                        note=f"failed: {exc}")
+    return BenchRow("baseline", "flush_api", keys, sets=keys, seconds=seconds,
+                    sets_per_s=rate, central_txns=1, central_rows=keys, rss_mb=rss_mb(),
+                    rows_per_txn=float(keys), x_direct=None,
+                    note=f"{rate / sql_rows_per_s:.0%} of the sql sink's flush (one "
+                         "request to localstate serve)")
 
 
 def _ratios(rows: list[BenchRow]) -> None:
@@ -181,6 +203,12 @@ def summary(result: dict[str, Any]) -> str:
             f"{flush['sets_per_s'] / bulk['sets_per_s']:.0%} of the raw bulk upsert "
             f"({bulk['note']})."
         )
+    api = next((r for r in result["rows"] if r["mode"] == "flush_api"), None)
+    if flush and api and api["sets_per_s"] and flush["sets_per_s"]:
+        lines.append(
+            f"Through sink = api (one request to localstate serve) the same flush wrote "
+            f"{api['sets_per_s']:,.0f} rows/s, {api['sets_per_s'] / flush['sets_per_s']:.0%} "
+            "of the sql sink's.")
     return "\n".join(lines)
 
 
@@ -200,7 +228,8 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
             "--plot needs matplotlib: pip install 'localstate[plot]'"
         ) from exc
     rows = [r for r in result["rows"] if r["scenario"] == "distinct"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2),
+                                        gridspec_kw={"width_ratios": [3, 3, 2]})
     for i, mode in enumerate(sorted({r["mode"] for r in rows})):
         color = f"C{i}"  # one colour per mode in both panels
         pts = sorted(((r["triggers"], r) for r in rows if r["mode"] == mode),
@@ -217,10 +246,33 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    _sink_panel(ax3, result)
     fig.suptitle(f"localstate bench ({result['settings']['dialect']} central DB)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+#: the flush rows of each sink, in the order the panel shows them
+SINK_ROWS = (("flush", "sql"), ("flush_api", "api"), ("flush_airflow", "airflow"))
+
+
+def _sink_panel(ax: Any, result: dict[str, Any]) -> None:
+    """Flush rows/s of every sink measured in the run (a sink not measured is named, empty)."""
+    by = {r["mode"]: r for r in result["rows"] if r["scenario"] == "baseline"}
+    names = [name for _mode, name in SINK_ROWS]
+    rates = [(by.get(mode) or {}).get("sets_per_s") or 0.0 for mode, _name in SINK_ROWS]
+    bars = ax.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
+    for bar, (mode, _name), rate in zip(bars, SINK_ROWS, rates, strict=True):
+        row = by.get(mode)
+        label = f"{rate:,.0f}" if rate else "not measured"
+        if row is not None and row.get("triggers"):
+            label += f"\n{row['triggers']:,} keys"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(rates, default=0.0) * 1.3 or 1.0)  # room for the labels
+    ax.set_title("one flush, rows/s, by sink")
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:

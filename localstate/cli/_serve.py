@@ -59,7 +59,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     store_id = args.store_id or f"{settings.resolved_triggerer_id}-api"
     cache = args.cache_path or cache_folder(settings) / f"{store_id}.db"
-    store_settings = settings.replace(triggerer_id=store_id, cache_path=str(cache))
+    # the server writes the central DB itself, whatever sink its clients use
+    store_settings = settings.replace(triggerer_id=store_id, cache_path=str(cache), sink="sql")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
 

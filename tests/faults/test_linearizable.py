@@ -6,6 +6,7 @@ deletes over 3 keys of one owner (`lin_workload`), through:
 (a) one `StateStore` (writes with ``central`` durability);
 (b) two `StateStore`s with different triggerer ids on one central DB;
 (c) the REST API of two `localstate serve` processes (different store ids, the same tokens);
+(g) two stores with ``sink = api``, each through its own `localstate serve`;
 
 then through (b) and (c) with (d) PostgreSQL restarted and (e) its connections cut
 (``pg_terminate_backend``) in the middle, and through (a) with (f) the cache turned off and on
@@ -76,19 +77,27 @@ async def stores_surface(open_store: StoreFactory, reader: CentralStore, n: int
 
 
 @contextlib.asynccontextmanager
-async def rest_surface(central_url: str, folder: Path) -> AsyncIterator[RestSurface]:
-    """Two `localstate serve` processes on one central DB, and a client of each."""
-    servers = [ServeProcess(central_url, f"lin-api-{i}", folder, f"{TOKEN}:read-write:*")
+async def serve_processes(central_url: str, folder: Path, name: str
+                          ) -> AsyncIterator[list[ServeProcess]]:
+    """Two `localstate serve` processes on one central DB, started; stopped on the way out."""
+    servers = [ServeProcess(central_url, f"{name}-{i}", folder, f"{TOKEN}:read-write:*")
                for i in range(2)]
     try:
         await asyncio.gather(*(s.started() for s in servers))
-        async with contextlib.AsyncExitStack() as stack:
-            clients = [await stack.enter_async_context(AsyncStateClient(
-                s.url, token=TOKEN, timeout=10.0)) for s in servers]
-            yield RestSurface(clients)
+        yield servers
     finally:
         for s in servers:
             s.stop()
+
+
+@contextlib.asynccontextmanager
+async def rest_surface(central_url: str, folder: Path) -> AsyncIterator[RestSurface]:
+    """Two `localstate serve` processes on one central DB, and a client of each."""
+    async with serve_processes(central_url, folder, "lin-api") as servers, \
+            contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(AsyncStateClient(
+            s.url, token=TOKEN, timeout=10.0)) for s in servers]
+        yield RestSurface(clients)
 
 
 def assert_clean(history_label: str, verdict: object) -> None:
@@ -119,6 +128,25 @@ async def test_c_two_rest_servers(central_url: str, tmp_path: Path, backend: str
     async with rest_surface(central_url, tmp_path) as surface:
         history = await run_workload(surface, duration(backend))
     label = f"(c) two REST servers, {backend}"
+    assert_clean(label, verify(history, fault_tally, label))
+
+
+async def test_g_two_stores_through_the_api(central_url: str, tmp_path: Path, backend: str,
+                                            fault_tally: FaultTally) -> None:
+    """(b) with ``sink = api``: each store flushes and reads through its own `localstate
+    serve` (two servers on one central DB); compare-and-sets in ``central`` durability are
+    decided by the flush's fence on the server."""
+    async with serve_processes(central_url, tmp_path, "lin-apisink") as servers, \
+            contextlib.AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(StateStore(
+            sink="api", api_url=s.url, api_token=TOKEN, triggerer_id=f"lin-api-{i}",
+            cache_path=tmp_path / f"lin-api-{i}.db",
+            flush_interval=STORE_OPTIONS["flush_interval"],
+            central_timeout=STORE_OPTIONS["central_timeout"]))
+            for i, s in enumerate(servers)]
+        reader = await stack.enter_async_context(CentralStore.open(central_url))
+        history = await run_workload(StoreSurface(stores, reader), duration(backend))
+    label = f"(g) two stores through sink = api, {backend}"
     assert_clean(label, verify(history, fault_tally, label))
 
 

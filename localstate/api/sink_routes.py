@@ -1,0 +1,253 @@
+"""The batched sink endpoints: what `sink = api` (`localstate.sync.api_sink.ApiSink`) calls.
+
+* ``POST /api/v1/flush``: a batch of fenced rows (`DirtyRow`), the writer id (the client's
+  cache file) and the client's conflict policies (its ``conflict_policy`` setting). The whole
+  batch goes through the central store's `write_batch` in ONE transaction, with the same fence
+  and policies as the SQL sink; the answer is each row's `FlushOutcome` (written, adopted with
+  the central record, or retry).
+* ``POST /api/v1/read``: the central records (tombstones included) of a list of keys, or of
+  one owner: one query for a batch of read-through misses, or a `load(owner)`.
+* ``POST /api/v1/write``: one write in its own transaction (the client's cache-off path): an
+  unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
+  not the expected one), or a compare-and-delete of the current value.
+
+Bodies follow `localstate.sync.wire`. Authorization: the bearer token's owner prefixes cover
+every owner a request names and, for the writes, its role is read-write: otherwise 403 and
+nothing is read or written. The body is read only after the token is checked.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from localstate.api.auth import Authorizer, Principal
+from localstate.api.routes import caller_of, central_or_503
+from localstate.api.writes import require_open
+from localstate.codec import decode
+from localstate.entry import UNKNOWN_BASE, StateKey
+from localstate.errors import ConfigError, ValueTooLarge
+from localstate.model import check_name, check_names
+from localstate.store import StateStore
+from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.gc_pause import GC_PAUSE_BYTES, gc_paused
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.wire import (
+    WireError,
+    decode_body,
+    decode_rows,
+    encode_body,
+    encode_outcomes,
+    encode_rows,
+    field_header,
+)
+
+__all__ = ["SINK_PATHS", "build_sink_router"]
+
+log = logging.getLogger(__name__)
+
+#: the paths whose bodies are batches (the app lets them be larger than one value's)
+SINK_PATHS: Final = ("/api/v1/flush", "/api/v1/read")
+#: keys one read may name
+MAX_READ_KEYS: Final = 100_000
+_MAX_VERSION: Final = 2**63 - 1
+_JSON: Final = "application/json"
+#: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
+_POLICY_CACHE: Final = 64
+
+
+def _json(body: dict[str, Any]) -> Response:
+    return Response(encode_body(body), media_type=_JSON)
+
+
+class _Policies:
+    """The clients' policy maps, parsed once per distinct spec (a bounded LRU)."""
+
+    def __init__(self) -> None:
+        self._maps: OrderedDict[str, PolicyMap] = OrderedDict()
+
+    def get(self, spec: Any) -> PolicyMap:
+        if not isinstance(spec, str) and not (
+                isinstance(spec, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items())):
+            raise WireError("'policies' must be a policy spec (a string) or an object mapping "
+                            "owner globs to policy specs (the conflict_policy setting)")
+        key = encode_body({"p": spec}).decode()
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+            return found
+        try:
+            made = PolicyMap(spec)
+        except ConfigError as exc:
+            raise WireError(f"'policies' is not a valid conflict_policy: {exc}") from None
+        self._maps[key] = made
+        if len(self._maps) > _POLICY_CACHE:
+            self._maps.popitem(last=False)
+        return made
+
+
+def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
+    """A flush's values (the wire checked their types): names, JSON, size, versions, one
+    key once. Column by column (each distinct name checked once, the JSON parsed in C)."""
+    for field in ("owner", "key", "updated_by"):
+        check_names(field, set(map(attrgetter(field), rows)))
+    versions = list(map(attrgetter("version"), rows))
+    if min(versions) < 1 or max(versions) > _MAX_VERSION:
+        raise WireError(f"a version is not from 1 to {_MAX_VERSION}")
+    bases = list(map(attrgetter("base_version"), rows))
+    if min(bases) < UNKNOWN_BASE or max(bases) > _MAX_VERSION:
+        raise WireError("a base_version is out of range")
+    if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
+                   strict=True))) != len(rows):
+        raise WireError("a flush batch names a key twice; one row per key")
+    data = [d for d in map(attrgetter("data"), rows) if d is not None]
+    if data and max(map(len, data)) * 4 > max_value_bytes:
+        for r in rows:
+            _check_data(r.owner, r.key, r.data, max_value_bytes)
+        return
+    try:
+        list(map(decode, data))
+    except ValueError:
+        for r in rows:  # which one: the message names it
+            _check_data(r.owner, r.key, r.data, max_value_bytes)
+        raise
+
+
+def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
+    """A value as it travels: JSON text within max_value_bytes, or None (a deletion)."""
+    if data is None:
+        return
+    if not isinstance(data, str):
+        raise WireError(f"{owner}/{key}: data must be JSON text or null")
+    if len(data) * 4 > max_value_bytes:
+        size = len(data.encode("utf-8", "surrogatepass"))
+        if size > max_value_bytes:
+            raise ValueTooLarge(f"{owner}/{key}: the value is {size} bytes, over "
+                                f"max_value_bytes ({max_value_bytes})",
+                                size=size, limit=max_value_bytes)
+    try:
+        decode(data)
+    except ValueError:
+        raise WireError(f"{owner}/{key}: data is not JSON text (or holds NaN, infinity "
+                        "or an integer beyond 64 bits)") from None
+
+
+def _require_owners(caller: Principal, owners: Iterable[str], *, write: bool) -> None:
+    """403 unless `caller` may read (or write) every one of `owners`: before any I/O."""
+    if write and not caller.can_write:
+        caller.require_write("")  # raises: read-only
+    if caller.owners == ("",):  # every owner
+        return
+    for owner in set(owners):
+        caller.require_read(owner)
+
+
+def _writer(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise WireError("'writer' must be the cache file's id (a string) or null")
+    return check_name("writer", raw)
+
+
+def build_sink_router(store: StateStore, auth: Authorizer,
+                      central: Callable[[], CentralStore | None]) -> APIRouter:
+    """The sink endpoints over the app's own reader/writer of the central DB."""
+    router = APIRouter(prefix="/api/v1")
+    Caller = Annotated[Principal, Depends(caller_of(auth))]
+    policies = _Policies()
+    max_value_bytes = store.settings.max_value_bytes
+    outcome_header = field_header(FlushOutcome, CentralRow)
+    central_header = field_header(CentralRow)
+
+    @router.post("/flush", summary="Write a batch of fenced rows in one transaction "
+                 "(what sink = api flushes through)", response_class=Response)
+    async def flush(request: Request, caller: Caller) -> Response:
+        if not caller.can_write:
+            caller.require_write("")
+        raw = await request.body()
+        with gc_paused(len(raw) >= GC_PAUSE_BYTES):
+            return await flush_batch(raw, caller)
+
+    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+        body = decode_body(raw)
+        rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+        _require_owners(caller, (r.owner for r in rows), write=True)
+        writer = _writer(body.get("writer"))
+        policy_map = policies.get(body.get("policies", "reject"))
+        if rows:
+            _check_rows(rows, max_value_bytes)
+        require_open(store)
+        outcomes = await central_or_503(central).write_batch(rows, policy_map, writer=writer)
+        written, full = encode_outcomes(outcomes, rows)
+        return _json({"fields": outcome_header, "written": written, "outcomes": full})
+
+    @router.post("/read", summary="The central records of a batch of keys, or of one owner "
+                 "(tombstones included)", response_class=Response)
+    async def read(request: Request, caller: Caller) -> Response:
+        body = decode_body(await request.body())
+        c = central_or_503(central)
+        if "owner" in body:
+            owner = check_name("owner", body["owner"])
+            caller.require_read(owner)
+            found = await c.read_owner(owner)
+        else:
+            keys = _keys(body.get("keys"))
+            _require_owners(caller, (o for o, _k in keys), write=False)
+            found = list((await c.read_many(keys)).values())
+        return _json({"fields": central_header, "rows": encode_rows(found)})
+
+    @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
+                 "(409 on another version) or compare-and-delete", response_class=Response)
+    async def write(request: Request, caller: Caller) -> Response:
+        body = decode_body(await request.body())
+        op = body.get("op")
+        owner = check_name("owner", body.get("owner"))
+        key = check_name("key", body.get("key"))
+        by = check_name("updated_by", body.get("updated_by"))
+        caller.require_write(owner)
+        data = body.get("data")
+        _check_data(owner, key, data, max_value_bytes)
+        at = body.get("updated_at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
+            raise WireError("'updated_at' must be a number of seconds or null")
+        require_open(store)
+        c = central_or_503(central)
+        row: CentralRow | None = None
+        deleted = False
+        if op == "direct":
+            if at is None:
+                raise WireError("a direct write needs 'updated_at'")
+            row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by)
+        elif op == "if_version":
+            expected = body.get("expected_version")
+            if isinstance(expected, bool) or not isinstance(expected, int):
+                raise WireError("'expected_version' must be an integer")
+            row = await c.write_if_version(owner, key, data, expected, updated_by=by,
+                                           updated_at=None if at is None else float(at))
+        elif op == "delete_current":
+            deleted = await c.delete_current(owner, key, updated_by=by)
+        else:
+            raise WireError("'op' must be direct, if_version or delete_current")
+        return _json({"fields": central_header,
+                      "row": None if row is None else encode_rows([row])[0],
+                      "deleted": deleted})
+
+    return router
+
+
+def _keys(raw: Any) -> list[StateKey]:
+    if not isinstance(raw, list) or len(raw) > MAX_READ_KEYS:
+        raise WireError(f"'keys' must be an array of up to {MAX_READ_KEYS} [owner, key] pairs")
+    keys: list[StateKey] = []
+    for pair in raw:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise WireError("each of 'keys' must be an [owner, key] pair")
+        keys.append((check_name("owner", pair[0]), check_name("key", pair[1])))
+    return keys

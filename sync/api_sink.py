@@ -1,0 +1,198 @@
+"""`ApiSink`: the `Sink` of ``sink = api``, through a localstate API server over HTTP.
+
+For processes that may not hold database credentials (Airflow 3's trigger runner, tasks and
+workers: ADR 0005). The server (``localstate serve``, or localstate's app mounted in
+Airflow's API server) writes each flush batch in ONE transaction with the same fenced upsert
+and conflict policies as the SQL sink (`localstate.api.sink_routes`), so everything
+`localstate.sync.central_store` promises holds through it: the writer id travels with the
+batch, and the client's own policies are the ones applied.
+
+One request per flush batch, one per batch of read-through misses, over one keep-alive
+connection pool (httpx.AsyncClient); bodies are `localstate.sync.wire`. Errors are the SQL
+sink's, so the sync worker backs off and catches up the same way:
+
+================================================  =========================================
+the server...                                     raised
+================================================  =========================================
+down, refusing, resetting, timing out; 502-504    `CentralUnavailable` (retry: the outcome
+                                                  of a lost flush is unknown, and a resend
+                                                  is a replay the fence accepts)
+401, 403                                          `AccessDenied`, naming the api_token setting
+404 (no such endpoint: not a localstate API)      `ConfigError`, naming the api_url setting
+409                                               `VersionConflict` / `WriteRejected`
+other 4xx, 5xx                                    as `localstate.client` maps them
+================================================  =========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import httpx
+
+from localstate.client import error_for
+from localstate.config import Settings
+from localstate.entry import StateKey
+from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.wire import (
+    MAX_BATCH_BODY,
+    WireError,
+    decode_body,
+    decode_outcomes,
+    decode_rows,
+    encode_body,
+    encode_rows,
+    field_header,
+)
+
+__all__ = ["ApiSink"]
+
+_API: Final = "/api/v1"
+#: keys one read asks for (the server's limit is higher)
+_READ_CHUNK: Final = 50_000
+_DIRTY_HEADER: Final = field_header(DirtyRow)
+#: answers that mean "the API server is not there right now" (a proxy in front of it)
+_GATEWAY: Final = frozenset({502, 503, 504})
+
+
+class ApiSink:
+    """Flushes and reads through a localstate API server. Open with `ApiSink.open(settings)`
+    (on the loop that will use it: the connection pool belongs to that loop)."""
+
+    def __init__(self, base_url: str, token: str | None, *, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, transport=transport,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0),
+        )
+        self.url = f"localstate API {base_url.rstrip('/')}"
+        #: committed flush transactions (one per request) and the rows they wrote
+        self.transactions = 0
+        self.rows_written = 0
+
+    @classmethod
+    async def open(cls, settings: Settings) -> ApiSink:
+        """The sink the settings name (``api_url``, ``api_token``, ``central_timeout``)."""
+        if settings.api_url is None:
+            raise ConfigError(
+                "sink = api needs the api_url setting: the localstate API server to flush "
+                "through (AIRFLOW__LOCALSTATE__API_URL, e.g. http://airflow-api:8080/localstate"
+                " or http://state.internal:8686)")
+        return cls(settings.api_url, settings.api_token, timeout=settings.central_timeout)
+
+    # -- one request ---------------------------------------------------------------------
+
+    async def _post(self, path: str, body: bytes) -> dict[str, Any]:
+        try:
+            response = await self._http.post(f"{_API}{path}", content=body)
+        except httpx.TransportError as exc:
+            raise CentralUnavailable(
+                f"{self.url} did not answer ({type(exc).__name__}: {exc or 'no detail'}); "
+                "writes stay in the local cache and are retried") from exc
+        if response.is_error:
+            raise self._error(response)
+        try:
+            return decode_body(response.content)
+        except WireError as exc:
+            raise CentralUnavailable(f"{self.url} sent a body that is not JSON ({exc}); "
+                                     "retried") from None
+
+    def _error(self, response: httpx.Response) -> LocalStateError:
+        status = response.status_code
+        error = error_for(response)
+        if status in (401, 403):
+            return AccessDenied(
+                f"{error}; check the api_token setting: sink = api needs a read-write token "
+                "of the API server whose owner prefixes cover every owner this process "
+                "writes", status=status)
+        if status == 404:
+            return ConfigError(
+                f"{error}; the api_url setting ({self._http.base_url}) does not point at a "
+                "localstate API server with the batched sink endpoints (localstate serve, or "
+                "the Airflow plugin's /localstate)")
+        if status in _GATEWAY and not isinstance(error, CentralUnavailable):
+            return CentralUnavailable(f"{error}; retried")
+        return error
+
+    # -- Sink ----------------------------------------------------------------------------
+
+    async def write_batch(
+        self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
+    ) -> list[FlushOutcome]:
+        if not rows:
+            return []
+        body = encode_body({"fields": _DIRTY_HEADER, "writer": writer,
+                            "policies": policies.spec, "rows": encode_rows(rows)})
+        if len(body) > MAX_BATCH_BODY and len(rows) > 1:
+            half = len(rows) // 2  # a huge batch goes as two requests (two transactions)
+            return [*await self.write_batch(rows[:half], policies, writer=writer),
+                    *await self.write_batch(rows[half:], policies, writer=writer)]
+        answer = await self._post("/flush", body)
+        outcomes = decode_outcomes(answer.get("fields"), answer.get("written"),
+                                   answer.get("outcomes"), rows)
+        self.transactions += 1
+        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        return outcomes
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        found: dict[StateKey, CentralRow] = {}
+        for start in range(0, len(keys), _READ_CHUNK):
+            chunk = [list(k) for k in keys[start:start + _READ_CHUNK]]
+            for r in await self._read({"keys": chunk}):
+                found[(r.owner, r.key)] = r
+        return found
+
+    async def read_owner(self, owner: str) -> list[CentralRow]:
+        return await self._read({"owner": owner})
+
+    async def _read(self, request: dict[str, Any]) -> list[CentralRow]:
+        answer = await self._post("/read", encode_body(request))
+        return decode_rows(CentralRow, answer.get("fields"), answer.get("rows"))
+
+    async def _write(self, request: dict[str, Any]) -> tuple[CentralRow | None, bool]:
+        answer = await self._post("/write", encode_body(request))
+        raw = answer.get("row")
+        rows = [] if raw is None else decode_rows(CentralRow, answer.get("fields"), [raw])
+        self.transactions += 1
+        self.rows_written += len(rows) or bool(answer.get("deleted"))
+        return (rows[0] if rows else None), bool(answer.get("deleted"))
+
+    async def write_direct(
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+    ) -> CentralRow:
+        row, _ = await self._write({"op": "direct", "owner": owner, "key": key, "data": data,
+                                    "updated_at": updated_at, "updated_by": updated_by})
+        return _written(row)
+
+    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+        _, deleted = await self._write({"op": "delete_current", "owner": owner, "key": key,
+                                        "updated_by": updated_by})
+        return deleted
+
+    async def write_if_version(
+        self, owner: str, key: str, data: str | None, expected_version: int, *,
+        updated_by: str, updated_at: float | None = None,
+    ) -> CentralRow:
+        row, _ = await self._write({
+            "op": "if_version", "owner": owner, "key": key, "data": data,
+            "expected_version": expected_version, "updated_at": updated_at,
+            "updated_by": updated_by})
+        return _written(row)
+
+    async def close(self) -> None:
+        """Close the connection pool. Safe twice."""
+        await self._http.aclose()
+
+
+def _written(row: CentralRow | None) -> CentralRow:
+    if row is None:
+        raise CentralUnavailable("the localstate API answered a write without its record; "
+                                 "the outcome is unknown: read, then retry")
+    return row
