@@ -20,8 +20,8 @@ backwards. The scenario runs once per module (`scenario`); the tests check its p
   localstate has no central URL or SQL store there, and the runner process opened no
   connection to PostgreSQL (`_opened_by`; the API server, checked the same way, did);
 * A gets SIGTERM (triggerer B already waits): the last central value A wrote of each
-  watermark is the one A acknowledged last (its cache file), and B resumes each trigger
-  from it;
+  watermark is at least the one A acknowledged last (its cache file), and B resumes each
+  trigger from exactly that central value;
 * B gets SIGKILL (C waits): C resumes from at least what was central at the kill, and no
   central watermark ever went down;
 * after C's stop, Airflow's ``asset_state_store`` row of each asset holds the central value.
@@ -182,8 +182,9 @@ def _triggerer(d: Deployment, name: str, probes: Path) -> Triggerer:
 
 
 def _cached(cache: Path, key: str = "watermark") -> dict[str, float]:
-    """Each owner's value of `key` in a triggerer's cache file (acknowledged writes)."""
-    with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as db:
+    """Each owner's value of `key` in a stopped triggerer's cache file (acknowledged writes;
+    opened read-write, so whatever its WAL holds is read too)."""
+    with contextlib.closing(sqlite3.connect(cache)) as db:
         rows = db.execute("SELECT owner, value FROM state WHERE key = ?", (key,)).fetchall()
     return {owner: float(json.loads(value)) for owner, value in rows}
 
@@ -421,8 +422,15 @@ def test_no_database_in_the_trigger_runner(scenario: Outcome) -> None:
 def test_sigterm_flushes_and_the_moved_trigger_resumes_from_the_last_ack(
         scenario: Outcome) -> None:
     assert set(scenario.acked_a) == set(OWNERS)
-    assert scenario.central_from_a == scenario.acked_a
-    assert scenario.resumed_b == scenario.acked_a
+    # every acknowledged value was flushed by the stop; a set still in flight when the signal
+    # came (in memory, its local commit not done, so never acknowledged) may have gone too
+    for owner in OWNERS:
+        assert scenario.central_from_a[owner] >= scenario.acked_a[owner], owner
+    in_flight = sum(scenario.central_from_a[o] != scenario.acked_a[o] for o in OWNERS)
+    print(f"\nSIGTERM: {N - in_flight} triggers' last flushed value was their last ack, "
+          f"{in_flight} a set in flight at the signal")
+    # B resumes every trigger from what A flushed last, nothing older
+    assert scenario.resumed_b == scenario.central_from_a
 
 
 def test_sigkill_resumes_from_at_least_the_last_flush_never_backwards(
