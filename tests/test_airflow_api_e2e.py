@@ -18,7 +18,7 @@ backwards. The scenario runs once per module (`scenario`); the tests check its p
   writes are about one per ``flush_interval``, not one per set;
 * the trigger runner holds no database: its ``sql_alchemy_conn`` is Airflow's blocked URL,
   localstate has no central URL or SQL store there, and the runner process opened no
-  connection to PostgreSQL (`_opened_by`; the API server, checked the same way, did);
+  connection to PostgreSQL (`e2e_observe.opened_by`; the API server, checked the same way, did);
 * A gets SIGTERM (triggerer B already waits): the last central value A wrote of each
   watermark is at least the one A acknowledged last (its cache file), and B resumes each
   trigger from exactly that central value;
@@ -30,12 +30,10 @@ backwards. The scenario runs once per module (`scenario`); the tests check its p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import json
 import signal
-import sqlite3
 import statistics
 import subprocess
 import time
@@ -45,10 +43,20 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import psutil
 import pytest
 from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow
 from airflow_harness import ROOT, Deployment, stop, wait_for
+from e2e_observe import (
+    HISTORY_SQL,
+    cached,
+    central_values,
+    group_pids,
+    mirrored,
+    opened_by,
+    probes_of,
+    resumed,
+    version_sum,
+)
 
 from localstate.testing.postgres_server import PostgresServer
 
@@ -77,22 +85,6 @@ with DAG(dag_id="localstate_ticks", schedule=assets, catchup=False):
     pass
 """
 
-#: every write to localstate's table, logged when its transaction commits
-_HISTORY_SQL = """
-CREATE TABLE e2e_history (seq bigserial PRIMARY KEY, owner text, key text, value text,
-                          updated_by text, txid bigint, committed timestamptz);
-CREATE FUNCTION e2e_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO e2e_history (owner, key, value, updated_by, txid, committed)
-  VALUES (NEW.owner, NEW.key, NEW.value::text, NEW.updated_by, txid_current(),
-          clock_timestamp());
-  RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER e2e_log AFTER INSERT OR UPDATE ON localstate_state_variable
-DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION e2e_log();
-"""
-
-
 def _owner(i: int) -> str:
     return f"asset_watcher:tick_{i:03d}"
 
@@ -117,7 +109,7 @@ class Outcome:
     #: sets the triggers made in the window (their watermarks' versions in A's cache)
     window_sets: int = 0
     probes: list[dict[str, Any]] = field(default_factory=list)
-    #: PostgreSQL connections the runner opened or used (see `_opened_by`)
+    #: PostgreSQL connections the runner opened or used (see `opened_by`)
     runner_pg_connections: list[str] = field(default_factory=list)
     api_server_pg_connections: int = 0
     stop_seconds: float = 0.0
@@ -181,76 +173,6 @@ def _triggerer(d: Deployment, name: str, probes: Path) -> Triggerer:
     return Triggerer(name, process, d.home / "localstate" / f"{name}.db")
 
 
-def _cached(cache: Path, key: str = "watermark") -> dict[str, float]:
-    """Each owner's value of `key` in a stopped triggerer's cache file (acknowledged writes;
-    opened read-write, so whatever its WAL holds is read too)."""
-    with contextlib.closing(sqlite3.connect(cache)) as db:
-        rows = db.execute("SELECT owner, value FROM state WHERE key = ?", (key,)).fetchall()
-    return {owner: float(json.loads(value)) for owner, value in rows}
-
-
-def _versions(cache: Path) -> int:
-    with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as db:
-        return int(db.execute("SELECT coalesce(sum(version), 0) FROM state "
-                              "WHERE key = 'watermark'").fetchone()[0])
-
-
-async def _central(db: asyncpg.Connection, key: str = "watermark") -> dict[str, float]:
-    rows = await db.fetch("SELECT owner, value FROM localstate_state_variable WHERE key = $1",
-                          key)
-    return {r["owner"]: float(json.loads(r["value"])) for r in rows}
-
-
-async def _mirrored(db: asyncpg.Connection) -> dict[str, float]:
-    """Airflow's asset_state_store watermark of each asset, by localstate owner."""
-    rows = await db.fetch(
-        "SELECT a.name, s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
-        "WHERE s.key = 'watermark'")
-    return {f"asset_watcher:{r['name']}": float(json.loads(r["value"])) for r in rows}
-
-
-async def _resumed(db: asyncpg.Connection, by: str) -> dict[str, float]:
-    """The ``resumed_from`` each trigger recorded when it started on triggerer `by`."""
-    rows = await db.fetch("SELECT owner, value FROM e2e_history WHERE key = 'resumed_from' "
-                          "AND updated_by = $1", by)
-    return {r["owner"]: float(json.loads(r["value"])) for r in rows}
-
-
-async def _opened_by(db: asyncpg.Connection, pid: int, port: int) -> list[str]:
-    """Connections to PostgreSQL that process `pid` opened, with their backends.
-
-    The runner is forked from the triggerer's supervisor, which holds Airflow's pooled
-    connections: their sockets are inherited (open in the child's fd table too, used by the
-    parent). Their backends began before the runner existed. A socket in `pid`'s table whose
-    backend began later was opened by `pid` itself (what the parent opens after the fork is
-    not in the child's table).
-    """
-    try:
-        proc = psutil.Process(pid)
-        born = proc.create_time()
-        conns = [c for c in proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == port]
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for c in conns:
-        backend = await db.fetchrow(
-            "SELECT extract(epoch FROM backend_start) AS began, application_name, state "
-            "FROM pg_stat_activity WHERE client_port = $1", c.laddr.port)
-        if backend is None or float(backend["began"]) >= born:
-            found.append(f"{c.laddr} -> {c.raddr}: {dict(backend or {})}")
-    return found
-
-
-def _probes(folder: Path) -> list[dict[str, Any]]:
-    """What each trigger runner reported about itself (`e2e_tick_trigger._probe`)."""
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("runner-*.json"))]
-
-
-def _group_pids(leader: subprocess.Popen[bytes]) -> list[int]:
-    proc = psutil.Process(leader.pid)
-    return [proc.pid, *(p.pid for p in proc.children(recursive=True))]
-
-
 async def _scenario(d: Deployment, probes: Path) -> Outcome:
     o = Outcome()
     pg_port = int(d.airflow_dsn.rsplit(":", 1)[1].split("/")[0])
@@ -258,7 +180,7 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
     db = await asyncpg.connect(d.airflow_dsn)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        await db.execute(_HISTORY_SQL)
+        await db.execute(HISTORY_SQL)
         with api_server(d) as server:
             setup = [d.start("dag-processor", "dag-processor"),
                      d.start("scheduler", "scheduler", "--skip-serve-logs")]
@@ -284,15 +206,15 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
                 return bool(n == N)
 
             await wait_for(f"watermarks of all {N} triggers from {a.name}", all_running, d, 120)
-            sets_before = _versions(a.cache)
+            sets_before = version_sum(a.cache)
             start = await db.fetchval("SELECT clock_timestamp()")
             for _ in range(int(WINDOW)):
                 await asyncio.sleep(1)
-                for seen in _probes(probes):
-                    found = await _opened_by(db, seen["pid"], pg_port)
+                for seen in probes_of(probes):
+                    found = await opened_by(db, seen["pid"], pg_port)
                     o.runner_pg_connections += found
             end = await db.fetchval("SELECT clock_timestamp()")
-            o.window_sets = _versions(a.cache) - sets_before
+            o.window_sets = version_sum(a.cache) - sets_before
             o.window_seconds = (end - start).total_seconds()
             rows = await db.fetch(
                 "SELECT txid, extract(epoch FROM committed) AS at, owner, value "
@@ -300,8 +222,8 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
                 "AND committed BETWEEN $2 AND $3 ORDER BY seq", a.name, start, end)
             o.window_rows = [(r["txid"], float(r["at"]), r["owner"],
                               float(json.loads(r["value"]))) for r in rows]
-            for pid in _group_pids(server.process):
-                o.api_server_pg_connections += len(await _opened_by(db, pid, pg_port))
+            for pid in group_pids(server.process):
+                o.api_server_pg_connections += len(await opened_by(db, pid, pg_port))
 
             # -- SIGTERM A; B (already up) takes the triggers over --------------------
             b = _triggerer(d, "triggerer-b", probes)
@@ -311,13 +233,13 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
             stopping = time.monotonic()
             stop(a.process, signal.SIGTERM, wait=60)
             o.stop_seconds = time.monotonic() - stopping
-            o.acked_a = _cached(a.cache)
+            o.acked_a = cached(a.cache)
 
             async def resumed_on_b() -> bool:
-                return len(await _resumed(db, b.name)) == N
+                return len(await resumed(db, b.name)) == N
 
             await wait_for(f"all {N} triggers resumed on {b.name}", resumed_on_b, d, 90)
-            o.resumed_b = await _resumed(db, b.name)
+            o.resumed_b = await resumed(db, b.name)
             await asyncio.sleep(3 * FLUSH_INTERVAL)
 
             # -- SIGKILL B; C (already up) takes the triggers over --------------------
@@ -326,18 +248,18 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
             await _wait_jobs(db, d, 2)
             stop(b.process, signal.SIGKILL)
             await asyncio.sleep(0.5)  # a flush request B sent before it died is answered
-            o.central_at_kill = await _central(db)
-            o.cached_b = _cached(b.cache)
+            o.central_at_kill = await central_values(db)
+            o.cached_b = cached(b.cache)
 
             async def resumed_on_c() -> bool:
-                return len(await _resumed(db, c.name)) == N
+                return len(await resumed(db, c.name)) == N
 
             await wait_for(f"all {N} triggers resumed on {c.name}", resumed_on_c, d, 90)
-            o.resumed_c = await _resumed(db, c.name)
+            o.resumed_c = await resumed(db, c.name)
             await asyncio.sleep(2 * FLUSH_INTERVAL)
             stop(c.process, signal.SIGTERM, wait=60)
-            o.central_final = await _central(db)
-            o.mirrored_final = await _mirrored(db)
+            o.central_final = await central_values(db)
+            o.mirrored_final = await mirrored(db)
             for r in await db.fetch("SELECT owner, value, updated_by FROM e2e_history "
                                     "WHERE key = 'watermark' ORDER BY seq"):
                 value = float(json.loads(r["value"]))
@@ -351,7 +273,7 @@ async def _scenario(d: Deployment, probes: Path) -> Outcome:
         for proc in procs:
             stop(proc, signal.SIGKILL, 5)
         await db.close()
-    o.probes = _probes(probes)
+    o.probes = probes_of(probes)
     return o
 
 
