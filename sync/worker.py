@@ -190,6 +190,10 @@ class SyncWorker:
 
     async def _run(self) -> None:
         retry_in: float | None = None
+        loop = asyncio.get_running_loop()
+        # Flushes start every flush_interval (a fixed rate, not a pause after each flush), so
+        # a set waits at most one interval plus one flush's duration to reach the sink.
+        tick = loop.time()
         while not self._stop.is_set():
             if retry_in is not None:
                 # after a failure wait out the backoff: kicks (a full batch, a central write)
@@ -201,7 +205,9 @@ class SyncWorker:
                     self._backoff.reset()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self.interval)
+                    await asyncio.wait_for(self._kick.wait(),
+                                           max(0.0, tick + self.interval - loop.time()))
+            tick = loop.time()
             if self._stop.is_set():
                 return
             self._kick.clear()
