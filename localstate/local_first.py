@@ -148,6 +148,7 @@ class LocalFirstMode:
     # -- writes ----------------------------------------------------------------------------
 
     async def set(self, k: StateKey, data: str, obj: object, durability: Durability) -> int:
+        check_key(k)  # before the policy lookup matches the owner against its patterns
         e = await first_write_base(self.parts.table, self.parts.reader, k, read=(
             set_reads_base(durability, self.parts.policies.for_owner(k[0]))))
         return await self._write(k, e, data, obj, durability)

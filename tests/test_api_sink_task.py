@@ -40,6 +40,8 @@ out["watermark"] = StateVariable.get("watermark", owner="asset_watcher:orders")
 StateVariable.set("cursor", out["watermark"] + 1, owner="dag:etl/load")
 out["cursor"] = StateVariable.get("cursor", owner="dag:etl/load")
 out["missing"] = StateVariable.get("nope", owner="dag:etl/load", default="default")
+# one default store per process: the blocking one is closed before the async calls open theirs
+StateVariable.default_store().close()
 
 async def main():
     await localstate.StateVariable.set("async_cursor", 7, owner="dag:etl/load")

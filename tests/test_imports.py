@@ -89,7 +89,10 @@ DEFERRED_ON_PURPOSE = {("localstate.variable", "localstate.default_store")}
 #: what `localstate.sync` may import of `localstate`: its lower layers only
 SYNC_MAY_IMPORT = {"localstate", "localstate.model", "localstate.codec", "localstate.errors",
                    "localstate.entry", "localstate.entry_table", "localstate.local_cache",
-                   "localstate.config", "localstate.file_lock", "localstate.version"}
+                   "localstate.config", "localstate.file_lock", "localstate.version",
+                   # below the store too: the claim epochs a store holds (entry, errors and
+                   # sync's rows), and the REST client's error mapping (codec, errors, model)
+                   "localstate.claims", "localstate.client"}
 
 
 def module_files() -> dict[str, Path]:
