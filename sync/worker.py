@@ -232,7 +232,7 @@ class SyncWorker:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
                 # back from the central DB as this cache file's own later write, which the flush
-                # adopts without a conflict (see CentralStore._write_batch).
+                # adopts without a conflict (see `localstate.sync.fenced_write`).
                 keys = list(self.table.dirty)
                 for start in range(0, len(keys), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
