@@ -32,7 +32,7 @@ Invariants:
 * ``synced_version == UNKNOWN_BASE`` marks a write based on a central record that could not
   be read (the central DB was down). Its version comes from `unknown_base_version`, above any
   version the central DB can hold; the flush settles it like a write whose base turned out
-  stale (see `localstate.sync.central_store`).
+  stale (see `localstate.sync.fenced_write`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
   absence is remembered for ``absent_ttl`` seconds, no longer (`AbsentKeys`).
 * Only clean entries are evicted or released, and never one the worker still needs
