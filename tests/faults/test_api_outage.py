@@ -21,9 +21,9 @@ import orjson
 from api_server import RW_TOKEN, ServeProcess
 from central_history import current_rows, install, read, regressions
 from fault_tally import FaultTally
-from test_central_outage import WriteLoop
+from test_central_outage import WriteLoop, flush_until_clean
 
-from localstate import CentralUnavailable, StateStore
+from localstate import StateStore
 
 FLUSH_INTERVAL = 0.5
 ROUNDS = 3
@@ -70,13 +70,7 @@ async def test_server_killed_mid_run_loses_and_duplicates_nothing(
                                  "a flush after the restart")
         finally:
             await loop.close()
-        deadline = time.monotonic() + 30
-        while store.stats().dirty_keys:
-            try:
-                await store.flush()
-            except CentralUnavailable:
-                assert time.monotonic() < deadline, "the API server never came back"
-                await asyncio.sleep(0.1)
+        await flush_until_clean(store, "the API server")
         assert store.stats().conflicts == 0
     finally:
         await store.close()

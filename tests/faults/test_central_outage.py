@@ -34,6 +34,17 @@ FLUSH_INTERVAL = 1.0
 RECOVERY_DEADLINE = 2 * FLUSH_INTERVAL
 
 
+async def flush_until_clean(store: StateStore, sink: str, within: float = 30.0) -> None:
+    """Flush `store` until nothing is dirty, retrying while `sink` is still unreachable."""
+    deadline = time.monotonic() + within
+    while store.stats().dirty_keys:
+        try:
+            await store.flush()
+        except CentralUnavailable:
+            assert time.monotonic() < deadline, f"{sink} never came back"
+            await asyncio.sleep(0.1)
+
+
 class WriteLoop:
     """Sets every key over and over (local durability), counting what was acknowledged."""
 
@@ -135,13 +146,7 @@ async def test_stops_and_restarts_lose_and_duplicate_nothing_and_the_lag_recover
                 await asyncio.sleep(0.5)  # write on, flushed normally, before the next stop
         finally:
             await loop.close()
-        deadline = time.monotonic() + 30
-        while store.stats().dirty_keys:
-            try:
-                await store.flush()
-            except CentralUnavailable:
-                assert time.monotonic() < deadline, "the central DB never came back"
-                await asyncio.sleep(0.1)
+        await flush_until_clean(store, "the central DB")
         assert store.stats().conflicts == 0
     finally:
         await store.close()
