@@ -311,12 +311,18 @@ async def require_current(engine: AsyncEngine) -> None:
 @contextlib.asynccontextmanager
 async def _mysql_lock(conn: AsyncConnection, url: str) -> AsyncIterator[None]:
     """On MySQL, hold the named lock ``GET_LOCK`` takes (a session lock: released here, or by
-    the server when the connection ends) while migrating; elsewhere nothing."""
+    the server when the connection ends) around the migrating transactions; elsewhere nothing.
+
+    Taken and released outside any transaction of `conn`, so the caller's transaction commits
+    before the lock goes: released first, a waiting process would read the schema version
+    before the insert recording the migration committed, apply it again and fail on that
+    insert's primary key (seen in CI: "Duplicate entry '5' for key 'PRIMARY'")."""
     if conn.dialect.name != "mysql":
         yield
         return
     got = (await conn.execute(text("SELECT GET_LOCK(:n, :s)"),
                               {"n": _MYSQL_LOCK, "s": _MYSQL_LOCK_WAIT_S})).scalar()
+    await conn.commit()  # end the transaction the SELECT began; the lock is the session's
     if got != 1:
         raise SchemaError(f"the central DB {url}: another process held the schema upgrade lock "
                           f"for over {_MYSQL_LOCK_WAIT_S} s; try again")
@@ -324,6 +330,7 @@ async def _mysql_lock(conn: AsyncConnection, url: str) -> AsyncIterator[None]:
         yield
     finally:
         await conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": _MYSQL_LOCK})
+        await conn.commit()
 
 
 async def upgrade(engine: AsyncEngine) -> list[Migration]:
@@ -331,7 +338,7 @@ async def upgrade(engine: AsyncEngine) -> list[Migration]:
     applied: list[Migration] = []
     url = engine.url.render_as_string(hide_password=True)
     while True:
-        async with engine.begin() as conn, _mysql_lock(conn, url):
+        async with engine.connect() as conn, _mysql_lock(conn, url), conn.begin():
             if conn.dialect.name == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
             await conn.run_sync(lambda c: schema_table.create(c, checkfirst=True))

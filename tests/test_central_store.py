@@ -127,6 +127,25 @@ async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) ->
         await store.close()
 
 
+async def test_upgrades_racing_from_many_processes_apply_each_migration_once(
+    central_url: str,
+) -> None:
+    """Triggerers starting together each upgrade the schema: one applies every migration,
+    the others wait for its lock and then find nothing to do (none fails, none applies a
+    migration twice). Each engine is its own pool, as each process would be."""
+    engines = [make_engine(central_url) for _ in range(6)]
+    try:
+        results = await asyncio.gather(*(upgrade(e) for e in engines))
+        applied = sorted(m.version for result in results for m in result)
+        assert applied == [m.version for m in MIGRATIONS]
+        async with engines[0].connect() as conn:
+            versions = (await conn.execute(select(schema_table.c.version))).scalars().all()
+        assert sorted(versions) == [m.version for m in MIGRATIONS]
+    finally:
+        for engine in engines:
+            await engine.dispose()
+
+
 async def test_postgres_state_table_leaves_room_for_hot_updates(
     pg_server: PostgresServer,
 ) -> None:
