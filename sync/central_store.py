@@ -67,7 +67,7 @@ from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
-from localstate.sync.engine import make_engine
+from localstate.sync.engine import make_engine, read_connection
 from localstate.sync.fleet import (
     FleetRow,
     FleetStatus,
@@ -210,7 +210,7 @@ class CentralStore:
         if not keys:
             return {}
         await self._ready()
-        async with self._errors("read"), self.engine.connect() as conn:
+        async with self._errors("read"), read_connection(self.engine) as conn:
             return await self._select(conn, keys, lock=False)
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
@@ -219,7 +219,7 @@ class CentralStore:
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
             t.owner == owner
         )
-        async with self._errors("read"), self.engine.connect() as conn:
+        async with self._errors("read"), read_connection(self.engine) as conn:
             return [_central_row(r) for r in await conn.execute(query)]
 
     async def list_rows(
@@ -247,7 +247,7 @@ class CentralStore:
         if not include_deleted:
             query = query.where(t.value.is_not(None))
         query = query.order_by(owner, key).limit(limit)
-        async with self._errors("list"), self.engine.connect() as conn:
+        async with self._errors("list"), read_connection(self.engine) as conn:
             return [_central_row(r) for r in await conn.execute(query)]
 
     # -- statements of other modules (retention), wrapped as every call here -------------
@@ -259,7 +259,7 @@ class CentralStore:
     async def run_read(self, query: Executable, doing: str) -> list[tuple[Any, ...]]:
         """The rows of `query`, its driver errors wrapped (`doing` names it in them)."""
         await self._ready()
-        async with self._errors(doing), self.engine.connect() as conn:
+        async with self._errors(doing), read_connection(self.engine) as conn:
             return [tuple(row) for row in await conn.execute(query)]
 
     async def run_write(self, statement: Executable, doing: str) -> int:
@@ -300,7 +300,7 @@ class CentralStore:
         """The claimed owners among `owners`: each one's (epoch, claimant)."""
         await self._ready()
         c = owner_claim.c
-        async with self._errors("read"), self.engine.connect() as conn:
+        async with self._errors("read"), read_connection(self.engine) as conn:
             result = await conn.execute(
                 select(c.owner, c.epoch, c.claimant).where(c.owner.in_(set(owners))))
             return {o: (int(e), by) for o, e, by in result}
@@ -346,7 +346,7 @@ class CentralStore:
         """Every triggerer's row of the fleet table."""
         await self._ready()
         c = fleet.c
-        async with self._errors("read"), self.engine.connect() as conn:
+        async with self._errors("read"), read_connection(self.engine) as conn:
             result = await conn.execute(select(
                 c.triggerer, c.host, c.pid, c.last_flush_at, c.dirty_keys,
                 c.oldest_unflushed_at, c.rows_per_s, c.flush_interval))

@@ -9,18 +9,20 @@ folder of the embedded default (``$AIRFLOW_HOME``) is created, as Airflow create
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from localstate.config import airflow_home
 from localstate.errors import ConfigError
 
-__all__ = ["SUPPORTED_DIALECTS", "async_url", "make_engine"]
+__all__ = ["SUPPORTED_DIALECTS", "async_url", "make_engine", "read_connection"]
 
 #: dialect -> (its async driver, the Python module of that driver, the extra that installs it)
 _DRIVERS: Final = {
@@ -29,6 +31,9 @@ _DRIVERS: Final = {
     "mysql": ("mysql+aiomysql", "aiomysql", "mysql"),
 }
 SUPPORTED_DIALECTS: Final = tuple(_DRIVERS)
+
+#: the execution option that marks a connection as reading only (see `read_connection`)
+_READ_ONLY: Final = "localstate_read_only"
 
 
 def async_url(url: str) -> str:
@@ -146,6 +151,19 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A reader never upgrades its lock, and under WAL a deferred read never waits for the
+        # writer: a status page, or a triggerer loading an owner it takes over, must not queue
+        # behind another process's flush (or behind one paused mid-flush, for busy_timeout).
+        read_only = conn.get_execution_options().get(_READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+@asynccontextmanager
+async def read_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for statements that only read: on SQLite its transaction is deferred, so
+    it reads the last committed state without taking the write lock. Do not write through it.
+    """
+    async with engine.connect() as conn:
+        yield await conn.execution_options(**{_READ_ONLY: True})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -579,6 +580,32 @@ async def test_sqlite_pages_by_seeking_the_primary_key(tmp_path: Any) -> None:
             assert "USING INDEX" in plan, (options, plan)
     finally:
         await store.close()
+
+
+async def test_sqlite_reads_do_not_queue_behind_a_writer_holding_the_lock(tmp_path: Any) -> None:
+    """Reads on SQLite take no write lock: a triggerer loading an owner, or the status page,
+    reads the committed state while another process sits in a flush (even one paused by
+    SIGSTOP), instead of waiting out busy_timeout (30 s) and failing."""
+    path = tmp_path / "central.db"
+    async with CentralStore.open(f"sqlite:///{path}") as store:
+        await store.write_batch([dirty("k", 1, version=1, base=0, owner="o")], PolicyMap())
+        await store.claim("o", claimant="t1")
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process's flush, in progress
+            other.execute(f"UPDATE {STATE_TABLE} SET value = '2'")
+            reads = asyncio.gather(
+                store.read_owner("o"), store.read_many([("o", "k")]),
+                store.list_rows(), store.read_claims(["o"]), store.read_fleet(),
+                store.run_read(text(f"SELECT count(*) FROM {STATE_TABLE}"), "count"))
+            owner, many, listed, claims, _fleet, counted = await asyncio.wait_for(reads, 10)
+        finally:
+            other.rollback()
+            other.close()
+    assert [value_of(r) for r in owner] == [1] == [value_of(r) for r in many.values()]
+    assert [value_of(r) for r in listed] == [1]
+    assert claims == {"o": (1, "t1")}
+    assert counted == [(1,)]
 
 
 @pytest.mark.parametrize(("prefix", "bound"), [

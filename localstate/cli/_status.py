@@ -47,6 +47,7 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     from sqlalchemy import case, func, select
     from sqlalchemy.exc import SQLAlchemyError
 
+    from localstate.sync.engine import read_connection
     from localstate.sync.schema import current_version, state_variable
 
     t = state_variable.c
@@ -55,7 +56,7 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     writers = (select(t.updated_by, func.count(), func.max(t.updated_at))
                .group_by(t.updated_by).order_by(func.max(t.updated_at).desc()).limit(50))
     try:
-        async with central.engine.connect() as conn:
+        async with read_connection(central.engine) as conn:
             schema = await current_version(conn)
             rows, owners, deleted, last = (await conn.execute(totals)).one()
             by_writer = (await conn.execute(writers)).all()

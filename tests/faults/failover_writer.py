@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -60,6 +62,12 @@ async def write_loop(store: StateStore, owner: str, epoch: int, stop: asyncio.Ev
         await asyncio.sleep(pace)
 
 
+def dump_tasks() -> None:
+    """Every task's stack to stderr: the parent sends SIGUSR1 when a release hangs."""
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
 async def main(options: dict[str, Any]) -> None:
     store = await StateStore.open(
         central_url=options["central_url"], cache_path=options["cache_path"],
@@ -81,6 +89,7 @@ async def main(options: dict[str, Any]) -> None:
 
     loop = asyncio.get_running_loop()
     loop.add_reader(0, read_commands)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     report("READY")
 
     async def release(owner: str) -> None:
@@ -110,4 +119,5 @@ async def main(options: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR2)  # the parent asks for stacks when a release hangs
     asyncio.run(main(json.loads(sys.argv[1])))

@@ -243,8 +243,17 @@ async def test_owners_moving_between_processes_and_zombies_lose_nothing(
     started = await asyncio.gather(*(start(f"triggerer-{i}", central_url, tmp_path)
                                      for i in range(processes)))
     ps = [p for p, _reader in started]
+    print(f"LOCALSTATE_CRASH_SEED={seed}")
     try:
-        done = await run_schedule(ps, rng)
+        try:
+            done = await run_schedule(ps, rng)
+        except TimeoutError:
+            for p in ps:  # each writer's tasks and threads to its stderr, then fail
+                p.proc.send_signal(signal.SIGCONT)
+                p.proc.send_signal(signal.SIGUSR1)
+                p.proc.send_signal(signal.SIGUSR2)
+            await asyncio.sleep(2)
+            raise
         for p in ps:
             await p.send(quit=True)
         for p, reader in started:
