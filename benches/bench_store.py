@@ -1,11 +1,19 @@
 """Hot-path benchmark of the store: set/get throughput per durability mode, against the bare limit.
 
     python benches/bench_store.py [--seconds 1.0] [--json out.json]
+    python benches/bench_store.py --eviction-ab [--rounds 5] [--seconds 0.5]
 
 Every figure is measured in this process, in this run, and printed as a ratio against the bare
 limit (an ``await`` of a coroutine that sets a dict): the machines are shared and noisy, so only
 ratios mean something. Also measures the memory of 100,000 keys of 100-byte values (in a fresh
 subprocess, RSS before and after).
+
+``--eviction-ab`` measures the bounded working set (``max_keys_in_memory``) instead: the same
+operations in a store whose cap is never reached (A, no eviction) and one with a cap of 10,000
+(B), alternated round by round in this process, with 1,000 writers. Two working sets: 1,000
+keys (fits in the cap: the hot path must not pay for the bound) and 20,000 keys written in turn
+(twice the cap: clean entries are evicted continually behind the writers). Printed per
+operation: the median of B/A over the rounds, its spread, and the evictions B made.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -135,11 +144,85 @@ def memory_figure(folder: Path) -> dict[str, Any]:
             "rss_after_mb": after, "rss_mb": after, "delta_mb": after - before}
 
 
+CAP = 10_000
+UNBOUNDED = 10**9  # a cap never reached: the store without eviction
+
+
+async def _eviction_round(seconds: float, folder: Path, cap: int) -> dict[str, tuple[float, int]]:
+    """One round of the A/B: ops/s and evictions of each operation in a store capped at `cap`."""
+    owners = [f"trigger:bench:{w}" for w in range(1000)]
+    out: dict[str, tuple[float, int]] = {}
+    async with StateStore(
+        cache_path=folder / f"cache-{cap}.db", central_url=f"sqlite:///{folder}/central-{cap}.db",
+        triggerer_id="bench", flush_interval=1.0, max_keys_in_memory=cap,
+    ) as store:
+
+        def measure(name: str, op: Op) -> Awaitable[None]:
+            async def run_it() -> None:
+                before = store.stats().evictions
+                ops = await _throughput(op, 1000, seconds)
+                out[name] = (ops, store.stats().evictions - before)
+            return run_it()
+
+        async def memory_set(w: int, n: int) -> None:
+            await store.set(owners[w], "watermark", n, durability="memory")
+
+        async def local_set(w: int, n: int) -> None:
+            await store.set(owners[w], "watermark", n, durability="local")
+
+        async def cached_get(w: int, n: int) -> Any:
+            return await store.get(owners[w], "watermark")
+
+        async def wide_set(w: int, n: int) -> None:  # 20,000 keys: twice the cap
+            await store.set(owners[w], f"k{n % 20}", n, durability="memory")
+
+        await measure("memory set, 1,000 keys", memory_set)
+        await measure("local set, 1,000 keys", local_set)
+        await measure("cached get, 1,000 keys", cached_get)
+        await measure("memory set, 20,000 keys", wide_set)
+        await store.flush()  # settled: the 20,000 are clean, the cap now evicts behind reads
+        await measure("cached get, 1,000 hot of 20,000", cached_get)
+    return out
+
+
+def eviction_ab(rounds: int, seconds: float, folder: Path) -> list[dict[str, Any]]:
+    """A (never evicts) and B (cap 10,000) alternated `rounds` times; B/A per operation."""
+    ratios: dict[str, list[float]] = {}
+    evictions: dict[str, int] = {}
+    for r in range(rounds):
+        order = (UNBOUNDED, CAP) if r % 2 == 0 else (CAP, UNBOUNDED)
+        got = {cap: asyncio.run(_eviction_round(seconds, folder / f"r{r}-{cap}", cap))
+               for cap in order}
+        for name, (ops_b, ev) in got[CAP].items():
+            ratios.setdefault(name, []).append(ops_b / got[UNBOUNDED][name][0])
+            evictions[name] = evictions.get(name, 0) + ev
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return [{"op": name, "mode": "eviction B/A", "ratio_median": statistics.median(rs),
+             "ratio_min": min(rs), "ratio_max": max(rs), "evictions": evictions[name],
+             "rounds": rounds} for name, rs in ratios.items()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--eviction-ab", action="store_true",
+                        help="A/B of the bounded working set instead (see the docstring)")
+    parser.add_argument("--rounds", type=int, default=5, help="A/B rounds (--eviction-ab)")
     args = parser.parse_args(argv)
+    if args.eviction_ab:
+        with tempfile.TemporaryDirectory(prefix="localstate-bench-") as tmp:
+            for d in range(args.rounds):
+                for cap in (CAP, UNBOUNDED):
+                    (Path(tmp) / f"r{d}-{cap}").mkdir()
+            rows = eviction_ab(args.rounds, args.seconds, Path(tmp))
+        print(f"{'operation':<34} {'B/A median':>10} {'min':>6} {'max':>6} {'evictions':>10}")
+        for r in rows:
+            print(f"{r['op']:<34} {r['ratio_median']:>10.2f} {r['ratio_min']:>6.2f} "
+                  f"{r['ratio_max']:>6.2f} {r['evictions']:>10,}")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     with tempfile.TemporaryDirectory(prefix="localstate-bench-") as tmp:
         rows = asyncio.run(run(args.seconds, Path(tmp)))
         mem_dir = Path(tmp) / "mem"
