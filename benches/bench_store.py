@@ -10,10 +10,11 @@ subprocess, RSS before and after).
 
 ``--eviction-ab`` measures the bounded working set (``max_keys_in_memory``) instead: the same
 operations in a store whose cap is never reached (A, no eviction) and one with a cap of 10,000
-(B), alternated round by round in this process, with 1,000 writers. Two working sets: 1,000
+(B), both open in this process, measured in pairs whose order alternates, with 1,000 writers
+(each after a warm-up pass, so a hot read measures reads of keys in memory). Two working sets: 1,000
 keys (fits in the cap: the hot path must not pay for the bound) and 20,000 keys written in turn
 (twice the cap: clean entries are evicted continually behind the writers). Printed per
-operation: the median of B/A over the rounds, its spread, and the evictions B made.
+operation: the median of B/A over the pairs, its spread, and the evictions B made.
 """
 
 from __future__ import annotations
@@ -148,58 +149,68 @@ CAP = 10_000
 UNBOUNDED = 10**9  # a cap never reached: the store without eviction
 
 
-async def _eviction_round(seconds: float, folder: Path, cap: int) -> dict[str, tuple[float, int]]:
-    """One round of the A/B: ops/s and evictions of each operation in a store capped at `cap`."""
-    owners = [f"trigger:bench:{w}" for w in range(1000)]
-    out: dict[str, tuple[float, int]] = {}
-    async with StateStore(
-        cache_path=folder / f"cache-{cap}.db", central_url=f"sqlite:///{folder}/central-{cap}.db",
+def _ab_store(folder: Path, cap: int) -> StateStore:
+    (folder / str(cap)).mkdir()
+    return StateStore(
+        cache_path=folder / str(cap) / "cache.db",
+        central_url=f"sqlite:///{folder}/{cap}/central.db",
         triggerer_id="bench", flush_interval=1.0, max_keys_in_memory=cap,
-    ) as store:
-
-        def measure(name: str, op: Op) -> Awaitable[None]:
-            async def run_it() -> None:
-                before = store.stats().evictions
-                ops = await _throughput(op, 1000, seconds)
-                out[name] = (ops, store.stats().evictions - before)
-            return run_it()
-
-        async def memory_set(w: int, n: int) -> None:
-            await store.set(owners[w], "watermark", n, durability="memory")
-
-        async def local_set(w: int, n: int) -> None:
-            await store.set(owners[w], "watermark", n, durability="local")
-
-        async def cached_get(w: int, n: int) -> Any:
-            return await store.get(owners[w], "watermark")
-
-        async def wide_set(w: int, n: int) -> None:  # 20,000 keys: twice the cap
-            await store.set(owners[w], f"k{n % 20}", n, durability="memory")
-
-        await measure("memory set, 1,000 keys", memory_set)
-        await measure("local set, 1,000 keys", local_set)
-        await measure("cached get, 1,000 keys", cached_get)
-        await measure("memory set, 20,000 keys", wide_set)
-        await store.flush()  # settled: the 20,000 are clean, the cap now evicts behind reads
-        await measure("cached get, 1,000 hot of 20,000", cached_get)
-    return out
+    )
 
 
-def eviction_ab(rounds: int, seconds: float, folder: Path) -> list[dict[str, Any]]:
-    """A (never evicts) and B (cap 10,000) alternated `rounds` times; B/A per operation."""
-    ratios: dict[str, list[float]] = {}
-    evictions: dict[str, int] = {}
-    for r in range(rounds):
-        order = (UNBOUNDED, CAP) if r % 2 == 0 else (CAP, UNBOUNDED)
-        got = {cap: asyncio.run(_eviction_round(seconds, folder / f"r{r}-{cap}", cap))
-               for cap in order}
-        for name, (ops_b, ev) in got[CAP].items():
-            ratios.setdefault(name, []).append(ops_b / got[UNBOUNDED][name][0])
-            evictions[name] = evictions.get(name, 0) + ev
-        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
-    return [{"op": name, "mode": "eviction B/A", "ratio_median": statistics.median(rs),
-             "ratio_min": min(rs), "ratio_max": max(rs), "evictions": evictions[name],
-             "rounds": rounds} for name, rs in ratios.items()]
+async def _eviction_ab(rounds: int, seconds: float, folder: Path) -> list[dict[str, Any]]:
+    """A (never evicts) and B (cap 10,000) open side by side; each operation measured in
+    `rounds` pairs whose order alternates (A B, B A, ...), after one unmeasured warm-up pass
+    each, so drift in the machine's speed falls on both alike. B/A per pair, then the median."""
+    owners = [f"trigger:bench:{w}" for w in range(1000)]
+    rows: list[dict[str, Any]] = []
+    async with _ab_store(folder, UNBOUNDED) as a, _ab_store(folder, CAP) as b:
+        stores = {UNBOUNDED: a, CAP: b}
+
+        async def ab(name: str, make: Callable[[StateStore], Op]) -> None:
+            ratios: list[float] = []
+            evicted = b.stats().evictions
+            for store in (a, b):  # warm-up: the working set is in place before timing
+                await _throughput(make(store), 1000, seconds / 5)
+            for r in range(rounds):
+                ops: dict[int, float] = {}
+                for cap in ((UNBOUNDED, CAP) if r % 2 == 0 else (CAP, UNBOUNDED)):
+                    ops[cap] = await _throughput(make(stores[cap]), 1000, seconds)
+                ratios.append(ops[CAP] / ops[UNBOUNDED])
+            rows.append({"op": name, "mode": "eviction B/A", "rounds": rounds,
+                         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                         "ratio_max": max(ratios),
+                         "evictions": b.stats().evictions - evicted})
+            print(f"{name}: done", file=sys.stderr)
+
+        def memory_set(s: StateStore) -> Op:
+            async def op(w: int, n: int) -> None:
+                await s.set(owners[w], "watermark", n, durability="memory")
+            return op
+
+        def local_set(s: StateStore) -> Op:
+            async def op(w: int, n: int) -> None:
+                await s.set(owners[w], "watermark", n, durability="local")
+            return op
+
+        def cached_get(s: StateStore) -> Op:
+            async def op(w: int, n: int) -> Any:
+                return await s.get(owners[w], "watermark")
+            return op
+
+        def wide_set(s: StateStore) -> Op:  # 20,000 keys: twice the cap
+            async def op(w: int, n: int) -> None:
+                await s.set(owners[w], f"k{n % 20}", n, durability="memory")
+            return op
+
+        await ab("memory set, 1,000 keys", memory_set)
+        await ab("local set, 1,000 keys", local_set)
+        await ab("cached get, 1,000 keys", cached_get)
+        await ab("memory set, 20,000 keys", wide_set)
+        for s in (a, b):  # settled: the 20,000 are clean, B's cap now evicts behind reads
+            await s.flush()
+        await ab("cached get, 1,000 hot of 20,000", cached_get)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,10 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.eviction_ab:
         with tempfile.TemporaryDirectory(prefix="localstate-bench-") as tmp:
-            for d in range(args.rounds):
-                for cap in (CAP, UNBOUNDED):
-                    (Path(tmp) / f"r{d}-{cap}").mkdir()
-            rows = eviction_ab(args.rounds, args.seconds, Path(tmp))
+            rows = asyncio.run(_eviction_ab(args.rounds, args.seconds, Path(tmp)))
         print(f"{'operation':<34} {'B/A median':>10} {'min':>6} {'max':>6} {'evictions':>10}")
         for r in rows:
             print(f"{r['op']:<34} {r['ratio_median']:>10.2f} {r['ratio_min']:>6.2f} "
