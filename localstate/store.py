@@ -17,12 +17,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from localstate.claims import ClaimBook
+from localstate.claims import ClaimBook, claim_owner, claiming_sink
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.config import Settings, config_file_path
 from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
 from localstate.entry_table import EntryTable
-from localstate.errors import ConfigError, InvalidInput, LocalStateError, StoreClosed
+from localstate.errors import InvalidInput, LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
 from localstate.metrics import MetricsReporter, start_reporter
 from localstate.mode_gate import ModeGate
@@ -409,22 +409,14 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
-        sink = self.sink
-        if not isinstance(sink, ClaimingSink):
-            raise ConfigError(
-                f"the sink {sink.url if sink else None} keeps no claim epochs (sink = airflow): "
-                "owners cannot be claimed, so a zombie triggerer is not fenced; use sink = sql")
+        sink = claiming_sink(self.sink)
         async with self._gate.call():
-            since = self._claims.begin()
             worker, cache = self._mode.worker, self._mode.cache
-            if worker is not None and any(k[0] == owner for k in self._table.dirty):
-                await worker.flush()
-            epoch = await sink.claim(owner, claimant=self.triggerer_id,
-                                     writer=cache.writer_id if cache is not None else None)
-            self._claims.took(owner, epoch, since)
-            if worker is not None:
-                await self._mode.load(owner)
-        return epoch
+            return await claim_owner(
+                self._claims, sink, owner, claimant=self.triggerer_id,
+                writer=cache.writer_id if cache is not None else None, dirty=self._table.dirty,
+                flush=worker.flush if worker is not None else None,
+                load=self._mode.load if worker is not None else None)
 
     def claim_epoch(self, owner: str) -> int:
         """The claim epoch this store holds on `owner` (0: none)."""
