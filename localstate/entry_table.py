@@ -30,7 +30,7 @@ Invariants:
 * An entry is dirty iff ``version != synced_version``; exactly the dirty entries are in
   ``dirty`` (`collect_dirty` drops keys that became clean).
 * ``synced_version == UNKNOWN_BASE`` marks a write based on a central record that could not
-  be read (the central DB was down). Its version comes from `unknown_base_version`, above any
+  be read (the central DB was down). Its version comes from `entry.unknown_base_version`, above any
   version the central DB can hold; the flush settles it like a write whose base turned out
   stale (see `localstate.sync.fenced_write`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
@@ -53,41 +53,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any
 
 from localstate.absent_keys import AbsentKeys
-from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import (
-    NOT_DECODED,
     UNKNOWN_BASE,
     Entry,
     StateKey,
     entry_from_row,
     purged,
+    take_row,
+    unknown_base_version,
 )
 from localstate.eviction import grown, second_chance_scan
 from localstate.local_cache import LocalCache
 from localstate.owner_index import OwnerIndex
 from localstate.sync.rows import CentralRow, DirtyRow
 
-__all__ = ["EntryTable", "unknown_base_version"]
+__all__ = ["EntryTable"]
 
 _now = time.time
-
-#: Versions given to writes whose base is unknown are POSIX microseconds (see
-#: `unknown_base_version`): 1.8e15 today, exact as a JSON number (below 2**53) until 2255.
-_MICROS: Final = 1_000_000
-
-
-def unknown_base_version() -> int:
-    """The version of a write whose central base could not be read: the time in microseconds.
-
-    Central versions grow by one per write, so this exceeds every version the central DB can
-    hold as long as the clocks of the writers agree within the number of microseconds that
-    separate this write from the last one of that kind (documented in the README).
-    """
-    return int(_now() * _MICROS)
-
 
 class EntryTable:
     """Entries, dirty keys and absent keys of one store (see the module docstring)."""
@@ -247,7 +232,7 @@ class EntryTable:
         self._absent.discard(k)
         if e.dirty or row.version <= e.version:
             return e
-        _take_row(e, row)
+        take_row(e, row)
         self._stage(k, e)
         return e
 
@@ -305,7 +290,7 @@ class EntryTable:
 
     def settle_adopted(self, e: Entry, central: CentralRow) -> None:
         """The central record replaces `e` (a conflict it won, or this writer's newer chain)."""
-        _take_row(e, central)
+        take_row(e, central)
 
     def after_settle(self, k: StateKey, e: Entry, started_at: float) -> None:
         """Keep `dirty` in step with `e` after a flush settled it; the flush started then."""
@@ -389,18 +374,6 @@ class EntryTable:
     def _stage(self, k: StateKey, e: Entry) -> None:
         if self._cache is not None:
             self._cache.stage(k, e)
-
-
-def _take_row(e: Entry, row: CentralRow) -> None:
-    e.data = row.data
-    if row.data is None:
-        e.obj = None
-    else:
-        value = decode(row.data)
-        e.obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-    e.version = e.synced_version = row.version
-    e.updated_at = row.updated_at
-    e.updated_by = row.updated_by
 
 
 def _nothing() -> None:

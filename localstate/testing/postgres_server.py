@@ -16,6 +16,9 @@ socket and the server log live in a fresh ``/tmp/localstate-pg-*`` directory own
 ``postgres`` (pytest's ``/tmp/pytest-of-root`` tree is mode 0700, so ``postgres`` cannot
 reach ``base_dir``). ``base_dir/postgres.log`` is then a symlink to the real log, replaced
 by a copy of it on :meth:`PostgresServer.close`.
+
+The server owns its folders, port and databases; the programs that run the cluster (initdb,
+pg_ctl) are its `PgCtl`'s (`localstate.testing.postgres_ctl`).
 """
 
 from __future__ import annotations
@@ -23,42 +26,25 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
 
-from localstate.testing.db_server import (
-    HOST,
-    LOG_TAIL_LINES,
-    START_TIMEOUT_S,
-    DbServer,
-    check_identifier,
-    free_port,
-    tail,
-)
+from localstate.testing.db_server import HOST, DbServer, check_identifier, free_port
 from localstate.testing.postgres_binaries import (
     PostgresBinaries,
     find_postgres_binaries,
 )
+from localstate.testing.postgres_ctl import STOP_MODES, PgCtl, clean_env
 from localstate.testing.postgres_sql import locale_clause, quote_ident, quote_literal
 
 __all__ = ["PostgresBinaries", "PostgresServer", "find_postgres_binaries"]
 
-_STOP_MODES = frozenset({"smart", "fast", "immediate"})
 _SYSTEM_USER = "postgres"
 _MAX_IDENTIFIER = 63
 # sun_path is 108 bytes including the NUL; PostgreSQL appends "/.s.PGSQL.<port>".
 _MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
 _PSQL_TIMEOUT_S = 60
-
-
-def _clean_env() -> dict[str, str]:
-    """The environment minus libpq/server variables that could redirect the tools."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    env["PGCONNECT_TIMEOUT"] = "10"
-    return env
 
 
 class PostgresServer(DbServer):
@@ -88,6 +74,8 @@ class PostgresServer(DbServer):
             pkglibdir is not None and (pkglibdir / "pg_stat_statements.so").is_file()
         )
         self._temp_dir: pathlib.Path | None = None
+        #: the cluster's programs, once its folders exist (the first start)
+        self._ctl: PgCtl | None = None
         self._icu: bool | None = None  # whether the server has ICU, once asked
         self._run_as(_SYSTEM_USER,
                      "running as root, and PostgreSQL refuses to run as root, but there is "
@@ -127,8 +115,8 @@ class PostgresServer(DbServer):
         if self._closed:
             raise RuntimeError("PostgresServer was closed; create a new one")
         if not self._initialized:
-            self._prepare_dirs()
-            self._initdb()
+            self._ctl = self._prepare_dirs()
+            self._ctl.initdb(self._user)
             self._initialized = True
             first_start = True
         else:
@@ -160,44 +148,15 @@ class PostgresServer(DbServer):
         the open sessions to end while refusing new ones ("the database system is shutting
         down").
         """
-        if mode not in _STOP_MODES:
-            raise ValueError(f"stop mode must be one of {sorted(_STOP_MODES)}, not {mode!r}")
-        if not self._initialized or not self.is_running():
+        if mode not in STOP_MODES:
+            raise ValueError(f"stop mode must be one of {sorted(STOP_MODES)}, not {mode!r}")
+        if self._ctl is None or not self._ctl.running():
             return
-        result = self._run(
-            [
-                str(self.binaries.pg_ctl),
-                "stop",
-                "-D",
-                str(self.data_dir),
-                "-m",
-                mode,
-                *(("-w", "-t", str(START_TIMEOUT_S)) if wait else ("-W",)),
-            ]
-        )
-        if result.returncode != 0 and (not wait or self.is_running()):
-            raise RuntimeError(self._failure("pg_ctl stop failed", result))
+        self._ctl.stop(mode, wait=wait, log=self._real_log())
 
     def is_running(self) -> bool:
         """Whether the postmaster recorded in ``postmaster.pid`` is alive."""
-        if self._runtime_dir is None:
-            return False
-        try:
-            first_line = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-            pid = int(first_line)
-        except (OSError, ValueError):
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a dead postmaster may linger as a zombie if nobody reaps it
-            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return True
-        return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+        return self._ctl is not None and self._ctl.running()
 
     def close(self) -> None:
         """Stop the server (immediate mode) and remove temporary directories. Idempotent."""
@@ -275,7 +234,7 @@ class PostgresServer(DbServer):
             cmd,
             capture_output=True,
             text=True,
-            env=_clean_env(),
+            env=clean_env(),
             timeout=_PSQL_TIMEOUT_S,
             check=False,
         )
@@ -287,7 +246,8 @@ class PostgresServer(DbServer):
 
     # ------------------------------------------------------------------- internals
 
-    def _prepare_dirs(self) -> None:
+    def _prepare_dirs(self) -> PgCtl:
+        """Make the cluster's folders (`runtime_dir`); return its programs' runner."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if self._as_root:
             assert self._uid_gid is not None
@@ -303,6 +263,8 @@ class PostgresServer(DbServer):
             self._runtime_dir = temp
         else:
             self._runtime_dir = self.base_dir
+        return PgCtl(self.binaries, self._runtime_dir,
+                     run_as=_SYSTEM_USER if self._as_root else None)
 
     def _real_log(self) -> pathlib.Path:
         return self.runtime_dir / "postgres.log" if self._as_root else self.log_path
@@ -326,103 +288,7 @@ class PostgresServer(DbServer):
         shutil.rmtree(self._temp_dir, ignore_errors=True)
         self._temp_dir = None
 
-    def _command(self, args: Sequence[str]) -> list[str]:
-        if not self._as_root:
-            return list(args)
-        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-        return [runuser, "-u", _SYSTEM_USER, "--", *args]
-
-    def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self._command(args),
-            capture_output=True,
-            text=True,
-            env=_clean_env(),
-            cwd=self.runtime_dir,  # as root, the caller's cwd may be unreadable
-            stdin=subprocess.DEVNULL,
-            timeout=START_TIMEOUT_S + 30,
-            check=False,
-        )
-
-    def _initdb(self) -> None:
-        result = self._run(
-            [
-                str(self.binaries.initdb),
-                "-D",
-                str(self.data_dir),
-                "--auth=trust",
-                "-U",
-                self._user,
-                "--encoding=UTF8",
-                "--no-locale",
-                "--no-sync",
-            ]
-        )
-        if result.returncode != 0:
-            raise RuntimeError(self._failure("initdb failed", result, with_log=False))
-
-    def _server_options(self, port: int) -> list[str]:
-        settings = {
-            "port": str(port),
-            "listen_addresses": HOST,
-            "unix_socket_directories": str(self.socket_dir),
-            # Throwaway data: nothing is forced to disk, which survives everything but an
-            # OS crash. synchronous_commit stays on, so a commit has reached the OS when it
-            # returns: the outage tests stop the server with `immediate` (a crash of
-            # PostgreSQL), and with it off the last ~200 ms of acknowledged commits were lost.
-            "fsync": "off",
-            "full_page_writes": "off",
-            "max_connections": "200",
-        }
-        if self.has_pg_stat_statements:
-            settings["shared_preload_libraries"] = "pg_stat_statements"
-        options: list[str] = []
-        for key, value in settings.items():
-            options += ["-c", f"{key}={value}"]
-        return options
-
     def _pg_ctl_start(self, port: int) -> None:
-        log = self._real_log()
-        log_offset = log.stat().st_size if log.exists() else 0
-        result = self._run(
-            [
-                str(self.binaries.pg_ctl),
-                "start",
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(log),
-                "-w",
-                "-t",
-                str(START_TIMEOUT_S),
-                "-o",
-                shlex.join(self._server_options(port)),
-            ]
-        )
-        if result.returncode != 0 or not self.is_running():
-            tail = ""
-            with contextlib.suppress(OSError), log.open("rb") as fh:
-                fh.seek(log_offset)
-                tail = fh.read().decode(errors="replace")
-            tail = "\n".join(tail.splitlines()[-LOG_TAIL_LINES:])
-            # A half-started postmaster must not outlive the failure.
-            if self.is_running():
-                pg_ctl = str(self.binaries.pg_ctl)
-                self._run([pg_ctl, "stop", "-D", str(self.data_dir), "-m", "immediate", "-w"])
-            raise RuntimeError(
-                self._failure(f"pg_ctl start on port {port} failed", result, with_log=False)
-                + f"\n--- {log} (this start; full log: {self.log_path}) ---\n{tail}"
-            )
-
-    def _failure(
-        self, what: str, result: subprocess.CompletedProcess[str], *, with_log: bool = True
-    ) -> str:
-        parts = [
-            f"{what} (exit {result.returncode}): {' '.join(map(str, result.args))}",
-            f"--- stdout ---\n{result.stdout.strip()}",
-            f"--- stderr ---\n{result.stderr.strip()}",
-        ]
-        if with_log and self._runtime_dir is not None:
-            log = self._real_log()
-            parts.append(f"--- {log} (last {LOG_TAIL_LINES} lines) ---\n{tail(log)}")
-        return "\n".join(parts)
+        assert self._ctl is not None, "started after _prepare_dirs"
+        self._ctl.start(port, log=self._real_log(), shown_log=self.log_path,
+                        stat_statements=self.has_pg_stat_statements)
