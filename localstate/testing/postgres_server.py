@@ -168,10 +168,6 @@ class PostgresServer(DbServer):
         finally:
             self._remove_temp_dir()
 
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"PostgresServer({str(self.base_dir)!r}, port={self._port}, {state})"
-
     # -------------------------------------------------------------------- helpers
 
     def create_database(self, name: str, *, locale: str | None = None) -> str:
