@@ -50,7 +50,8 @@ class ClaimBook:
 
     def __init__(self) -> None:
         self.held: dict[str, HeldClaim] = {}
-        #: owners another writer claimed: owner -> the epoch the central DB holds
+        #: owners another writer claimed: owner -> the epoch the central DB holds (one dict
+        #: for the book's lifetime, changed in place: the store's writes read it directly)
         self.lost: dict[str, int] = {}
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0

@@ -146,10 +146,10 @@ class StateStore(StoreCore):
         """Set ``(owner, key)`` to `value`; return the new version once `durability` holds."""
         if self._closed:
             raise self._closed_error()
-        if self._claims.lost:  # another writer claimed an owner from this store
+        if self._lost:  # another writer claimed an owner from this store
             self._claims.check(owner)
         data = encode(value, self._max_value_bytes)
-        if self._policies.checks_values:  # some owner's max policy declares an order
+        if self._checks_values:  # some owner's max policy declares an order
             self._policies.check_value(owner, value, data)
         if durability is None:
             durability = self._durability
@@ -183,10 +183,10 @@ class StateStore(StoreCore):
             raise self._closed_error()
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise InvalidInput(f"expected_version must be an int, not {expected_version!r}")
-        if self._claims.lost:
+        if self._lost:
             self._claims.check(owner)
         data = encode(value, self._max_value_bytes)
-        if self._policies.checks_values:  # some owner's max policy declares an order
+        if self._checks_values:  # some owner's max policy declares an order
             self._policies.check_value(owner, value, data)
         mode = self._durability if durability is None else check_durability(durability)
         obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
@@ -205,7 +205,7 @@ class StateStore(StoreCore):
         """
         if self._closed:
             raise self._closed_error()
-        if self._claims.lost:
+        if self._lost:
             self._claims.check(owner)
         mode = self._durability if durability is None else check_durability(durability)
         async with self._gate.call():

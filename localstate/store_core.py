@@ -90,6 +90,11 @@ class StoreCore:
         self._on_conflict = on_conflict
         #: the claim epochs this store holds, and the owners it lost (see `claim`)
         self._claims = ClaimBook()
+        # Read by every write without a lookup through the book: the owners lost (the book's
+        # dict, the same one for the store's lifetime, changed only by the book) and whether
+        # some owner's policy declares an order (fixed: conflict_policy is not live).
+        self._lost = self._claims.lost
+        self._checks_values = self._policies.checks_values
         self._given_sink: Sink | None = sink
         #: the one owner of the entries, dirty keys and absent keys (see EntryTable)
         self._table = EntryTable(updated_by=self.triggerer_id, kick_at=settings.max_batch,
