@@ -164,8 +164,10 @@ class StateStore(StoreCore):
         if e is None:  # a key not in memory, or direct mode: in one mode from start to end
             async with self._gate.call():
                 return await self._mode.set(k, data, obj, durability)
-        # the hot path: one call into the table, which makes the write in memory (inline there)
-        version = self._write_entry(k, e, data, obj, durability == "memory")
+        # the hot path: one call into the table, which makes the write in memory (inline there).
+        # Looked up as the table's method each time: CPython specializes that lookup, not the
+        # call of a bound method kept in an attribute of the store (~5% of a set on 3.11)
+        version = self._table.write(k, e, data, obj, durability == "memory")
         if durability == "memory":
             return version
         return await self._mode.persist(k, e, version, durability)

@@ -107,8 +107,6 @@ class StoreCore:
         # cache is being turned off (then empty: every set waits at the gate). In direct mode
         # the table holds nothing, so every call goes to the mode.
         self._hot: Mapping[StateKey, Entry] = self._entries
-        # the hot path's one call, bound once (a lookup less per set than self._table.write)
-        self._write_entry = self._table.write
         self._parts: StoreParts | None = None
         self._mode: Mode = NotOpen()
         self._opened = False
