@@ -342,14 +342,14 @@ def _sink_panel(ax: Any, result: dict[str, Any]) -> None:
             label = (f"{rate:,.{0 if rate >= 100 else 1}f} rows/s\n{row['triggers']:,} keys "
                      f"in {row['seconds']:,.{2 if row['seconds'] < 10 else 0}f} s")
             if row["central_txns"]:
-                label += f"\n{row['central_txns']:,} commits"
+                label += f"\n{row['central_txns']:,} commit{'s' * (row['central_txns'] != 1)}"
             top = 1.0 + rate
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, top),
-                    ha="center", va="bottom", fontsize=8)
+                    ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylim(1.0, max(rates, default=1.0) * 30 or 10.0)  # room for the labels
     ax.set_title("one flush, rows/s, by sink (log)")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
