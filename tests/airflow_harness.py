@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +52,15 @@ def tree_metadata(folder: Path) -> Path:
 
 
 def new_deployment(pg_server: PostgresServer, tmp_path: Path, *, cfg: str = "",
-                   env: Mapping[str, str] | None = None) -> Deployment:
-    """A fresh metadata DB and ``$AIRFLOW_HOME`` (with `cfg` as its airflow.cfg)."""
+                   env: Mapping[str, str] | None = None,
+                   pythonpath: Iterable[Path] = ()) -> Deployment:
+    """A fresh metadata DB and ``$AIRFLOW_HOME`` (with `cfg` as its airflow.cfg); the
+    processes import this tree, and the modules in `pythonpath` (a test's triggers)."""
     name = f"airflow_{os.getpid()}_{time.monotonic_ns()}"
     pg_server.create_database(name)
     return airflow_deployment.new_deployment(
         pg_server.dsn_for(name), tmp_path, cfg=cfg, env=env,
-        pythonpath=[tree_metadata(tmp_path / "metadata"), ROOT])
+        pythonpath=[tree_metadata(tmp_path / "metadata"), ROOT, *pythonpath])
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], deployment: Deployment,

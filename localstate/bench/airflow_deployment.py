@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,10 +118,12 @@ def new_deployment(airflow_dsn: str, folder: Path, *, cfg: str = "",
     return Deployment(home, full, airflow_dsn, logs, command)
 
 
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 20) -> None:
-    """Signal `proc`'s process group and wait for it (SIGKILL after `wait` seconds)."""
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 20) -> float:
+    """Signal `proc`'s process group and wait for it (SIGKILL after `wait` seconds); return
+    how long it took to exit."""
+    started = time.monotonic()
     if proc.poll() is not None:
-        return
+        return 0.0
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
     try:
@@ -129,6 +132,7 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float =
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+    return time.monotonic() - started
 
 
 async def wait_until(what: str, check: Callable[[], Awaitable[Any]], deployment: Deployment,
