@@ -216,8 +216,9 @@ async def _run_triggerer(d: Deployment, talk: Path, keys: int,
                        f"{p['seconds']:.0f} s")
             return done.exists()
 
-        # the slowest the supervisor was seen answering: about 7 requests a second, 2 a key
-        await wait_until(f"the flush of {keys:,} keys", is_done, d, 120 + keys * 0.5, every=1)
+        # the slowest the supervisor was seen answering: about 7 requests a second, 2 a key;
+        # three times that time
+        await wait_until(f"the flush of {keys:,} keys", is_done, d, 120 + keys * 1.0, every=1)
         await asyncio.sleep(SETTLE)
         after = await commits()
     finally:
