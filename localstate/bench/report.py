@@ -274,8 +274,11 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(
             f"Through sink = airflow (a real airflow triggerer, conflict_policy max) a flush of "
             f"{af['triggers']:,} dirty keys took {af['seconds']:,.1f} s, "
-            f"{af['sets_per_s']:,.1f} rows/s, with {af['central_txns']:,} PostgreSQL commits "
-            f"({af['central_txns'] / af['triggers']:.1f} per key).")
+            f"{af['sets_per_s']:,.1f} rows/s"
+            + (f" ({af['sets_per_s'] / flush['sets_per_s']:.2%} of the sql sink's)"
+               if flush and flush["sets_per_s"] else "")
+            + f", with {af['central_txns']:,} PostgreSQL commits "
+              f"({af['central_txns'] / af['triggers']:.1f} per key).")
     return "\n".join(lines)
 
 
