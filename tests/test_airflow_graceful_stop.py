@@ -21,24 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
+from airflow_harness import Deployment, new_deployment, stop, wait_for
 
+from localstate.bench.airflow_deployment import activate_watchers
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
-AIRFLOW = Path(sys.executable).with_name("airflow")
 WATCHERS = 4
 BOUND = 420.0
 
@@ -87,43 +87,6 @@ with DAG(dag_id="counting", schedule=assets):
 '''
 
 
-def _start(env: dict[str, str], logs: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
-    with (logs / f"{name}.log").open("ab") as out:
-        return subprocess.Popen([str(AIRFLOW), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _signal_and_wait(proc: subprocess.Popen[bytes], sig: int, wait: float = 60) -> float:
-    """Send `sig` to the process group; return how long the process took to exit."""
-    started = time.monotonic()
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    return time.monotonic() - started
-
-
-def _tail(logs: Path) -> str:
-    return "\n".join(f"--- {p.name}\n" + "\n".join(
-        p.read_text(errors="replace").splitlines()[-30:]) for p in sorted(logs.glob("*.log")))
-
-
-async def _wait_for(what: str, check: Any, logs: Path, timeout: float) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{_tail(logs)}")
-        await asyncio.sleep(0.5)
-
-
 def _local_values(cache: Path, key: str) -> dict[str, int]:
     with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as db:
         rows = db.execute("SELECT owner, value FROM state WHERE key = ?", (key,)).fetchall()
@@ -157,91 +120,70 @@ class Central:
 async def test_sigterm_flushes_every_acknowledged_write(
     pg_server: PostgresServer, tmp_path: Path, sink: str,
 ) -> None:
-    try:
-        await asyncio.wait_for(_scenario(pg_server, tmp_path, sink), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{_tail(tmp_path / 'logs')}")
-
-
-async def _scenario(pg_server: PostgresServer, tmp: Path, sink: str) -> None:
-    suffix = f"{os.getpid()}_{int(time.time() * 1000)}"
-    pg_server.create_database(f"airflow_{suffix}")
-    pg_server.create_database(f"state_{suffix}")
-    airflow_dsn = pg_server.dsn_for(f"airflow_{suffix}")
-    state_dsn = pg_server.dsn_for(f"state_{suffix}")
-    home, dags, code, logs = (tmp / n for n in ("home", "dags", "code", "logs"))
-    for folder in (home, dags, code, logs):
+    state_name = f"state_{os.getpid()}_{int(time.time() * 1000)}"
+    pg_server.create_database(state_name)
+    state_dsn = pg_server.dsn_for(state_name)
+    dags, code = tmp_path / "dags", tmp_path / "code"
+    for folder in (dags, code):
         folder.mkdir()
     (code / "stop_triggers.py").write_text(TRIGGER)
     (dags / "counting.py").write_text(DAG)
-    (home / "airflow.cfg").write_text(
-        f"[localstate]\nsink = {sink}\nflush_interval = 1.0\ndurability = local\n"
-        f"conflict_policy = max\ncentral_url = {state_dsn}\n")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW__", "LOCALSTATE_"))}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (os.environ.get("PYTHONPATH"), str(code)) if p),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_dsn.replace(
-            "postgresql://", "postgresql+psycopg://"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(logs / "airflow"),
-        "PYTHONWARNINGS": "ignore",
-    })
-    migrate = await asyncio.create_subprocess_exec(
-        str(AIRFLOW), "db", "migrate", env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    output, _ = await migrate.communicate()
-    assert migrate.returncode == 0, output.decode()[-3000:]
-    airflow_db = await asyncpg.connect(airflow_dsn)
+    d = new_deployment(
+        pg_server, tmp_path, pythonpath=[code],
+        cfg=f"[localstate]\nsink = {sink}\nflush_interval = 1.0\ndurability = local\n"
+            f"conflict_policy = max\ncentral_url = {state_dsn}\n",
+        env={
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
+        })
+    try:
+        await asyncio.wait_for(_scenario(d, state_dsn, sink), BOUND)
+    except asyncio.TimeoutError:
+        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{d.tail()}")
+
+
+def _triggerer(d: Deployment, host: str) -> subprocess.Popen[bytes]:
+    """``airflow triggerer`` as `host` (its own cache file, as on another machine)."""
+    own = dataclasses.replace(d, env={**d.env, "AIRFLOW__LOCALSTATE__TRIGGERER_ID": host})
+    return own.start(f"triggerer-{host}", "triggerer", "--skip-serve-logs")
+
+
+async def _scenario(d: Deployment, state_dsn: str, sink: str) -> None:
+    await d.run("db", "migrate")
+    airflow_db = await asyncpg.connect(d.airflow_dsn)
     state_db = await asyncpg.connect(state_dsn)
     central = Central(sink, airflow_db, state_db)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(_start(env, logs, "dag-processor", "dag-processor"))
-        scheduler = _start(env, logs, "scheduler", "scheduler", "--skip-serve-logs")
-        procs.append(scheduler)
+        async def count(table: str) -> int:
+            return int(await airflow_db.fetchval(f"SELECT count(*) FROM {table}"))
 
-        async def active() -> bool:
-            return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_active") == WATCHERS)
-
-        await _wait_for("the assets to be active", active, logs, 120)
-        _signal_and_wait(scheduler, signal.SIGTERM)
-
-        async def watchers() -> bool:
-            return bool(await airflow_db.fetchval("SELECT count(*) FROM asset_watcher") == WATCHERS)
-
-        await _wait_for("the watchers", watchers, logs, 60)
-        first = _start({**env, "AIRFLOW__LOCALSTATE__TRIGGERER_ID": "host-a"}, logs,
-                       "triggerer-a", "triggerer", "--skip-serve-logs")
+        await activate_watchers(d, count, WATCHERS, timeout=120)
+        first = _triggerer(d, "host-a")
         procs.append(first)
 
         async def all_flushing() -> bool:
             values = await central.values("watermark")
             return len(values) == WATCHERS and min(values.values()) > 50
 
-        await _wait_for("every watcher's watermark centrally", all_flushing, logs, 90)
+        await wait_for("every watcher's watermark centrally", all_flushing, d, 90)
         await asyncio.sleep(1.5)  # writing hot, and flushed on the interval
-        took = _signal_and_wait(first, signal.SIGTERM)
-        acknowledged = _local_values(home / "localstate" / "host-a.db", "watermark")
+        took = stop(first, signal.SIGTERM, 60)
+        acknowledged = _local_values(d.home / "localstate" / "host-a.db", "watermark")
         flushed = await central.values("watermark")
         print(f"\nsink {sink}: SIGTERM to exit {took:.2f} s; acknowledged {acknowledged}, "
               f"central {flushed}")
         assert len(acknowledged) == WATCHERS
-        assert flushed == acknowledged, _tail(logs)
+        assert flushed == acknowledged, d.tail()
 
         # the triggers move to another triggerer (its own cache file): each resumes from the
         # value acknowledged last on the first one
-        second = _start({**env, "AIRFLOW__LOCALSTATE__TRIGGERER_ID": "host-b"}, logs,
-                        "triggerer-b", "triggerer", "--skip-serve-logs")
+        second = _triggerer(d, "host-b")
         procs.append(second)
 
         async def all_resumed() -> dict[str, int] | None:
@@ -249,13 +191,13 @@ async def _scenario(pg_server: PostgresServer, tmp: Path, sink: str) -> None:
             return started if started.keys() == acknowledged.keys() and all(
                 v >= acknowledged[o] for o, v in started.items()) else None
 
-        resumed = await _wait_for("the second triggerer to resume", all_resumed, logs, 90)
+        resumed = await wait_for("the second triggerer to resume", all_resumed, d, 90)
         assert resumed == acknowledged
-        _signal_and_wait(second, signal.SIGTERM)
+        stop(second, signal.SIGTERM, 60)
         assert await central.values("watermark") == _local_values(
-            home / "localstate" / "host-b.db", "watermark")
+            d.home / "localstate" / "host-b.db", "watermark")
     finally:
         for proc in procs:
-            _signal_and_wait(proc, signal.SIGKILL, 10)
+            stop(proc, signal.SIGKILL, 10)
         await airflow_db.close()
         await state_db.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,9 +24,9 @@ def localstate_command() -> list[str]:
     return [exe]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*localstate_command(), *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+                          cwd=cwd, timeout=timeout)
 
 
 def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
@@ -54,6 +55,9 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
     assert api["sets_per_s"] > 0, api["note"]
     assert "of the sql sink's flush" in api["note"]
     assert "Through sink = api" in proc.stdout
+    # the sink = airflow row runs by default on PostgreSQL only: here the table says why not
+    assert "skipped flush_airflow: runs by default with a PostgreSQL central DB" in proc.stdout
+    assert not any(r["mode"] == "flush_airflow" for r in rows)
     direct = next(r for r in rows if r["mode"] == "direct" and r["triggers"] == 20)
     local = next(r for r in rows if r["mode"] == "local" and r["triggers"] == 20
                  and r["scenario"] == "distinct")
@@ -68,6 +72,48 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
     assert len(churn["samples"]) == 20
     assert all(s["rss"] > 0 and s["cache_bytes"] > 0 for s in churn["samples"])
     assert "churn: 3,000 owners through 1,000 live triggers" in proc.stdout
+
+
+AIRFLOW_KEYS = 40
+
+
+def test_bench_flushes_through_sink_airflow_in_a_real_triggerer(
+        tmp_path: Path, pg_server: PostgresServer) -> None:
+    """On a PostgreSQL central DB the flush_airflow row runs: a real Airflow 3.3 deployment
+    (a metadata DB beside the central one, dropped after), a trigger with the mixin flushing
+    its keys through the triggerer's supervisor, PostgreSQL's commits counted; the table, the
+    JSON, the summary and the plot show it beside the sql and api sinks' rows."""
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    url = pg_server.create_database(f"bench_airflow_{os.getpid()}")
+    proc = run_cli("bench", "--triggers", "1", "--duration", "0.1", "--modes", "direct,local",
+                   "--churn-owners", "0", "--central-url", url, "--airflow-keys",
+                   str(AIRFLOW_KEYS), "--json", str(out), "--plot", str(plot), "--folder",
+                   str(tmp_path / "work"), cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    by = {r["mode"]: r for r in result["rows"] if r["scenario"] == "baseline"}
+    row = by["flush_airflow"]
+    assert row["sets"] == row["central_rows"] == row["triggers"] == AIRFLOW_KEYS, row["note"]
+    assert row["seconds"] > 0
+    assert row["sets_per_s"] == pytest.approx(AIRFLOW_KEYS / row["seconds"])
+    assert row["central_txns"] > 0, row["note"]
+    assert "commits per key" in row["note"]
+    detail = result["airflow_sink"]
+    # under max, one aget and one aset per key, each through Airflow's supervisor
+    assert (detail["agets"], detail["asets"]) == (AIRFLOW_KEYS, AIRFLOW_KEYS)
+    assert detail["server"] == "the central PostgreSQL"
+    assert by["flush"]["sets_per_s"] > row["sets_per_s"]
+    assert by["flush_api"]["sets_per_s"] > 0
+    assert "flush_airflow" not in result["skipped"]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("baseline  flush_airflow"))
+    assert f"{row['central_txns']:>6}" in line
+    assert f"Through sink = airflow (a real airflow triggerer, conflict_policy max) a flush of " \
+           f"{AIRFLOW_KEYS} dirty keys took" in proc.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "flush through sink = airflow:" in proc.stderr  # the progress
+    left = pg_server.psql("SELECT count(*) FROM pg_database WHERE datname LIKE "
+                          "'localstate_bench_airflow_%'", dbname="postgres")
+    assert left.strip() == "0"  # the metadata DB went with the run
 
 
 @pytest.mark.parametrize(

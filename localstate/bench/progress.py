@@ -10,6 +10,9 @@ __all__ = ["Progress"]
 
 
 class Progress:
+    #: seconds between two status lines when the stream is not a terminal
+    QUIET = 5.0
+
     def __init__(self, total: int, *, label: str = "", stream: TextIO | None = None,
                  enabled: bool = True) -> None:
         self.total = max(1, total)
@@ -19,10 +22,22 @@ class Progress:
         self.enabled = enabled
         self._tty = self.stream.isatty()
         self._started = time.monotonic()
+        self._printed = 0.0
 
     def step(self, what: str) -> None:
         """Mark one more step done; `what` says what it was."""
         self.done += 1
+        self._show(what)
+
+    def status(self, what: str) -> None:
+        """Say what a long step is doing, without counting a step (on a terminal the line is
+        redrawn each time; elsewhere a line is printed at most every `QUIET` seconds)."""
+        now = time.monotonic()
+        if not self._tty and now - self._printed < self.QUIET:
+            return
+        self._show(what)
+
+    def _show(self, what: str) -> None:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self._started
@@ -37,3 +52,4 @@ class Progress:
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+        self._printed = time.monotonic()

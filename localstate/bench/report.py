@@ -8,9 +8,15 @@ import os
 import platform
 import sqlite3
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from localstate.bench.airflow_flush import (
+    POLICY,
+    airflow_sink_unavailable,
+    measure_airflow_flush,
+)
 from localstate.bench.airflow_peer import measure_metastore_aset
 from localstate.bench.api_server import api_server
 from localstate.bench.baselines import (
@@ -34,10 +40,15 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     plan = [("distinct", m, k) for k in cfg.triggers for m in store_modes]
     if cfg.shared:
         plan += [("shared", m, max(cfg.triggers)) for m in store_modes if m != "bare"]
-    progress = Progress(len(plan) + 4, label="localstate bench", enabled=cfg.progress)
     central = await CentralStore.open(cfg.url)  # create the schema once, up front
     dialect = central.dialect
     await central.close()
+    # peers and sinks are always accounted for: measured, or skipped with the reason printed
+    skipped = {"airflow_variable": "Variable.set needs a running Airflow's Execution API; "
+                                   "the e2e test measures a real triggerer's writes instead"}
+    airflow_why = _airflow_sink_plan(cfg, dialect)
+    progress = Progress(len(plan) + 4 + (airflow_why is None), label="localstate bench",
+                        enabled=cfg.progress)
     rows: list[BenchRow] = []
     for scenario, mode, k in plan:
         try:
@@ -63,15 +74,20 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                "mysql": "aiomysql multi-row INSERT … ON DUPLICATE KEY UPDATE"
                                }.get(dialect, "sqlite3 executemany")))
     rows.append(BenchRow("baseline", "flush", flush_keys, sets=flush_keys, seconds=flush_s,
-                         sets_per_s=flushed, central_rows=flush_keys, rss_mb=rss_mb(),
+                         sets_per_s=flushed, central_txns=1, central_rows=flush_keys,
+                         rows_per_txn=float(flush_keys), rss_mb=rss_mb(),
                          x_direct=None, note=f"{flushed / bulk:.0%} of central_bulk"))
     progress.step(f"flush of {flush_keys:,} keys: {flushed:,.0f} rows/s "
                   f"({flushed / bulk:.0%} of the raw bulk upsert)")
     rows.append(await _api_flush(cfg, flush_keys, flushed))
     progress.step(f"flush through sink = api: {rows[-1].note}")
-    # peers are always accounted for: measured, or skipped with the reason printed
-    skipped = {"airflow_variable": "Variable.set needs a running Airflow's Execution API; "
-                                   "the e2e test measures a real triggerer's writes instead"}
+    airflow_detail: dict[str, Any] | None = None
+    if airflow_why is None:
+        row, airflow_detail = await _airflow_flush(cfg, flushed, progress)
+        rows.append(row)
+        progress.step(f"flush through sink = airflow: {row.note}")
+    else:
+        skipped["flush_airflow"] = airflow_why
     peer_calls = 500
     peer_rate, peer_note = await measure_metastore_aset(cfg.url, peer_calls)
     if peer_rate is None:
@@ -91,7 +107,43 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         },
         "rows": [r.as_dict() for r in rows],
         "skipped": {m: r for m, r in skipped.items() if r},
+        **({"airflow_sink": airflow_detail} if airflow_detail else {}),
     }
+
+
+def _airflow_sink_plan(cfg: BenchConfig, dialect: str) -> str | None:
+    """None when the ``flush_airflow`` row runs, else why not and how to make it run."""
+    if cfg.airflow_sink is False:
+        return ("--no-airflow-sink (--airflow-sink measures a flush through sink = airflow in "
+                "a real airflow triggerer: minutes)")
+    missing = airflow_sink_unavailable()
+    if missing is not None:
+        return missing
+    if cfg.airflow_sink is None and dialect != "postgresql":
+        return ("runs by default with a PostgreSQL central DB (--central-url postgresql://…); "
+                "--airflow-sink runs it here on a throwaway PostgreSQL (minutes)")
+    return None
+
+
+async def _airflow_flush(cfg: BenchConfig, sql_rows_per_s: float, progress: Progress
+                         ) -> tuple[BenchRow, dict[str, Any] | None]:
+    """A flush of ``airflow_keys`` dirty keys through ``sink = airflow``, in a real triggerer
+    on PostgreSQL (`localstate.bench.airflow_flush`)."""
+    keys, folder = cfg.airflow_keys, cfg.folder / "airflow"
+    try:
+        r = await measure_airflow_flush(cfg.url, folder, keys, progress.status)
+    except Exception as exc:  # any failure of the deployment: the other rows still count
+        first = (str(exc) or type(exc).__name__).splitlines()[0]
+        return BenchRow("baseline", "flush_airflow", keys, rss_mb=rss_mb(),
+                        note=f"failed: {first} (logs: {folder / 'logs'})"), None
+    return BenchRow(
+        "baseline", "flush_airflow", keys, sets=keys, seconds=r.seconds,
+        sets_per_s=r.rows_per_s, central_txns=r.commits, central_rows=keys,
+        rows_per_txn=keys / r.commits if r.commits else None, rss_mb=rss_mb(),
+        note=f"{r.commits / keys:.1f} commits per key; {r.agets:,} aget + {r.asets:,} aset "
+             f"calls through a real airflow triggerer's supervisor in {r.flushes} flushes "
+             f"(conflict_policy {POLICY}), metadata DB on {r.server}; "
+             f"{r.rows_per_s / sql_rows_per_s:.2%} of the sql sink's flush"), asdict(r)
 
 
 async def _api_flush(cfg: BenchConfig, keys: int, sql_rows_per_s: float) -> BenchRow:
@@ -159,12 +211,20 @@ def print_table(result: dict[str, Any], out: TextIO = sys.stdout) -> None:
             f"{r['scenario']:<9} {r['mode']:<22} {r['triggers']:>6} {_fmt(r['sets_per_s']):>11} "
             f"{_fmt(r['x_direct'], '.1f'):>9} {_fmt(r['x_bare'], '.3f'):>7} "
             f"{_fmt(r['set_p50_ms'], '.3f'):>7} {_fmt(r['set_p99_ms'], '.2f'):>7} "
-            f"{r['central_txns']:>6} {_fmt(r['rows_per_txn'], ',.0f'):>8} "
+            f"{r['central_txns']:>6} {_fmt(r['rows_per_txn'], _per_txn(r)):>8} "
             f"{_fmt(r['lag_p99_ms'], ',.0f'):>8} {r['rss_mb']:>7.0f}",
             file=out,
         )
+    for r in result["rows"]:
+        if r["note"].startswith("failed"):
+            print(f"{r['mode']} {r['note']}", file=out)
     for mode, reason in result.get("skipped", {}).items():
         print(f"skipped {mode}: {reason}", file=out)
+
+
+def _per_txn(row: dict[str, Any]) -> str:
+    """Whole rows per transaction, or two decimals below 10 (sink = airflow: a fraction)."""
+    return ",.0f" if (row["rows_per_txn"] or 0) >= 10 else ".2f"
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -209,6 +269,16 @@ def summary(result: dict[str, Any]) -> str:
             f"Through sink = api (one request to localstate serve) the same flush wrote "
             f"{api['sets_per_s']:,.0f} rows/s, {api['sets_per_s'] / flush['sets_per_s']:.0%} "
             "of the sql sink's.")
+    af = next((r for r in result["rows"] if r["mode"] == "flush_airflow"), None)
+    if af and af["sets_per_s"]:
+        lines.append(
+            f"Through sink = airflow (a real airflow triggerer, conflict_policy max) a flush of "
+            f"{af['triggers']:,} dirty keys took {af['seconds']:,.1f} s, "
+            f"{af['sets_per_s']:,.1f} rows/s"
+            + (f" ({af['sets_per_s'] / flush['sets_per_s']:.2%} of the sql sink's)"
+               if flush and flush["sets_per_s"] else "")
+            + f", with {af['central_txns']:,} PostgreSQL commits "
+              f"({af['central_txns'] / af['triggers']:.1f} per key).")
     return "\n".join(lines)
 
 
@@ -258,20 +328,30 @@ SINK_ROWS = (("flush", "sql"), ("flush_api", "api"), ("flush_airflow", "airflow"
 
 
 def _sink_panel(ax: Any, result: dict[str, Any]) -> None:
-    """Flush rows/s of every sink measured in the run (a sink not measured is named, empty)."""
+    """Flush rows/s of every sink measured in the run, on a log scale (the sinks differ by
+    orders of magnitude), each with its keys, time and commits; a sink not measured is named,
+    empty."""
     by = {r["mode"]: r for r in result["rows"] if r["scenario"] == "baseline"}
     names = [name for _mode, name in SINK_ROWS]
     rates = [(by.get(mode) or {}).get("sets_per_s") or 0.0 for mode, _name in SINK_ROWS]
-    bars = ax.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
+    # bars stand on 1 row/s: the log scale has no 0
+    bars = ax.bar(names, rates, bottom=1.0,
+                  color=[f"C{i}" for i in range(len(names))])
     for bar, (mode, _name), rate in zip(bars, SINK_ROWS, rates, strict=True):
         row = by.get(mode)
-        label = f"{rate:,.0f}" if rate else "not measured"
-        if row is not None and row.get("triggers"):
-            label += f"\n{row['triggers']:,} keys"
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(rates, default=0.0) * 1.3 or 1.0)  # room for the labels
-    ax.set_title("one flush, rows/s, by sink")
+        if not rate or row is None:
+            label, top = "not measured", 1.0
+        else:
+            label = (f"{rate:,.{0 if rate >= 100 else 1}f} rows/s\n{row['triggers']:,} keys "
+                     f"in {row['seconds']:,.{2 if row['seconds'] < 10 else 0}f} s")
+            if row["central_txns"]:
+                label += f"\n{row['central_txns']:,} commit{'s' * (row['central_txns'] != 1)}"
+            top = 1.0 + rate
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, top),
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylim(1.0, max(rates, default=1.0) * 30 or 10.0)  # room for the labels
+    ax.set_title("one flush, rows/s, by sink (log)")
     ax.grid(True, axis="y", alpha=0.3)
 
 

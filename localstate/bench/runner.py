@@ -47,6 +47,11 @@ class BenchConfig:
     flush_interval: float = 1.0
     folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ls-bench-")))
     progress: bool = True
+    #: the ``flush_airflow`` row (a real ``airflow triggerer``): None runs it when Airflow is
+    #: installed and the central DB is PostgreSQL; True also on a throwaway PostgreSQL
+    airflow_sink: bool | None = None
+    #: dirty keys that row flushes
+    airflow_keys: int = 1000
 
     @property
     def url(self) -> str:

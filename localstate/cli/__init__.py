@@ -8,6 +8,7 @@
     localstate flush [--cache PATH ...] [--json]
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
+                     [--airflow-sink | --no-airflow-sink] [--airflow-keys N]
     localstate bench --fleet N --triggers K [--budget R] --central-url postgresql://...
     localstate db upgrade [--central-url URL]
     localstate db prune [--older-than 7d] [--owner-prefix PREFIX] [--dry-run] [--json] ...
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="owners passing through 1,000 live triggers in the churn run, "
                             "which reports RSS and cache file size (default 20,000; --quick "
                             "5,000; 0: no churn run)")
+    bench.add_argument("--airflow-sink", action=argparse.BooleanOptionalAction, default=None,
+                       help="the flush_airflow row: a flush through sink = airflow in a real "
+                            "airflow triggerer (minutes; needs localstate[airflow]). Default: "
+                            "run it when the central DB is PostgreSQL; --airflow-sink also "
+                            "runs it on a throwaway PostgreSQL")
+    bench.add_argument("--airflow-keys", type=positive_count, default=1000, metavar="N",
+                       help="dirty keys the flush_airflow row flushes (default 1,000)")
     bench.add_argument("--fleet", type=positive_count, metavar="N",
                        help="the fleet benchmark: N triggerer processes (PostgreSQL), "
                        "--triggers K each, with handovers and zombies")

@@ -69,7 +69,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cfg = BenchConfig(central_url=args.central_url, progress=not args.no_progress,
                       poll_delay=args.poll_delay, shared_keys=args.shared_keys,
-                      flush_interval=args.flush_interval)
+                      flush_interval=args.flush_interval, airflow_sink=args.airflow_sink,
+                      airflow_keys=args.airflow_keys)
     if args.quick:
         cfg.duration = 1.0
         cfg.triggers = [1, 100, 1000]
