@@ -69,7 +69,17 @@ async def open_central(s: Settings) -> Sink:
         # loop's comms, so this sink runs on the loop the store was opened on, not a thread
         from localstate.sync.airflow_sink import process_sink
 
-        return process_sink()
+        sink = process_sink()
+        if s.api_url is not None:
+            # with the plugin in Airflow's API server: misses of asset owners read there, one
+            # request per batch, instead of one aget each through the supervisor
+            from localstate.sync.api_sink import ApiSink
+
+            # (a server that hangs delays a batch of misses by at most 10 s, then they are
+            # read through the accessors)
+            sink.use_batch_reads(ApiSink(s.api_url, s.api_token,
+                                         timeout=min(s.central_timeout, 10.0)))
+        return sink
     if s.sink == "api":
         # a localstate API server over HTTP: no database credentials in this process
         from localstate.sync.api_sink import ApiSink

@@ -53,22 +53,26 @@ from typing import Any, Final, Protocol, TypeVar
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
-from localstate.errors import CentralUnavailable, ConfigError
+from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
+from localstate.sync.asset_mirror import ASSET_OWNER_PREFIX
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
+__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor",
+           "AssetBatchReader", "process_sink"]
 
 log = logging.getLogger(__name__)
 
 #: `updated_by` of records read from Airflow's store: it keeps no writer id localstate can use
 AIRFLOW_WRITER: Final = "airflow"
 #: the version given to a record read from Airflow's store, which keeps no version
-_READ_VERSION: Final = 1
+READ_VERSION: Final = 1
 #: accessor calls kept in flight at once by a flush or a batch of reads
 IN_FLIGHT: Final = 4
 #: seconds after which a flush starts no new row (the rest wait for the next flush)
 FLUSH_BUDGET: Final = 2.0
+#: seconds misses go through the accessors after a batch read failed, before the next try
+BATCH_RETRY_AFTER: Final = 30.0
 
 
 class AssetAccessor(Protocol):
@@ -81,6 +85,18 @@ class AssetAccessor(Protocol):
     async def adelete(self, key: str) -> None: ...
 
 
+class AssetBatchReader(Protocol):
+    """Reads many keys of Airflow's ``asset_state_store`` at once, as the accessors would
+    answer them one by one (`localstate.sync.api_sink.ApiSink.read_asset_states`)."""
+
+    url: str
+
+    async def read_asset_states(self, keys: Sequence[StateKey]
+                                ) -> dict[StateKey, CentralRow]: ...
+
+    async def close(self) -> None: ...
+
+
 class AccessorRegistry:
     """Which accessors hold the state of each owner (several: written to each, read from the
     first). Filled when triggers start; entries stay, so a key written by a trigger that has
@@ -88,13 +104,29 @@ class AccessorRegistry:
 
     def __init__(self) -> None:
         self._by_owner: dict[str, tuple[AssetAccessor, ...]] = {}
+        #: owners ``asset_watcher:<name>`` whose one accessor is Airflow's by that asset name
+        self._by_name: set[str] = set()
 
-    def register(self, owner: str, accessors: Sequence[AssetAccessor]) -> None:
-        if accessors:
-            self._by_owner[owner] = tuple(accessors)
+    def register(self, owner: str, accessors: Sequence[AssetAccessor], *,
+                 asset: str | None = None) -> None:
+        """`asset`: the name the one accessor addresses its asset by (None: by URI, several
+        accessors, or values that do not live in ``asset_state_store`` as they are)."""
+        if not accessors:
+            return
+        self._by_owner[owner] = tuple(accessors)
+        if asset is not None and len(accessors) == 1 and owner == ASSET_OWNER_PREFIX + asset:
+            self._by_name.add(owner)
+        else:
+            self._by_name.discard(owner)
 
     def lookup(self, owner: str) -> tuple[AssetAccessor, ...]:
         return self._by_owner.get(owner, ())
+
+    def by_asset_name(self, owner: str) -> bool:
+        """Whether `owner`'s records are Airflow's rows of the asset its name names: what
+        `read_asset_states` reads (an owner hashed from a long name, or of an asset
+        addressed by URI, is not)."""
+        return owner in self._by_name
 
     def owners(self) -> list[str]:
         return sorted(self._by_owner)
@@ -121,6 +153,17 @@ class AirflowSink:
         self.flush_budget = FLUSH_BUDGET
         #: dirty rows a flush left for the next one because its budget ran out
         self.deferred = 0
+        #: reads misses of asset owners in batches instead of by aget (`use_batch_reads`)
+        self._batch: AssetBatchReader | None = None
+        #: the batch reader refused for good (its token, its address): accessors only
+        self._batch_off = False
+        #: the last batch read failed (what it logged is not logged again until one succeeds)
+        self._batch_failing = False
+        #: after a failed batch read, misses go through the accessors until this time.monotonic()
+        self._batch_retry_at = 0.0
+        #: batch reads made, and batches read through the accessors because one failed
+        self.batch_reads = 0
+        self.batch_fallbacks = 0
 
     @property
     def transactions(self) -> int:
@@ -236,8 +279,20 @@ class AirflowSink:
             ) from exc
         self._writes += 1
 
+    def use_batch_reads(self, reader: AssetBatchReader | None) -> None:
+        """Read the misses of owners registered by asset name through `reader`, one call per
+        batch of misses, instead of one ``aget`` each (None: accessors only). Writes always go
+        through the accessors. The sink closes `reader` (`close`)."""
+        self._batch, self._batch_off, self._batch_failing = reader, False, False
+
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
+        if (self._batch is not None and not self._batch_off
+                and time.monotonic() >= self._batch_retry_at):
+            batched = [k for k in keys if self.registry.by_asset_name(k[0])]
+            if batched and await self._read_batch(self._batch, batched, found):
+                taken = set(batched)
+                keys = [k for k in keys if k not in taken]
 
         async def read(_i: int, k: StateKey) -> None:
             accessors = self.registry.lookup(k[0])
@@ -245,11 +300,39 @@ class AirflowSink:
                 return  # no accessor: nothing Airflow could tell us, the key is new here
             data = await self._get(accessors[0], k[1])
             if data is not None:
-                found[k] = CentralRow(k[0], k[1], data, _READ_VERSION, time.time(),
+                found[k] = CentralRow(k[0], k[1], data, READ_VERSION, time.time(),
                                       AIRFLOW_WRITER)
 
         await _in_lanes(keys, read, self.in_flight, None)
         return found
+
+    async def _read_batch(self, reader: AssetBatchReader, keys: list[StateKey],
+                          found: dict[StateKey, CentralRow]) -> bool:
+        """Read `keys` into `found` with one call of `reader`; False when it failed (the
+        caller reads them through the accessors: the same records, one ``aget`` each)."""
+        try:
+            got = await reader.read_asset_states(keys)
+        except LocalStateError as exc:
+            self.batch_fallbacks += 1
+            # refused (the token, the address): for good; else tried again after a while
+            permanent = isinstance(exc, AccessDenied | ConfigError)
+            self._batch_off = permanent
+            self._batch_retry_at = time.monotonic() + BATCH_RETRY_AFTER
+            if permanent or not self._batch_failing:
+                log.warning(
+                    "could not read %d keys of Airflow's asset_state_store in one request "
+                    "through %s (%s); misses are read through the triggerer's supervisor, "
+                    "one aget per key, %s", len(keys), reader.url, exc,
+                    "from now on" if permanent else
+                    f"for {BATCH_RETRY_AFTER:g} s at a time until a batch read succeeds")
+            self._batch_failing = True
+            return False
+        if self._batch_failing:
+            log.info("reading misses through %s again", reader.url)
+            self._batch_failing = False
+        self.batch_reads += 1
+        found.update((k, got[k]) for k in keys if k in got)
+        return True
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
         """Airflow's store cannot list an asset's keys: this sink reports none (`load(owner)`
@@ -268,7 +351,7 @@ class AirflowSink:
             )
         for accessor in accessors:
             await self._put(accessor, key, data)
-        return CentralRow(owner, key, data, _READ_VERSION, updated_at, updated_by)
+        return CentralRow(owner, key, data, READ_VERSION, updated_at, updated_by)
 
     async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
         """Airflow's store keeps no versions: a read, then an unconditional delete (two
@@ -290,7 +373,10 @@ class AirflowSink:
         )
 
     async def close(self) -> None:
-        """Nothing to release: the accessors belong to the triggerer."""
+        """Close the batch reader, if any (the accessors belong to the triggerer)."""
+        reader, self._batch = self._batch, None
+        if reader is not None:
+            await reader.close()
 
 
 _T = TypeVar("_T")

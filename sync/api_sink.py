@@ -39,6 +39,7 @@ from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
+    ASSET_STATE_SOURCE,
     MAX_BATCH_BODY,
     WireError,
     decode_body,
@@ -152,10 +153,20 @@ class ApiSink:
         return outcomes
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        return await self._read_keys(keys, {})
+
+    async def read_asset_states(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
+        """The records of `keys` (owners ``asset_watcher:<asset name>``) as Airflow's own
+        ``asset_state_store`` holds them, read by a server mounted in Airflow's API server
+        (`localstate.sync.asset_states`): what ``sink = airflow`` reads in batches."""
+        return await self._read_keys(keys, {"source": ASSET_STATE_SOURCE})
+
+    async def _read_keys(self, keys: Sequence[StateKey], extra: dict[str, Any]
+                         ) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
         for start in range(0, len(keys), _READ_CHUNK):
             chunk = [list(k) for k in keys[start:start + _READ_CHUNK]]
-            for r in await self._read({"keys": chunk}):
+            for r in await self._read({"keys": chunk, **extra}):
                 found[(r.owner, r.key)] = r
         return found
 
