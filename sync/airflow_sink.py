@@ -25,6 +25,16 @@ event handling and the heartbeat. So Airflow answers about one request per super
 "Measured limits of sink = airflow"). A deep pipeline would only queue the runner's own state
 messages (``TriggerStateChanges``) behind the sink's, so `IN_FLIGHT` is small.
 
+Batched reads (`AirflowSink.use_batch_reads`; the store sets it up when ``api_url`` is set):
+a batch of misses of owners registered by asset name (``asset_watcher:<name>``, one accessor
+addressing the asset by that name) is read in ONE request from localstate's app in Airflow's
+API server, which reads Airflow's own ``asset_state_store`` rows (`localstate.sync.asset_states`:
+the records the accessors' ``aget`` would give, since this sink writes through those accessors),
+and no supervisor round trip is spent on it. Other owners, and every write, still go through
+the accessors. A batch read that fails is made through the accessors instead, and logged once:
+a refusal (401, 403, 404: the token, the address, a server without that read) for good, any
+other failure for `BATCH_RETRY_AFTER` seconds before the next try.
+
 A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
 no new row is started after `AirflowSink.flush_budget` seconds; the rest stay dirty, at the head
 of the next flush. Each lane always writes its first row, so every flush makes progress.
@@ -48,14 +58,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
 from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
 from localstate.sync.asset_mirror import ASSET_OWNER_PREFIX
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
+from localstate.sync.lanes import in_lanes
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor",
@@ -207,7 +218,7 @@ class AirflowSink:
                 # one asset's failure (deleted, inactive) must not hold back the others' keys
                 failed.append(exc)
 
-        self.deferred += await _in_lanes(rows, write, self.in_flight, deadline)
+        self.deferred += await in_lanes(rows, write, self.in_flight, deadline)
         if failed and len(failed) == attempted:
             raise failed[-1]  # nothing got through: the worker backs off and retries
         if failed:
@@ -303,7 +314,7 @@ class AirflowSink:
                 found[k] = CentralRow(k[0], k[1], data, READ_VERSION, time.time(),
                                       AIRFLOW_WRITER)
 
-        await _in_lanes(keys, read, self.in_flight, None)
+        await in_lanes(keys, read, self.in_flight, None)
         return found
 
     async def _read_batch(self, reader: AssetBatchReader, keys: list[StateKey],
@@ -377,38 +388,6 @@ class AirflowSink:
         reader, self._batch = self._batch, None
         if reader is not None:
             await reader.close()
-
-
-_T = TypeVar("_T")
-
-
-async def _in_lanes(items: Sequence[_T], step: Callable[[int, _T], Awaitable[None]],
-                    lanes: int, deadline: float | None) -> int:
-    """Run `step(i, item)` over `items` in order, at most `lanes` at a time; return how many
-    were not started because `deadline` (loop time) had passed. Each lane runs at least one."""
-    todo: Iterator[tuple[int, _T]] = iter(enumerate(items))
-    skipped = 0
-
-    async def lane() -> None:
-        nonlocal skipped
-        loop = asyncio.get_running_loop()
-        first = True
-        for i, item in todo:  # one iterator shared by the lanes: each item is taken once
-            if not first and deadline is not None and loop.time() >= deadline:
-                skipped += 1
-                continue
-            first = False
-            await step(i, item)
-
-    tasks = [asyncio.ensure_future(lane()) for _ in range(min(lanes, len(items)))]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:  # the first error (or a cancel) stops the other lanes too
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    return skipped
 
 
 _PROCESS_SINK: AirflowSink | None = None
