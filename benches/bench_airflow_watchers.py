@@ -263,11 +263,15 @@ def main() -> None:
     parser.add_argument("--batched-reads", action="store_true",
                         help="sink = airflow reads its misses through the plugin in "
                              "airflow api-server (started too), one request per batch")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="an empty folder to run in and keep (the processes' logs)")
     args = parser.parse_args()
     if args.batched_reads and args.sink != "airflow":
         parser.error("--batched-reads is for --sink airflow")
     with tempfile.TemporaryDirectory(prefix="bench-watchers-") as folder:
-        out = asyncio.run(bench(args.sink, args.watchers, args.seconds, Path(folder),
+        base = args.keep or Path(folder)
+        base.mkdir(parents=True, exist_ok=True)
+        out = asyncio.run(bench(args.sink, args.watchers, args.seconds, base,
                                 args.batched_reads))
     print(json.dumps(out, indent=1))
 
