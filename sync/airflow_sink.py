@@ -98,12 +98,12 @@ class AssetAccessor(Protocol):
 
 class AssetBatchReader(Protocol):
     """Reads many keys of Airflow's ``asset_state_store`` at once, as the accessors would
-    answer them one by one (`localstate.sync.api_sink.ApiSink.read_asset_states`)."""
+    answer them one by one (a `localstate.sync.api_sink.ApiSink` reading from
+    ``ASSET_STATE_SOURCE``, on a thread of its own or not)."""
 
     url: str
 
-    async def read_asset_states(self, keys: Sequence[StateKey]
-                                ) -> dict[StateKey, CentralRow]: ...
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]: ...
 
     async def close(self) -> None: ...
 
@@ -322,7 +322,7 @@ class AirflowSink:
         """Read `keys` into `found` with one call of `reader`; False when it failed (the
         caller reads them through the accessors: the same records, one ``aget`` each)."""
         try:
-            got = await reader.read_asset_states(keys)
+            got = await reader.read_many(keys)
         except LocalStateError as exc:
             self.batch_fallbacks += 1
             # refused (the token, the address): for good; else tried again after a while

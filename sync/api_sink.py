@@ -39,7 +39,6 @@ from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
-    ASSET_STATE_SOURCE,
     MAX_BATCH_BODY,
     WireError,
     decode_body,
@@ -66,7 +65,11 @@ class ApiSink:
     (on the loop that will use it: the connection pool belongs to that loop)."""
 
     def __init__(self, base_url: str, token: str | None, *, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 read_source: str | None = None) -> None:
+        """`read_source`: where `read_many` asks the server to read keys from (None:
+        localstate's table; `ASSET_STATE_SOURCE`: Airflow's own ``asset_state_store``, what
+        ``sink = airflow`` reads its misses through, `localstate.sync.asset_states`)."""
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
@@ -76,6 +79,7 @@ class ApiSink:
             limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0),
         )
         self.url = f"localstate API {base_url.rstrip('/')}"
+        self._source = {} if read_source is None else {"source": read_source}
         #: committed flush transactions (one per request) and the rows they wrote
         self.transactions = 0
         self.rows_written = 0
@@ -153,20 +157,10 @@ class ApiSink:
         return outcomes
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
-        return await self._read_keys(keys, {})
-
-    async def read_asset_states(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
-        """The records of `keys` (owners ``asset_watcher:<asset name>``) as Airflow's own
-        ``asset_state_store`` holds them, read by a server mounted in Airflow's API server
-        (`localstate.sync.asset_states`): what ``sink = airflow`` reads in batches."""
-        return await self._read_keys(keys, {"source": ASSET_STATE_SOURCE})
-
-    async def _read_keys(self, keys: Sequence[StateKey], extra: dict[str, Any]
-                         ) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
         for start in range(0, len(keys), _READ_CHUNK):
             chunk = [list(k) for k in keys[start:start + _READ_CHUNK]]
-            for r in await self._read({"keys": chunk, **extra}):
+            for r in await self._read({"keys": chunk, **self._source}):
                 found[(r.owner, r.key)] = r
         return found
 

@@ -41,14 +41,14 @@ from localstate import StateStore
 from localstate.airflow.migrations import revision_id
 from localstate.airflow.serving import central_url_of, open_app
 from localstate.codec import encode
-from localstate.sync.airflow_sink import AirflowSink
+from localstate.sync.airflow_sink import AirflowSink, process_sink
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.rows import CentralRow, DirtyRow
 from localstate.sync.schema import LATEST_VERSION, MIGRATIONS
-from localstate.sync.wire import decode_rows
+from localstate.sync.wire import ASSET_STATE_SOURCE, decode_rows
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -429,23 +429,24 @@ async def test_the_airflow_sink_reads_its_misses_in_one_request(
         if i % 4:  # as Airflow's accessors store a value: json.dumps
             await db.execute("INSERT INTO asset_state_store (asset_id, key, value, updated_at) "
                              "VALUES ($1, 'watermark', $2, now())", asset_id, json.dumps(i))
-    sink = AirflowSink()
+    sink = process_sink()  # what the trigger mixin registers with, and the settings open
     for name in names:
         sink.registry.register(f"asset_watcher:{name}", [AssetStateStoreAccessor(name=name)],
                                asset=name)
+    before = (sink.batch_reads, sink.reads, sink.batch_fallbacks)
     async with counted(await asset_app(True)) as (url, requests):
-        sink.use_batch_reads(ApiSink(url, READ_TOKEN))
-        store = await StateStore.open(cache_path=tmp_path / "cache.db", sink=sink,
+        store = await StateStore.open(cache_path=tmp_path / "cache.db", sink="airflow",
+                                      api_url=url, api_token=READ_TOKEN,
                                       conflict_policy="asset_watcher:*=max, *=reject")
         try:
             got = await asyncio.gather(*(store.get(f"asset_watcher:{n}", "watermark", -1)
                                          for n in names))
         finally:
-            await store.close()
-            await sink.close()
+            await store.close()  # and the sink's reader (its thread)
     assert got == [i if i % 4 else -1 for i in range(len(names))]
     assert requests == {"/api/v1/read": 1}
-    assert (sink.batch_reads, sink.reads, sink.batch_fallbacks) == (1, 0, 0)
+    after = (sink.batch_reads, sink.reads, sink.batch_fallbacks)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0, 0]
 
 
 async def test_without_the_batch_read_misses_go_through_the_accessors(
@@ -459,7 +460,7 @@ async def test_without_the_batch_read_misses_go_through_the_accessors(
         accessor.values["watermark"] = json.dumps(i)
         sink.registry.register(owner, [accessor], asset=owner.removeprefix("asset_watcher:"))
     async with counted(await asset_app(False)) as (url, requests):
-        sink.use_batch_reads(ApiSink(url, READ_TOKEN))
+        sink.use_batch_reads(ApiSink(url, READ_TOKEN, read_source=ASSET_STATE_SOURCE))
         store = await StateStore.open(cache_path=tmp_path / "cache.db", sink=sink)
         try:
             first = await asyncio.gather(*(store.get(o, "watermark") for o in list(accessors)[:3]))
