@@ -78,7 +78,7 @@ from localstate.sync.fleet import (
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
-__all__ = ["CentralStore"]
+__all__ = ["CentralStore", "epoch_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ _MAX_VERSION = 2**63 - 1  # versions are BIGINT columns
 _DELETE_TRIES = 100
 
 
-def _epoch(value: datetime | str) -> float:
+def epoch_seconds(value: datetime | str) -> float:
+    """A timestamp column's value as POSIX seconds."""
     if isinstance(value, str):  # SQLite rows read through text SQL
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:  # SQLite keeps no offset: we always write UTC
@@ -99,7 +100,7 @@ def _central_row(row: Sequence[Any]) -> CentralRow:
     """A row of (owner, key, value, version, updated_at, updated_by[, writer])."""
     owner, key, value, version, updated_at, updated_by, *writer = row
     return CentralRow(
-        owner, key, value, int(version), _epoch(updated_at),
+        owner, key, value, int(version), epoch_seconds(updated_at),
         updated_by, writer[0] if writer else None,
     )
 
@@ -350,8 +351,8 @@ class CentralStore:
             result = await conn.execute(select(
                 c.triggerer, c.host, c.pid, c.last_flush_at, c.dirty_keys,
                 c.oldest_unflushed_at, c.rows_per_s, c.flush_interval))
-            return [FleetRow(t, h, int(p), _epoch(at), int(d),
-                             None if old is None else _epoch(old), float(rate), float(iv))
+            return [FleetRow(t, h, int(p), epoch_seconds(at), int(d),
+                             None if old is None else epoch_seconds(old), float(rate), float(iv))
                     for t, h, p, at, d, old, rate, iv in result]
 
     # -- writing -------------------------------------------------------------------------
