@@ -1,11 +1,13 @@
-"""Hot path of two source trees, measured alternately in one run: A, B, A, B, ...
+"""Hot path of two source trees, measured alternately in one run: A, B, B, A, A, B, ...
 
     python benches/ab_trees.py OLD_TREE NEW_TREE [--rounds 5] [--seconds 0.5]
 
 Each round runs one fresh subprocess per tree (``PYTHONPATH=<tree>``), which measures the
 memory-durability set, the cached get and the local set against the bare limit (an ``await`` of
 a coroutine that sets a dict) in that same process; only those ratios are compared, since the
-machines are shared and noisy. Prints the median ratio per tree and figure.
+machines are shared and noisy. Prints the median ratio per tree and figure, their quotient, and
+the median and range of the rounds' own new/old quotients (paired: each round's two runs are
+neighbours in time).
 """
 
 from __future__ import annotations
@@ -86,16 +88,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
-    for _ in range(args.rounds):
-        runs["old"].append(measure(args.old.resolve(), args.seconds))
-        runs["new"].append(measure(args.new.resolve(), args.seconds))
+    trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    for i in range(args.rounds):
+        # the order alternates too: old first in even rounds, new first in odd ones
+        for which in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            runs[which].append(measure(trees[which], args.seconds))
     names = list(runs["old"][0])
-    print(f"{'figure (x bare)':<20} {'old':>8} {'new':>8} {'new/old':>8}")
+    print(f"{'figure (x bare)':<20} {'old':>8} {'new':>8} {'new/old':>8}  "
+          f"{'paired new/old: median (min-max)':>34}")
     for name in names:
         old = statistics.median(r[name] for r in runs["old"])
         new = statistics.median(r[name] for r in runs["new"])
-        print(f"{name:<20} {old:>8.3f} {new:>8.3f} {new / old:>8.3f}")
-
+        # each round's new over the same round's old: the two ran one after the other, so
+        # a slow spell of the machine weighs on both
+        paired = [n[name] / o[name] for o, n in zip(runs["old"], runs["new"], strict=True)]
+        spread = f"{statistics.median(paired):.3f} ({min(paired):.2f}-{max(paired):.2f})"
+        print(f"{name:<20} {old:>8.3f} {new:>8.3f} {new / old:>8.3f}  {spread:>34}")
 
 if __name__ == "__main__":
     main()

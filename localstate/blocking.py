@@ -38,7 +38,7 @@ from localstate.model import Durability, Record
 from localstate.stats import StoreStats
 from localstate.store import StateStore
 from localstate.sync.worker import FlushReport
-from localstate.variable import _ClassOrInstance
+from localstate.variable import ClassOrInstance
 
 __all__ = ["BlockingStateStore", "StateVariable"]
 
@@ -261,9 +261,9 @@ class StateVariable:
     def _delete(self) -> bool:
         return self.store.delete(self.owner, self.key)
 
-    get = _ClassOrInstance(_class_get, _get)
-    set = _ClassOrInstance(_class_set, _set)
-    delete = _ClassOrInstance(_class_delete, _delete)
+    get = ClassOrInstance(_class_get, _get)
+    set = ClassOrInstance(_class_set, _set)
+    delete = ClassOrInstance(_class_delete, _delete)
 
     def record(self) -> Record | None:
         return self.store.record(self.owner, self.key)

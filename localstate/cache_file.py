@@ -94,7 +94,7 @@ async def connect(path: Path) -> aiosqlite.Connection:
         # After a failed connect aiosqlite stops its worker thread without waiting for it;
         # the thread then calls into the event loop, which may be closed by then
         # ("RuntimeError: Event loop is closed" in that thread). Wait for it here.
-        thread = getattr(connection, "_thread", None)
+        thread = getattr(connection, "_thread", None)  # aiosqlite has no public handle on it
         if thread is not None and thread.is_alive():
             await asyncio.to_thread(thread.join, 10)
         raise

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from localstate.errors import OwnerLost
+from localstate.entry import StateKey
+from localstate.errors import ConfigError, OwnerLost
 from localstate.sync.rows import DirtyRow
+from localstate.sync.sinks import ClaimingSink, Sink
 
-__all__ = ["ClaimBook", "HeldClaim"]
+__all__ = ["ClaimBook", "HeldClaim", "claim_owner", "claiming_sink"]
 
 log = logging.getLogger("localstate.store")
 
@@ -48,7 +50,8 @@ class ClaimBook:
 
     def __init__(self) -> None:
         self.held: dict[str, HeldClaim] = {}
-        #: owners another writer claimed: owner -> the epoch the central DB holds
+        #: owners another writer claimed: owner -> the epoch the central DB holds (one dict
+        #: for the book's lifetime, changed in place: the store's writes read it directly)
         self.lost: dict[str, int] = {}
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0
@@ -110,3 +113,30 @@ class ClaimBook:
             f"owner {owner!r} was claimed by another writer (central epoch {current}, this "
             f"store held {epoch}): this store may not write it; claim it again to take it back",
             owner=owner, epoch=epoch, current=current)
+
+
+def claiming_sink(sink: Sink | None) -> ClaimingSink:
+    """`sink`, which must keep claim epochs; `ConfigError` otherwise."""
+    if not isinstance(sink, ClaimingSink):
+        raise ConfigError(
+            f"the sink {sink.url if sink else None} keeps no claim epochs (sink = airflow): "
+            "owners cannot be claimed, so a zombie triggerer is not fenced; use sink = sql")
+    return sink
+
+
+async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claimant: str,
+                      writer: str | None, dirty: Iterable[StateKey],
+                      flush: Callable[[], Awaitable[object]] | None,
+                      load: Callable[[str], Awaitable[int]] | None) -> int:
+    """`StateStore.claim`: flush `owner`'s writes among `dirty` (read after the claim began)
+    under the claim they were made in, take the next epoch from `sink` (recorded in `book`),
+    then refresh the owner's keys (`load`); return the epoch. `flush` and `load`: None when
+    the store holds no entries (direct mode)."""
+    since = book.begin()
+    if flush is not None and any(k[0] == owner for k in dirty):
+        await flush()
+    epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+    book.took(owner, epoch, since)
+    if load is not None:
+        await load(owner)
+    return epoch

@@ -1,7 +1,8 @@
 """`Entry`: the in-memory state of one state variable, shared by the store, cache and worker.
 
-Also its conversions: an entry from a central row, the tombstone that purges one from the local
-file, and the public `Record` of one.
+Also its conversions: an entry from a central row (made, or taken in place), the tombstone that
+purges one from the local file, the public `Record` of one, and the version of a write whose
+central base is unknown.
 
 The store's map holds one `Entry` per ``(owner, key)``; the local cache writes entries, the sync
 worker flushes them. An entry is *dirty* while the central DB does not hold its version
@@ -10,6 +11,7 @@ worker flushes them. An entry is *dirty* while the central DB does not hold its 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Container
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOT_DECODED", "UNKNOWN_BASE", "Entry", "StateKey", "entry_from_row", "purged", "record_of",
+    "take_row", "unknown_base_version",
 ]
 
 StateKey = tuple[str, str]
@@ -31,6 +34,12 @@ NOT_DECODED: Final[Any] = object()
 #: `Entry.synced_version` of a write made while its central record could not be read: the
 #: central DB's version is unknown (the flush settles it, see `localstate.entry_table`).
 UNKNOWN_BASE: Final = -1
+
+#: Versions given to writes whose base is unknown are POSIX microseconds (see
+#: `unknown_base_version`): 1.8e15 today, exact as a JSON number (below 2**53) until 2255.
+_MICROS: Final = 1_000_000
+
+_now = time.time
 
 
 class Entry:
@@ -74,13 +83,37 @@ class Entry:
         )
 
 
+def _obj_of(data: str | None) -> Any:
+    """`Entry.obj` for the JSON text `data`."""
+    if data is None:
+        return None
+    value = decode(data)
+    return value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
+
+
 def entry_from_row(row: CentralRow) -> Entry:
     """A clean entry holding the central row `row` (a tombstone when it is a deletion)."""
-    obj: Any = None
-    if row.data is not None:
-        value = decode(row.data)
-        obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-    return Entry(row.data, obj, row.version, row.updated_at, row.updated_by, row.version)
+    return Entry(row.data, _obj_of(row.data), row.version, row.updated_at, row.updated_by,
+                 row.version)
+
+
+def take_row(e: Entry, row: CentralRow) -> None:
+    """`e` becomes the clean entry of the central row `row`, in place."""
+    e.data = row.data
+    e.obj = _obj_of(row.data)
+    e.version = e.synced_version = row.version
+    e.updated_at = row.updated_at
+    e.updated_by = row.updated_by
+
+
+def unknown_base_version() -> int:
+    """The version of a write whose central base could not be read: the time in microseconds.
+
+    Central versions grow by one per write, so this exceeds every version the central DB can
+    hold as long as the clocks of the writers agree within the number of microseconds that
+    separate this write from the last one of that kind (documented in the README).
+    """
+    return int(_now() * _MICROS)
 
 
 def purged(e: Entry) -> Entry:

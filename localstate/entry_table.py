@@ -30,11 +30,11 @@ Invariants:
 * An entry is dirty iff ``version != synced_version``; exactly the dirty entries are in
   ``dirty`` (`collect_dirty` drops keys that became clean).
 * ``synced_version == UNKNOWN_BASE`` marks a write based on a central record that could not
-  be read (the central DB was down). Its version comes from `unknown_base_version`, above any
+  be read (the central DB was down). Its version comes from `entry.unknown_base_version`, above any
   version the central DB can hold; the flush settles it like a write whose base turned out
-  stale (see `localstate.sync.central_store`).
+  stale (see `localstate.sync.fenced_write`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
-  absence is remembered for ``absent_ttl`` seconds, no longer.
+  absence is remembered for ``absent_ttl`` seconds, no longer (`AbsentKeys`).
 * Only clean entries are evicted or released, and never one the worker still needs
   (`pinned`: a central waiter, a conflict to report). An evicted or released key's record is
   the central DB's; its row leaves the local file too (a purge is staged with the drop), so
@@ -42,15 +42,9 @@ Invariants:
 * A row read from the central DB while an entry of its owner was dropped may predate the
   version dropped, so it neither adds an entry nor marks a key absent; the reader reads
   again. The reader tells by `read_epoch` (taken when the read began): it moves with every
-  eviction pass (``evictions``) and with every release of an owner that hashes to the same
-  one of `_EPOCH_SLOTS` slots, so a release rarely sends another owner's read round again.
-* ``by_owner`` holds exactly the keys of ``entries``, grouped by owner (a release finds an
-  owner's keys without a scan).
-* Eviction is amortized: a pass runs when the map has grown by a tenth since the last one (or
-  after a flush, above ``max_keys`` and a tenth), never per write. Recency is a second-chance
-  bit (``Entry.used``, set by every hit, and for a write when its flush settles it, since a
-  dirty entry stays anyway): a pass scans from the oldest key, moves a
-  used one to the end with its bit cleared, and evicts an unused clean one.
+  eviction pass (``evictions``) and with every release of its owner (`OwnerIndex`, which
+  holds exactly the keys of ``entries``, grouped by owner).
+* Eviction is amortized, by a second-chance bit (`localstate.eviction`).
 
 Everything here runs on the event loop's thread, synchronously: nothing sees a change half made.
 """
@@ -59,79 +53,63 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any
 
-from localstate.codec import IMMUTABLE_TYPES, decode
+from localstate.absent_keys import AbsentKeys
 from localstate.entry import (
-    NOT_DECODED,
     UNKNOWN_BASE,
     Entry,
     StateKey,
     entry_from_row,
     purged,
+    take_row,
+    unknown_base_version,
 )
+from localstate.eviction import grown, second_chance_scan
 from localstate.local_cache import LocalCache
+from localstate.owner_index import OwnerIndex
 from localstate.sync.rows import CentralRow, DirtyRow
 
-__all__ = ["EntryTable", "unknown_base_version"]
-
-#: slots of the per-owner read epochs (a power of two: a mask picks the slot)
-_EPOCH_SLOTS: Final = 256
-#: absent keys beyond which `mark_absent` sweeps out the expired ones (amortized)
-_ABSENT_SWEEP: Final = 1024
+__all__ = ["EntryTable"]
 
 _now = time.time
-
-#: Versions given to writes whose base is unknown are POSIX microseconds (see
-#: `unknown_base_version`): 1.8e15 today, exact as a JSON number (below 2**53) until 2255.
-_MICROS: Final = 1_000_000
-
-
-def unknown_base_version() -> int:
-    """The version of a write whose central base could not be read: the time in microseconds.
-
-    Central versions grow by one per write, so this exceeds every version the central DB can
-    hold as long as the clocks of the writers agree within the number of microseconds that
-    separate this write from the last one of that kind (documented in the README).
-    """
-    return int(_now() * _MICROS)
-
 
 class EntryTable:
     """Entries, dirty keys and absent keys of one store (see the module docstring)."""
 
     # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
-    __slots__ = ("_absent", "_absent_sweep_at", "_cache", "_drop_epochs", "_evict_at",
-                 "absent_ttl", "by_owner", "dirty", "entries", "evictions", "kick_at",
-                 "max_keys", "on_full", "pinned", "released", "sets", "updated_by")
+    __slots__ = ("_absent", "_cache", "_evict_at", "_owners", "dirty", "entries", "evictions",
+                 "kick_at", "max_keys", "on_full", "pinned", "released", "sets", "updated_by")
 
     def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float,
                  max_keys: int = 100_000) -> None:
         #: read by the store's hot path directly (one dict lookup); changed only here
         self.entries: dict[StateKey, Entry] = {}
         self.dirty: dict[StateKey, float] = {}
-        self._absent: dict[StateKey, float] = {}
-        self._absent_sweep_at = _ABSENT_SWEEP
-        #: the keys of `entries` by owner (see the module docstring)
-        self.by_owner: dict[str, set[str]] = {}
+        self._absent = AbsentKeys(absent_ttl)
+        #: the keys of `entries` by owner, and the owners' drop epochs
+        self._owners = OwnerIndex()
         self.updated_by = updated_by
         #: this many dirty keys start a flush at once (`on_full`)
         self.kick_at = kick_at
-        self.absent_ttl = absent_ttl
         self._cache: LocalCache | None = None
         self.on_full: Callable[[], None] = _nothing
         #: writes made (sets and deletes), for stats
         self.sets = 0
         #: clean entries beyond this many are evicted (`evict`)
         self.max_keys = max_keys
-        self._evict_at = _grown(max_keys)
+        self._evict_at = grown(max_keys)
         #: entries evicted so far: stats, and the epoch of the reads (see the module docstring)
         self.evictions = 0
         #: entries dropped by `release` so far, for stats
         self.released = 0
-        self._drop_epochs = [0] * _EPOCH_SLOTS
         #: whether the sync worker still needs `k`'s entry in memory
         self.pinned: Callable[[StateKey], bool] = _never
+
+    @property
+    def by_owner(self) -> dict[str, set[str]]:
+        """The keys held, by owner (read it; the table changes it)."""
+        return self._owners.by_owner
 
     # -- the cache turned on and off -----------------------------------------------------
 
@@ -154,9 +132,7 @@ class EntryTable:
         self.pinned = pinned
         self.entries.clear()
         self.entries.update(entries)
-        self.by_owner.clear()
-        for owner, key in entries:
-            self._index(owner, key)
+        self._owners.reset(entries)
         self.dirty.clear()
         self.dirty.update({k: e.updated_at for k, e in entries.items() if e.dirty})
         self._absent.clear()
@@ -174,7 +150,7 @@ class EntryTable:
         self.on_full = _nothing
         self.pinned = _never
         self.entries.clear()
-        self.by_owner.clear()
+        self._owners.reset(())
         self.dirty.clear()
         self._absent.clear()
 
@@ -206,8 +182,8 @@ class EntryTable:
         """`write` of an entry `first_write_base` made: it joins the table now."""
         held = self.entries.setdefault(k, e)
         assert held is e, "first_write_base and write_first run without an await between"
-        self._index(*k)
-        self._absent.pop(k, None)
+        self._owners.add(*k)
+        self._absent.discard(k)
         version = self.write(k, e, data, obj, memory)
         self._joined()
         return version
@@ -247,28 +223,22 @@ class EntryTable:
         if e is None:
             if since != self.read_epoch(k[0]):
                 return None
-            self._absent.pop(k, None)
+            self._absent.discard(k)
             e = self.entries[k] = entry_from_row(row)
-            self._index(*k)
+            self._owners.add(*k)
             self._stage(k, e)
             self._joined()
             return e
-        self._absent.pop(k, None)
+        self._absent.discard(k)
         if e.dirty or row.version <= e.version:
             return e
-        _take_row(e, row)
+        take_row(e, row)
         self._stage(k, e)
         return e
 
     def is_absent(self, k: StateKey) -> bool:
         """Whether `k` was found missing centrally less than ``absent_ttl`` seconds ago."""
-        expiry = self._absent.get(k)
-        if expiry is None:
-            return False
-        if expiry > time.monotonic():
-            return True
-        del self._absent[k]
-        return False
+        return k in self._absent
 
     def mark_absent(self, k: StateKey, since: int) -> bool:
         """The central DB lacks `k` (a read begun at `since` found no row), unless this store
@@ -277,25 +247,13 @@ class EntryTable:
         if since != self.read_epoch(k[0]):
             return False
         if k not in self.entries:
-            absent = self._absent
-            now = time.monotonic()
-            absent[k] = now + self.absent_ttl
-            if len(absent) > self._absent_sweep_at:
-                self._sweep_absent(now)
+            self._absent.mark(k)
         return True
-
-    def _sweep_absent(self, now: float) -> None:
-        """Drop the expired absent keys (the oldest first: they expire in insertion order,
-        save for a key marked again), so a churn of missing keys leaves no trail."""
-        absent = self._absent
-        for k in [k for k, expiry in absent.items() if expiry <= now]:
-            del absent[k]
-        self._absent_sweep_at = max(_ABSENT_SWEEP, 2 * len(absent))
 
     def read_epoch(self, owner: str) -> int:
         """A number that moves whenever an entry of `owner` may have been dropped: take it
         before a central read, pass it to `adopt` / `mark_absent` (see the module docstring)."""
-        return self.evictions + self._drop_epochs[hash(owner) & (_EPOCH_SLOTS - 1)]
+        return self.evictions + self._owners.drop_epoch(owner)
 
     # -- a flush's steps -----------------------------------------------------------------
 
@@ -332,7 +290,7 @@ class EntryTable:
 
     def settle_adopted(self, e: Entry, central: CentralRow) -> None:
         """The central record replaces `e` (a conflict it won, or this writer's newer chain)."""
-        _take_row(e, central)
+        take_row(e, central)
 
     def after_settle(self, k: StateKey, e: Entry, started_at: float) -> None:
         """Keep `dirty` in step with `e` after a flush settled it; the flush started then."""
@@ -346,7 +304,7 @@ class EntryTable:
         """Have the local writer record what a flush settled; evict what it made evictable."""
         if self._cache is not None:
             self._cache.stage_many(entries)
-        if len(self.entries) > _grown(self.max_keys):
+        if len(self.entries) > grown(self.max_keys):
             self.evict()
 
     # -- the bounded working set ---------------------------------------------------------
@@ -354,44 +312,24 @@ class EntryTable:
     def evict(self, down_to: int | None = None) -> int:
         """Evict least recently used clean entries until `down_to` (``max_keys``) remain.
 
-        One pass from the oldest key, each entry looked at once at most: a used one gets its
-        second chance (moved to the end, bit cleared), a dirty or pinned one stays where it
-        is. Returns how many were evicted; the next pass waits for a tenth more keys.
+        The scan: `localstate.eviction`. Returns how many were evicted; the next pass waits
+        for a tenth more keys.
         """
-        entries, dirty, pinned = self.entries, self.dirty, self.pinned
+        entries = self.entries
         target = self.max_keys if down_to is None else down_to
-        excess = len(entries) - target
-        gone: dict[StateKey, Entry] = {}
-        if excess > 0:
-            for k in list(entries):
-                e = entries[k]
-                if e.used:
-                    e.used = False
-                    del entries[k]
-                    entries[k] = e  # to the end: the most recently used
-                elif e.version == e.synced_version and k not in dirty and not pinned(k):
-                    gone[k] = entries.pop(k)
-                    if len(gone) == excess:
-                        break
-            if len(gone) < excess:  # every unused one is gone: the oldest used ones go next
-                for k in list(entries):
-                    e = entries[k]
-                    if e.version == e.synced_version and k not in dirty and not pinned(k):
-                        gone[k] = entries.pop(k)
-                        if len(gone) == excess:
-                            break
+        gone = second_chance_scan(entries, self.dirty, self.pinned, len(entries) - target)
         evicted = len(gone)
         if gone:
             self._dropped(gone)
         self.evictions += evicted
-        self._evict_at = _grown(max(len(entries), self.max_keys))
+        self._evict_at = grown(max(len(entries), self.max_keys))
         return evicted
 
     def release(self, owner: str) -> tuple[int, int]:
         """Drop `owner`'s clean entries that nothing pins (from memory and, by a staged
         purge, from the local file); return how many were dropped and how many stay (dirty:
         written during the release; pinned: awaited or in conflict)."""
-        keys = self.by_owner.get(owner)
+        keys = self._owners.by_owner.get(owner)
         if not keys:
             return 0, 0
         entries, dirty, pinned = self.entries, self.dirty, self.pinned
@@ -403,32 +341,20 @@ class EntryTable:
             if e.version == e.synced_version and k not in dirty and not pinned(k):
                 gone[k] = entries.pop(k)
         if gone:
-            self._drop_epochs[hash(owner) & (_EPOCH_SLOTS - 1)] += 1
+            self._owners.released(owner)
             self._dropped(gone)
             self.released += len(gone)
         return len(gone), held - len(gone)
 
     def keys_of(self, owner: str) -> list[StateKey]:
         """The keys of `owner` held in memory now."""
-        return [(owner, key) for key in self.by_owner.get(owner, ())]
+        return self._owners.keys_of(owner)
 
     def _dropped(self, gone: dict[StateKey, Entry]) -> None:
         """Entries just taken out of `entries`: out of the index, and out of the file."""
-        by_owner = self.by_owner
-        for owner, key in gone:
-            keys = by_owner[owner]
-            keys.discard(key)
-            if not keys:
-                del by_owner[owner]
+        self._owners.remove(gone)
         if self._cache is not None:
             self._cache.stage_many({k: purged(e) for k, e in gone.items()})
-
-    def _index(self, owner: str, key: str) -> None:
-        keys = self.by_owner.get(owner)
-        if keys is None:
-            self.by_owner[owner] = {key}
-        else:
-            keys.add(key)
 
     def _joined(self) -> None:
         """A key joined the map: a pass when it has grown by a tenth since the last one."""
@@ -448,23 +374,6 @@ class EntryTable:
     def _stage(self, k: StateKey, e: Entry) -> None:
         if self._cache is not None:
             self._cache.stage(k, e)
-
-
-def _take_row(e: Entry, row: CentralRow) -> None:
-    e.data = row.data
-    if row.data is None:
-        e.obj = None
-    else:
-        value = decode(row.data)
-        e.obj = value if type(value) in IMMUTABLE_TYPES else NOT_DECODED
-    e.version = e.synced_version = row.version
-    e.updated_at = row.updated_at
-    e.updated_by = row.updated_by
-
-
-def _grown(n: int) -> int:
-    """The size at which a map of `n` keys is due another eviction pass."""
-    return n + max(1, n // 10)
 
 
 def _nothing() -> None:

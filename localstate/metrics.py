@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -99,12 +99,12 @@ class Sample:
 
 
 class _StatsdProtocol(asyncio.DatagramProtocol):
-    def __init__(self, client: StatsdClient) -> None:
-        self._client = client
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self._on_error = on_error
 
     def error_received(self, exc: Exception) -> None:
         # e.g. ECONNREFUSED from an earlier packet: nobody listens. Log once per outage.
-        self._client._failed(exc)
+        self._on_error(exc)
 
 
 class StatsdClient:
@@ -135,7 +135,7 @@ class StatsdClient:
             if self._transport is None or self._transport.is_closing():
                 loop = asyncio.get_running_loop()
                 self._transport, _ = await loop.create_datagram_endpoint(
-                    lambda: _StatsdProtocol(self), remote_addr=(self.host, self.port)
+                    lambda: _StatsdProtocol(self._failed), remote_addr=(self.host, self.port)
                 )
             for packet in packets:
                 self._transport.sendto(packet)

@@ -1,6 +1,6 @@
 """Applying live settings to a running store: what changed, and the cache toggle.
 
-`open_mode` opens a store's parts and first mode. `StateStore.reconfigure` takes its
+`open_mode` opens a store's parts and first mode. `StoreCore.reconfigure` takes its
 reconfiguring lock, asks `live_changes` what changed and,
 when ``enabled`` did, replaces its mode with `toggled` inside its `ModeGate`'s switch (no call
 in progress meanwhile). The store keeps the mode and the settings; these functions only compute

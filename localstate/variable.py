@@ -26,7 +26,7 @@ from localstate.model import Durability, Record
 if TYPE_CHECKING:
     from localstate.config import Settings
 
-__all__ = ["StateVariable", "VariableStore"]
+__all__ = ["ClassOrInstance", "StateVariable", "VariableStore"]
 
 _PC = ParamSpec("_PC")
 _RC = TypeVar("_RC")
@@ -35,8 +35,9 @@ _RI = TypeVar("_RI")
 _S = TypeVar("_S")
 
 
-class _ClassOrInstance(Generic[_PC, _RC, _S, _PI, _RI]):
-    """A method that does one thing called on the class and another on an instance."""
+class ClassOrInstance(Generic[_PC, _RC, _S, _PI, _RI]):
+    """A method that does one thing called on the class and another on an instance (the
+    class-level and handle calls of both `StateVariable`s: this one and the blocking one)."""
 
     def __init__(
         self, on_class: Callable[_PC, _RC], on_instance: Callable[Concatenate[_S, _PI], _RI]
@@ -117,9 +118,9 @@ class StateVariable:
     async def _delete(self) -> bool:
         return await self.store.delete(self.owner, self.key)
 
-    get = _ClassOrInstance(_class_get, _get)
-    set = _ClassOrInstance(_class_set, _set)
-    delete = _ClassOrInstance(_class_delete, _delete)
+    get = ClassOrInstance(_class_get, _get)
+    set = ClassOrInstance(_class_set, _set)
+    delete = ClassOrInstance(_class_delete, _delete)
 
     async def record(self) -> Record | None:
         return await self.store.record(self.owner, self.key)

@@ -28,8 +28,8 @@ from localstate.codec import encode
 from localstate.entry import StateKey
 from localstate.sync.airflow_sink import AIRFLOW_WRITER, READ_VERSION
 from localstate.sync.asset_mirror import ACTIVE_ASSETS, asset_name
-from localstate.sync.central_store import CentralStore, epoch_seconds
-from localstate.sync.rows import CentralRow
+from localstate.sync.central_store import CentralStore
+from localstate.sync.rows import CentralRow, posix_time
 
 __all__ = ["read_asset_states"]
 
@@ -64,5 +64,5 @@ async def read_asset_states(central: CentralStore, keys: Sequence[StateKey]
             # as Airflow's Execution API answers an aget (json.loads), then as the sink
             # encodes what the accessor returns
             found[k] = CentralRow(k[0], k[1], encode(json.loads(value)), READ_VERSION,
-                                  epoch_seconds(updated_at), AIRFLOW_WRITER)
+                                  posix_time(updated_at), AIRFLOW_WRITER)
     return found

@@ -15,7 +15,7 @@ The upsert's ``WHERE`` is the fence: a row replaces the central one only when th
 version is the one the write was based on (``prev_version``), or when the central row was
 written by the same local cache file (``writer``) at a version above that base and no higher
 than this write's: a write of this file's own chain whose outcome it never recorded (see
-`localstate.sync.central_store` for why that is sound). Rows the ``WHERE`` refuses are not
+`localstate.sync.fenced_write` for why that is sound). Rows the ``WHERE`` refuses are not
 counted in the statement's row count; when it falls short, the caller looks up which rows they
 were (the conflicts). The writer travels once per statement (``:writer``), not once per row.
 No RETURNING: on the common path (no conflict) decoding one returned row per written row cost

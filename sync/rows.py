@@ -6,9 +6,11 @@ C (a frozen dataclass pays a Python-level `__setattr__` per field).
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, Literal, NamedTuple
 
-__all__ = ["CentralRow", "DirtyRow", "FlushOutcome", "Resolution"]
+__all__ = ["CentralRow", "DirtyRow", "FlushOutcome", "Resolution", "central_row", "posix_time"]
 
 
 class DirtyRow(NamedTuple):
@@ -66,3 +68,22 @@ class FlushOutcome(NamedTuple):
     #: (another writer claimed the owner): "adopted", `central` the current record (a
     #: tombstone at version 0 when there is none), `lost_to` that epoch
     lost_to: int = 0
+
+
+def posix_time(value: datetime | str) -> float:
+    """A central timestamp column's value as POSIX time; a value without an offset is UTC (the
+    only zone written)."""
+    if isinstance(value, str):  # SQLite rows read through text SQL
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:  # SQLite keeps no offset: we always write UTC
+        value = value.replace(tzinfo=timezone.utc)
+    return value.timestamp()
+
+
+def central_row(row: Sequence[Any]) -> CentralRow:
+    """A row of (owner, key, value, version, updated_at, updated_by[, writer])."""
+    owner, key, value, version, updated_at, updated_by, *writer = row
+    return CentralRow(
+        owner, key, value, int(version), posix_time(updated_at),
+        updated_by, writer[0] if writer else None,
+    )

@@ -7,7 +7,7 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     deletion, kept as a tombstone so a late writer cannot bring the key back unseen), version,
     prev_version (the version this write replaced: the flush's fencing condition compares it),
     updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
-    for any other write: see `localstate.sync.central_store` on replays).
+    for any other write: see `localstate.sync.fenced_write` on replays).
 ``localstate_owner_claim``
     one row per claimed owner: owner (the primary key), epoch (bumped by each claim), claimant
     (the claiming store's triggerer id), claimed_at, writer (the claiming store's local cache

@@ -36,7 +36,7 @@ class Sink(Protocol):
         """Write `rows` fenced on their base versions; settle conflicts by policy.
 
         `writer`: the local cache file the rows come from (`LocalCache.writer_id`): a central
-        row carrying it is that file's own chain (see `localstate.sync.central_store`).
+        row carrying it is that file's own chain (see `localstate.sync.fenced_write`).
         """
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
@@ -67,7 +67,7 @@ class Sink(Protocol):
 
 @runtime_checkable
 class ClaimingSink(Protocol):
-    """A sink that holds owners' claim epochs (`localstate.sync.central_store`); a sink
+    """A sink that holds owners' claim epochs (`localstate.sync.fenced_write`); a sink
     without them (Airflow's state store) cannot fence a zombie writer."""
 
     async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:

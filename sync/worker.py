@@ -24,59 +24,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
-from localstate.errors import CentralUnavailable, LocalStateError, WriteRejected, reason
+from localstate.errors import CentralUnavailable, LocalStateError, reason
 from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
 from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus, this_host
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.rows import DirtyRow, FlushOutcome
+from localstate.sync.settle import ConflictInfo, FlushReport, Settler
 from localstate.sync.sinks import FleetReporting, Sink
 from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ConflictInfo:
-    """Passed to the `on_conflict` callback and logged, for each conflict a flush settles."""
-
-    owner: str
-    key: str
-    policy: str
-    #: "local" (the local write went in) or "central" (the central record was kept)
-    winner: str
-    #: the local write the conflict was about: the refused (or winning) row, or, when the
-    #: central record replaced writes made while the flush ran, the latest of those
-    local_version: int
-    central_version: int
-    local_data: str | None
-    central_data: str | None
-
-
-@dataclass
-class FlushReport:
-    """What one flush did."""
-
-    rows: int = 0
-    written: int = 0
-    adopted: int = 0
-    conflicts: int = 0
-    retried: int = 0
-    transactions: int = 0
-    duration: float = 0.0
-    #: keys still dirty when it finished (written meanwhile, or left to retry)
-    still_dirty: int = 0
-    #: POSIX time the flush started (before it took its snapshot of the dirty keys)
-    started_at: float = 0.0
-    outcomes: list[FlushOutcome] = field(default_factory=list, repr=False)
 
 
 class SyncWorker:
@@ -100,7 +65,6 @@ class SyncWorker:
         self.policies = policies
         self.flush_interval = flush_interval
         self.max_batch = max_batch
-        self.on_conflict = on_conflict
         #: the store's claim epochs: stamped on each flushed row, told of owners lost
         self.claims = claims if claims is not None else ClaimBook()
         #: the fleet's central write budget, which stretches `interval` (None: no budget)
@@ -116,11 +80,8 @@ class SyncWorker:
         self._waiters = FlushWaiters()  # central-durability calls waiting for a flush
         # capped at one flush interval: after an outage the lag recovers within two intervals
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
-        #: keys whose last flush met a conflict (the record's flush state says "conflict")
-        self.conflicted: set[StateKey] = set()
         # figures for stats()
         self.flushes = 0
-        self.conflicts = 0
         self.central_errors = 0
         self.last_flush_at: float | None = None
         self.last_flush: FlushReport | None = None
@@ -131,6 +92,19 @@ class SyncWorker:
         self._last_start: float | None = None
         self._last_rows = 0
         self.rows_per_s = 0.0
+        #: settles the outcomes off the common path; owns the conflicted keys
+        self._settler = Settler(table=table, waiters=self._waiters, claims=self.claims,
+                                policies=policies, lags=self.lags, on_conflict=on_conflict)
+
+    @property
+    def conflicted(self) -> set[StateKey]:
+        """Keys whose last flush met a conflict (the record's flush state says "conflict")."""
+        return self._settler.conflicted
+
+    @property
+    def conflicts(self) -> int:
+        """Conflicts settled by this worker's flushes."""
+        return self._settler.conflicts
 
     # -- running -------------------------------------------------------------------------
 
@@ -238,7 +212,7 @@ class SyncWorker:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
                 # back from the central DB as this cache file's own later write, which the flush
-                # adopts without a conflict (see CentralStore._write_batch).
+                # adopts without a conflict (see `localstate.sync.fenced_write`).
                 keys = list(self.table.dirty)
                 for start in range(0, len(keys), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
@@ -294,6 +268,7 @@ class SyncWorker:
         table, lags = self.table, self.lags
         entries = table.entries
         waiting = bool(self._waiters.pending)  # no await below: nobody registers meanwhile
+        conflicted = self._settler.conflicted
         staged: dict[StateKey, Entry] = {}
         written = 0
         for o in outcomes:
@@ -310,116 +285,16 @@ class SyncWorker:
                 since = table.settle_written(k, e, central.version)
                 if waiting:
                     self._waiters.settle(k, r.version, None)
-                if self.conflicted:
-                    self.conflicted.discard(k)
+                if conflicted:
+                    conflicted.discard(k)
                 if since is not None:
                     # flush lag: from the oldest write the central DB lacked until it holds it
                     lags.append(now - since if now > since else 0.0)
             else:
-                self._settle(o, e, k, report, now)
+                self._settler.settle(o, e, k, report, now)
             staged[k] = e
         report.written += written
         table.stage_settled(staged)
-
-    def _settle(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
-                now: float) -> None:
-        """`mark_clean` for one outcome off the common path: moved, adopted, conflicted."""
-        r = o.row
-        table = self.table
-        since = table.dirty.get(k)
-        central = o.central
-        if o.resolution == "retry" or central is None:
-            report.retried += 1
-            return
-        moved = e.version != r.version
-        if o.lost_to:
-            self._settle_lost(o, e, k, report, central, moved)
-            return
-        discarded: tuple[int, str | None] | None = None
-        if o.resolution == "written":
-            report.written += 1
-            if moved:
-                table.settle_moved(e, central.version)
-            else:
-                table.settle_written(k, e, central.version)
-            self._waiters.settle(k, r.version, None)
-        else:
-            report.adopted += 1
-            if not o.conflict:
-                # the central DB holds this cache file's own later write (a flushed version the
-                # local file lost in a crash), newer than this row: take it, unless the entry
-                # was written again during the flush. Those writes are newer still: they go
-                # out next, based on central's record, and their waiters wait for that flush.
-                if moved:
-                    table.settle_moved(e, central.version)
-                    self._waiters.settle(k, r.version, None)
-                else:
-                    table.settle_adopted(e, central)
-                    self._waiters.settle(k, central.version, None)
-            elif moved and self.policies.for_owner(r.owner).is_max:
-                # newer local writes came in meanwhile: the next flush weighs them
-                table.settle_moved(e, central.version)
-                self._waiters.settle(k, r.version, _rejected(r, central))
-            else:
-                if moved:
-                    # the writes made during the flush are replaced too: report the latest
-                    # of them, not the refused row, so on_conflict names what was discarded
-                    discarded = (e.version, e.data)
-                table.settle_adopted(e, central)
-                self._waiters.settle(k, e.version, _rejected(r, central), every=True)
-        if o.conflict:
-            report.conflicts += 1
-            self._report_conflict(o, central, discarded)
-        else:
-            self.conflicted.discard(k)
-        if o.resolution == "written" and since is not None:
-            self.lags.append(max(0.0, now - since))
-        table.after_settle(k, e, report.started_at)
-
-    def _settle_lost(self, o: FlushOutcome, e: Entry, k: StateKey, report: FlushReport,
-                     central: CentralRow, moved: bool) -> None:
-        """A write refused for its claim epoch (another writer claimed the owner): the entry
-        takes the central record, and the write's waiters get `OwnerLost`."""
-        r = o.row
-        report.adopted += 1
-        lost = self.claims.lose(r.owner, r.epoch, o.lost_to)
-        error = self.claims.error(r.owner, o.lost_to)
-        if moved and not lost:
-            # a write from before this store's claim, which still stands: the writes made
-            # since go out next, based on the central record, under the claim
-            self.table.settle_moved(e, central.version)
-            self._waiters.settle(k, r.version, error)
-        else:
-            # lost: every write of it this store holds is refused too (they carry the old epoch)
-            self.table.settle_adopted(e, central)
-            self._waiters.settle(k, e.version, error, every=True)
-        self.conflicted.discard(k)
-        self.table.after_settle(k, e, report.started_at)
-
-    def _report_conflict(self, o: FlushOutcome, central: CentralRow,
-                         discarded: tuple[int, str | None] | None = None) -> None:
-        r = o.row
-        local_version, local_data = discarded if discarded is not None else (r.version, r.data)
-        # when the local write won, report the central record it overwrote, not itself
-        central = o.replaced if o.replaced is not None else central
-        self.conflicts += 1
-        self.conflicted.add((r.owner, r.key))
-        info = ConflictInfo(
-            owner=r.owner, key=r.key, policy=o.policy,
-            winner="local" if o.resolution == "written" else "central",
-            local_version=local_version, central_version=central.version,
-            local_data=local_data, central_data=central.data,
-        )
-        log.warning(
-            "conflict on %s/%s under %s: the %s record won (local v%d based on v%d, "
-            "central v%d by %s)", r.owner, r.key, o.policy, info.winner, local_version,
-            r.base_version, central.version, central.updated_by,
-        )
-        if self.on_conflict is not None:
-            try:
-                self.on_conflict(info)
-            except Exception:
-                log.exception("the on_conflict callback failed")
 
     # -- central-durability waiters ------------------------------------------------------
 
@@ -450,12 +325,3 @@ class SyncWorker:
             ) from None
         finally:
             self.drop_waiter(key, fut)
-
-
-def _rejected(r: DirtyRow, central: CentralRow) -> WriteRejected:
-    return WriteRejected(
-        f"the central DB kept its record of {r.owner}/{r.key} (v{central.version} by "
-        f"{central.updated_by}) over this write (v{r.version} based on v{r.base_version}): "
-        "another writer owns it now; read it again before writing"
-    )
-

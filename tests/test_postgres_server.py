@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from localstate.testing import postgres_server
+from localstate.testing import postgres_binaries
 from localstate.testing.postgres_server import PostgresServer, find_postgres_binaries
 
 pytestmark = pytest.mark.postgres
@@ -233,6 +233,6 @@ def test_missing_binaries_error_says_how_to_install(
 ) -> None:
     assert find_postgres_binaries().initdb.is_file()
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(postgres_server, "_DEBIAN_ROOT", tmp_path / "no-postgresql")
+    monkeypatch.setattr(postgres_binaries, "_DEBIAN_ROOT", tmp_path / "no-postgresql")
     with pytest.raises(RuntimeError, match=r"apt-get install postgresql"):
         find_postgres_binaries()

@@ -45,8 +45,8 @@ async def measure_metastore_aset(url: str, calls: int = 500) -> tuple[float | No
 
 
 async def _measure(engine: Any, calls: int) -> tuple[float, str]:
-    from airflow._shared.state import AssetScope
     from airflow.models.asset import AssetModel
+    from airflow.state import AssetScope
     from airflow.state.metastore import MetastoreBackend
 
     name = f"localstate-bench-{uuid.uuid4().hex[:12]}"

@@ -23,22 +23,26 @@ only an OS crash would.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import pathlib
-import pwd
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-import weakref
-from types import TracebackType
 from typing import Any
+
+from localstate.testing.db_server import (
+    HOST,
+    LOG_TAIL_LINES,
+    START_TIMEOUT_S,
+    DbServer,
+    check_identifier,
+    free_port,
+)
 
 __all__ = ["MysqlServer", "find_mysql_binaries"]
 
@@ -54,11 +58,8 @@ INSTALL_HINT = (
 #: fast: SIGTERM, a normal shutdown (open connections are closed with "server shutdown");
 #: immediate: SIGKILL, a crash (InnoDB recovers at the next start)
 _STOP_SIGNALS = {"fast": signal.SIGTERM, "immediate": signal.SIGKILL}
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _SYSTEM_USER = "mysql"
-_HOST = "127.0.0.1"
-_START_TIMEOUT_S = 60
-_LOG_TAIL_LINES = 40
+_MAX_IDENTIFIER = 64
 #: MySQL 8.0's default sql_mode: SQL MariaDB accepts but MySQL 8 refuses fails here too
 _MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                     "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
@@ -79,34 +80,7 @@ def find_mysql_binaries() -> tuple[str, str]:
     return server, install_db
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _tail(path: pathlib.Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"<cannot read {path}: {exc}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _check_identifier(kind: str, value: str) -> None:
-    if not _IDENTIFIER.match(value):
-        raise ValueError(f"invalid {kind} {value!r}: use letters, digits and _ (max 64)")
-
-
-def _cleanup_at_exit(ref: weakref.ref[MysqlServer]) -> None:
-    server = ref()
-    if server is not None:
-        with contextlib.suppress(Exception):
-            server.close()
-
-
-class MysqlServer:
+class MysqlServer(DbServer):
     """A MariaDB server on a free 127.0.0.1 port, its data in a temporary directory.
 
     ``start()`` initializes the data directory on first use; ``stop()``/``restart()`` keep the
@@ -116,51 +90,15 @@ class MysqlServer:
 
     def __init__(self, base_dir: pathlib.Path, *, user: str = "localstate",
                  dbname: str = "localstate") -> None:
-        _check_identifier("user name", user)
-        _check_identifier("database name", dbname)
-        self.base_dir = pathlib.Path(base_dir).absolute()
-        self._user = user
-        self._dbname = dbname
+        super().__init__(base_dir, user=user, dbname=dbname, max_identifier=_MAX_IDENTIFIER)
         self._server_bin, self._install_db = find_mysql_binaries()
-        self._as_root = os.geteuid() == 0
-        self._uid_gid: tuple[int, int] | None = None
-        if self._as_root:
-            try:
-                entry = pwd.getpwnam(_SYSTEM_USER)
-            except KeyError:
-                raise RuntimeError(
-                    f"running as root, and there is no {_SYSTEM_USER!r} system user to run "
-                    "MariaDB as: `apt-get install mariadb-server` creates it") from None
-            self._uid_gid = (entry.pw_uid, entry.pw_gid)
-        self._port: int | None = None
-        self._runtime_dir: pathlib.Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._initialized = False
-        self._closed = False
         self.version = ""  # SELECT VERSION() once started, e.g. "10.11.19-MariaDB-0+deb12u1"
-        atexit.register(_cleanup_at_exit, weakref.ref(self))
+        self._run_as(_SYSTEM_USER,
+                     f"running as root, and there is no {_SYSTEM_USER!r} system user to run "
+                     "MariaDB as: `apt-get install mariadb-server` creates it")
 
     # ----------------------------------------------------------------- properties
-
-    @property
-    def host(self) -> str:
-        return _HOST
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("MysqlServer has no port yet: call start() first")
-        return self._port
-
-    @property
-    def user(self) -> str:
-        return self._user
-
-    @property
-    def runtime_dir(self) -> pathlib.Path:
-        if self._runtime_dir is None:
-            raise RuntimeError("MysqlServer was not started yet")
-        return self._runtime_dir
 
     @property
     def socket_path(self) -> pathlib.Path:
@@ -170,13 +108,9 @@ class MysqlServer:
     def log_path(self) -> pathlib.Path:
         return self.runtime_dir / "mariadb.log"
 
-    @property
-    def url(self) -> str:
-        return self.url_for(self._dbname)
-
     def url_for(self, dbname: str) -> str:
         """SQLAlchemy URL of ``dbname``: ``mysql+aiomysql://...``."""
-        return f"mysql+aiomysql://{self._user}@{_HOST}:{self.port}/{dbname}"
+        return f"mysql+aiomysql://{self._user}@{HOST}:{self.port}/{dbname}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -191,7 +125,7 @@ class MysqlServer:
             self._prepare_dirs()
             self._install()
             self._initialized = True
-            self._port = _free_port()
+            self._port = free_port()
         self._spawn()
         if first:
             self.execute(f"CREATE USER '{self._user}'@'%'")
@@ -210,16 +144,11 @@ class MysqlServer:
             return
         process.send_signal(_STOP_SIGNALS[mode])
         try:
-            process.wait(timeout=_START_TIMEOUT_S)
+            process.wait(timeout=START_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
         self._process = None
-
-    def restart(self, mode: str = "fast") -> None:
-        """Stop (``mode``) and start again on the same port, keeping the data."""
-        self.stop(mode)
-        self.start()
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -251,30 +180,18 @@ class MysqlServer:
                     shutil.copyfile(self.log_path, self.base_dir / "mariadb.log")
                 shutil.rmtree(self._runtime_dir, ignore_errors=True)
 
-    def __enter__(self) -> MysqlServer:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"MysqlServer({str(self.base_dir)!r}, port={self._port}, {state})"
-
     # -------------------------------------------------------------------- helpers
 
     def create_database(self, name: str) -> str:
         """Create an empty utf8mb4 database ``name`` and return its SQLAlchemy URL."""
-        _check_identifier("database name", name)
+        check_identifier("database name", name, _MAX_IDENTIFIER)
         # Airflow's documented set-up for a MySQL metadata DB
         self.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 "
                      "COLLATE utf8mb4_unicode_ci")
         return self.url_for(name)
 
     def drop_database(self, name: str) -> None:
-        _check_identifier("database name", name)
+        check_identifier("database name", name, _MAX_IDENTIFIER)
         self.kill_connections(name)
         self.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
@@ -359,7 +276,7 @@ class MysqlServer:
              *self._user_args(), "--auth-root-authentication-method=normal", "--skip-test-db",
              "--skip-name-resolve"],
             capture_output=True, text=True, cwd=self.runtime_dir, stdin=subprocess.DEVNULL,
-            timeout=_START_TIMEOUT_S * 2, check=False,
+            timeout=START_TIMEOUT_S * 2, check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed (exit {result.returncode}):\n"
@@ -369,7 +286,7 @@ class MysqlServer:
         args = [
             self._server_bin, "--no-defaults", *self._user_args(),
             f"--datadir={self.runtime_dir / 'data'}", f"--socket={self.socket_path}",
-            f"--port={self.port}", f"--bind-address={_HOST}",
+            f"--port={self.port}", f"--bind-address={HOST}",
             f"--pid-file={self.runtime_dir / 'mariadbd.pid'}", f"--log-error={self.log_path}",
             "--skip-name-resolve", f"--sql-mode={_MYSQL8_SQL_MODE}",
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
@@ -380,7 +297,7 @@ class MysqlServer:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process = subprocess.Popen(args, cwd=self.runtime_dir, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self._process.poll() is not None:
                 break
@@ -393,6 +310,6 @@ class MysqlServer:
         tail = ""
         with contextlib.suppress(OSError), self.log_path.open("rb") as fh:
             fh.seek(offset)
-            tail = "\n".join(fh.read().decode(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+            tail = "\n".join(fh.read().decode(errors="replace").splitlines()[-LOG_TAIL_LINES:])
         raise RuntimeError(f"mariadbd did not start on port {self.port}: {' '.join(args)}\n"
                            f"--- {self.log_path} (this start) ---\n{tail}")

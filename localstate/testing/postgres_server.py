@@ -16,176 +16,38 @@ socket and the server log live in a fresh ``/tmp/localstate-pg-*`` directory own
 ``postgres`` (pytest's ``/tmp/pytest-of-root`` tree is mode 0700, so ``postgres`` cannot
 reach ``base_dir``). ``base_dir/postgres.log`` is then a symlink to the real log, replaced
 by a copy of it on :meth:`PostgresServer.close`.
+
+The server owns its folders, port and databases; the programs that run the cluster (initdb,
+pg_ctl) are its `PgCtl`'s (`localstate.testing.postgres_ctl`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import pathlib
-import pwd
-import re
-import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
-import weakref
-from collections.abc import Sequence
-from types import TracebackType
+
+from localstate.testing.db_server import HOST, DbServer, check_identifier, free_port
+from localstate.testing.postgres_binaries import (
+    PostgresBinaries,
+    find_postgres_binaries,
+)
+from localstate.testing.postgres_ctl import STOP_MODES, PgCtl, clean_env
+from localstate.testing.postgres_sql import locale_clause, quote_ident, quote_literal
 
 __all__ = ["PostgresBinaries", "PostgresServer", "find_postgres_binaries"]
 
-INSTALL_HINT = (
-    "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found on PATH nor "
-    "under /usr/lib/postgresql/*/bin. The test suite needs a real PostgreSQL server: "
-    "install it with `apt-get install postgresql` (Debian/Ubuntu), or put a directory "
-    "containing initdb, pg_ctl and postgres on PATH."
-)
-
-_STOP_MODES = frozenset({"smart", "fast", "immediate"})
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_LANGUAGE_TAG = re.compile(r"^([A-Za-z]{2,3})-([A-Za-z]{2})$")  # en-US
-_DEBIAN_ROOT = pathlib.Path("/usr/lib/postgresql")
 _SYSTEM_USER = "postgres"
-_HOST = "127.0.0.1"
+_MAX_IDENTIFIER = 63
 # sun_path is 108 bytes including the NUL; PostgreSQL appends "/.s.PGSQL.<port>".
 _MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
-_START_TIMEOUT_S = 60
 _PSQL_TIMEOUT_S = 60
-_LOG_TAIL_LINES = 40
 
 
-class PostgresBinaries:
-    """Absolute paths of the PostgreSQL programs this module runs."""
-
-    def __init__(self, bin_dir: pathlib.Path) -> None:
-        self.bin_dir = bin_dir
-        self.initdb = bin_dir / "initdb"
-        self.pg_ctl = bin_dir / "pg_ctl"
-        self.postgres = bin_dir / "postgres"
-        self.psql = _first_existing(bin_dir / "psql", shutil.which("psql"), "/usr/bin/psql")
-        self.pg_config = _first_existing(bin_dir / "pg_config", shutil.which("pg_config"))
-
-    def __repr__(self) -> str:
-        return f"PostgresBinaries({str(self.bin_dir)!r})"
-
-    def major_version(self) -> int:
-        out = subprocess.run(
-            [str(self.pg_ctl), "--version"], capture_output=True, text=True, check=True
-        ).stdout
-        match = re.search(r"(\d+)(?:\.\d+)?", out)
-        if match is None:
-            raise RuntimeError(f"cannot parse the PostgreSQL version from {out!r}")
-        return int(match.group(1))
-
-    def pkglibdir(self) -> pathlib.Path | None:
-        if self.pg_config is None:
-            return None
-        try:
-            out = subprocess.run(
-                [str(self.pg_config), "--pkglibdir"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=30,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return pathlib.Path(out) if out else None
-
-
-def _first_existing(*candidates: pathlib.Path | str | None) -> pathlib.Path | None:
-    for candidate in candidates:
-        if candidate is not None and os.access(candidate, os.X_OK):
-            return pathlib.Path(candidate)
-    return None
-
-
-def _version_key(path: pathlib.Path) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", path.name)) or (-1,)
-
-
-def find_postgres_binaries() -> PostgresBinaries:
-    """Locate initdb/pg_ctl/postgres: on PATH first, else the highest Debian version."""
-    names = ("initdb", "pg_ctl", "postgres")
-    found = [shutil.which(name) for name in names]
-    if all(found):
-        # /usr/local/bin/initdb may be a symlink into /usr/lib/postgresql/N/bin: resolve it
-        # so the sibling psql/pg_config of the same version are used.
-        bin_dirs = {pathlib.Path(path).resolve().parent for path in found if path}
-        if len(bin_dirs) == 1:
-            return PostgresBinaries(bin_dirs.pop())
-        return PostgresBinaries(pathlib.Path(str(found[0])).resolve().parent)
-    candidates = sorted(
-        (
-            d / "bin"
-            for d in (_DEBIAN_ROOT.iterdir() if _DEBIAN_ROOT.is_dir() else ())
-            if all(os.access(d / "bin" / name, os.X_OK) for name in names)
-        ),
-        key=lambda bin_dir: _version_key(bin_dir.parent),
-        reverse=True,
-    )
-    if not candidates:
-        raise RuntimeError(INSTALL_HINT)
-    return PostgresBinaries(candidates[0])
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _clean_env() -> dict[str, str]:
-    """The environment minus libpq/server variables that could redirect the tools."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    env["PGCONNECT_TIMEOUT"] = "10"
-    return env
-
-
-def _tail(path: pathlib.Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"<cannot read {path}: {exc}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _quote_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _quote_ident(value: str) -> str:
-    return '"' + value.replace('"', '""') + '"'
-
-
-def _libc_has_locale(name: str) -> bool:
-    """Whether the C library has the locale `name` (``en_US.UTF-8``) installed."""
-    try:
-        out = subprocess.run(["locale", "-a"], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    wanted = name.lower().replace("-", "")
-    return any(line.strip().lower().replace("-", "") == wanted for line in out.splitlines())
-
-
-def _check_identifier(kind: str, value: str) -> None:
-    if not _IDENTIFIER.match(value):
-        raise ValueError(f"invalid {kind} {value!r}: use letters, digits and _ (max 63)")
-
-
-def _cleanup_at_exit(ref: weakref.ref[PostgresServer]) -> None:
-    server = ref()
-    if server is not None:
-        with contextlib.suppress(Exception):
-            server.close()
-
-
-class PostgresServer:
+class PostgresServer(DbServer):
     """A PostgreSQL cluster in ``base_dir`` listening on a free 127.0.0.1 port.
 
     ``start()`` runs initdb on first use; ``stop()``/``restart()`` keep the data and the
@@ -203,73 +65,29 @@ class PostgresServer:
         port: int | None = None,
         binaries: PostgresBinaries | None = None,
     ) -> None:
-        _check_identifier("user name", user)
-        _check_identifier("database name", dbname)
-        self.base_dir = pathlib.Path(base_dir).absolute()
-        self._user = user
-        self._dbname = dbname
+        super().__init__(base_dir, user=user, dbname=dbname, max_identifier=_MAX_IDENTIFIER,
+                         port=port)
         self.binaries = binaries if binaries is not None else find_postgres_binaries()
         self.major_version = self.binaries.major_version()
         pkglibdir = self.binaries.pkglibdir()
         self.has_pg_stat_statements: bool = (
             pkglibdir is not None and (pkglibdir / "pg_stat_statements.so").is_file()
         )
-        self._as_root = os.geteuid() == 0
-        self._port: int | None = port  # None: pick a free port on first start()
         self._temp_dir: pathlib.Path | None = None
-        self._runtime_dir: pathlib.Path | None = None
-        self._initialized = False
-        self._closed = False
-        self._uid_gid: tuple[int, int] | None = None
+        #: the cluster's programs, once its folders exist (the first start)
+        self._ctl: PgCtl | None = None
         self._icu: bool | None = None  # whether the server has ICU, once asked
-        if self._as_root:
-            try:
-                entry = pwd.getpwnam(_SYSTEM_USER)
-            except KeyError:
-                raise RuntimeError(
-                    "running as root, and PostgreSQL refuses to run as root, but there is "
-                    f"no {_SYSTEM_USER!r} system user to run it as: "
-                    "`apt-get install postgresql` creates it (or run the tests as non-root)"
-                ) from None
-            self._uid_gid = (entry.pw_uid, entry.pw_gid)
-        atexit.register(_cleanup_at_exit, weakref.ref(self))
+        self._run_as(_SYSTEM_USER,
+                     "running as root, and PostgreSQL refuses to run as root, but there is "
+                     f"no {_SYSTEM_USER!r} system user to run it as: "
+                     "`apt-get install postgresql` creates it (or run the tests as non-root)")
 
     # ----------------------------------------------------------------- properties
-
-    @property
-    def host(self) -> str:
-        return _HOST
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("PostgresServer has no port yet: call start() first")
-        return self._port
-
-    @property
-    def user(self) -> str:
-        return self._user
-
-    @property
-    def dbname(self) -> str:
-        return self._dbname
-
-    @property
-    def url(self) -> str:
-        """SQLAlchemy URL of the default database: ``postgresql+asyncpg://...``."""
-        return self.url_for(self._dbname)
 
     @property
     def dsn(self) -> str:
         """libpq/asyncpg DSN of the default database: ``postgresql://...``."""
         return self.dsn_for(self._dbname)
-
-    @property
-    def runtime_dir(self) -> pathlib.Path:
-        """Directory holding ``data/``, the unix socket and (as root) the log."""
-        if self._runtime_dir is None:
-            raise RuntimeError("PostgresServer was not started yet")
-        return self._runtime_dir
 
     @property
     def data_dir(self) -> pathlib.Path:
@@ -285,10 +103,10 @@ class PostgresServer:
         return self.base_dir / "postgres.log"
 
     def url_for(self, dbname: str) -> str:
-        return f"postgresql+asyncpg://{self._user}@{_HOST}:{self.port}/{dbname}"
+        return f"postgresql+asyncpg://{self._user}@{HOST}:{self.port}/{dbname}"
 
     def dsn_for(self, dbname: str) -> str:
-        return f"postgresql://{self._user}@{_HOST}:{self.port}/{dbname}"
+        return f"postgresql://{self._user}@{HOST}:{self.port}/{dbname}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -297,8 +115,8 @@ class PostgresServer:
         if self._closed:
             raise RuntimeError("PostgresServer was closed; create a new one")
         if not self._initialized:
-            self._prepare_dirs()
-            self._initdb()
+            self._ctl = self._prepare_dirs()
+            self._ctl.initdb(self._user)
             self._initialized = True
             first_start = True
         else:
@@ -311,7 +129,7 @@ class PostgresServer:
             # The port is free when we bind it but someone could take it before the
             # postmaster does: retry a few times with a fresh port.
             for attempt in range(3):
-                port = _free_port()
+                port = free_port()
                 try:
                     self._pg_ctl_start(port)
                 except RuntimeError as exc:
@@ -321,7 +139,7 @@ class PostgresServer:
                 self._port = port
                 break
         if first_start:
-            self.psql(f"CREATE DATABASE {_quote_ident(self._dbname)}", dbname="postgres")
+            self.psql(f"CREATE DATABASE {quote_ident(self._dbname)}", dbname="postgres")
 
     def stop(self, mode: str = "fast", *, wait: bool = True) -> None:
         """Stop the server (pg_ctl -m smart|fast|immediate). Safe to call repeatedly.
@@ -330,49 +148,15 @@ class PostgresServer:
         the open sessions to end while refusing new ones ("the database system is shutting
         down").
         """
-        if mode not in _STOP_MODES:
-            raise ValueError(f"stop mode must be one of {sorted(_STOP_MODES)}, not {mode!r}")
-        if not self._initialized or not self.is_running():
+        if mode not in STOP_MODES:
+            raise ValueError(f"stop mode must be one of {sorted(STOP_MODES)}, not {mode!r}")
+        if self._ctl is None or not self._ctl.running():
             return
-        result = self._run(
-            [
-                str(self.binaries.pg_ctl),
-                "stop",
-                "-D",
-                str(self.data_dir),
-                "-m",
-                mode,
-                *(("-w", "-t", str(_START_TIMEOUT_S)) if wait else ("-W",)),
-            ]
-        )
-        if result.returncode != 0 and (not wait or self.is_running()):
-            raise RuntimeError(self._failure("pg_ctl stop failed", result))
-
-    def restart(self, mode: str = "fast") -> None:
-        """Stop (``mode``) and start again on the same port, keeping the data."""
-        self.stop(mode)
-        self.start()
+        self._ctl.stop(mode, wait=wait, log=self._real_log())
 
     def is_running(self) -> bool:
         """Whether the postmaster recorded in ``postmaster.pid`` is alive."""
-        if self._runtime_dir is None:
-            return False
-        try:
-            first_line = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-            pid = int(first_line)
-        except (OSError, ValueError):
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a dead postmaster may linger as a zombie if nobody reaps it
-            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return True
-        return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+        return self._ctl is not None and self._ctl.running()
 
     def close(self) -> None:
         """Stop the server (immediate mode) and remove temporary directories. Idempotent."""
@@ -383,22 +167,6 @@ class PostgresServer:
             self.stop("immediate")
         finally:
             self._remove_temp_dir()
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"PostgresServer({str(self.base_dir)!r}, port={self._port}, {state})"
 
     # -------------------------------------------------------------------- helpers
 
@@ -413,28 +181,12 @@ class PostgresServer:
         else through the system's libc locale (``en_US.UTF-8``), when it is installed.
         Neither: a RuntimeError saying how to get one.
         """
-        _check_identifier("database name", name)
-        sql = f"CREATE DATABASE {_quote_ident(name)}"
+        check_identifier("database name", name, _MAX_IDENTIFIER)
+        sql = f"CREATE DATABASE {quote_ident(name)}"
         if locale is not None:
-            sql += " " + self._locale_clause(locale)
+            sql += " " + locale_clause(locale, self.major_version, self._has_icu)
         self.psql(sql, dbname="postgres")
         return self.url_for(name)
-
-    def _locale_clause(self, locale: str) -> str:
-        match = _LANGUAGE_TAG.match(locale)
-        if match is None:
-            raise ValueError(f"locale {locale!r} is not a language tag such as 'en-US'")
-        if self._has_icu():
-            return f"LOCALE_PROVIDER icu ICU_LOCALE {_quote_literal(locale)} TEMPLATE template0"
-        libc = f"{match.group(1).lower()}_{match.group(2).upper()}.UTF-8"
-        if not _libc_has_locale(libc):
-            raise RuntimeError(
-                f"cannot create a database ordered as {locale!r}: this PostgreSQL "
-                f"{self.major_version} has no ICU (needs 15+ built with ICU) and the system "
-                f"has no {libc} locale: `apt-get install locales-all`, or install `locales`, "
-                f"add '{libc} UTF-8' to /etc/locale.gen and run locale-gen"
-            )
-        return f"LOCALE {_quote_literal(libc)} TEMPLATE template0"
 
     def _has_icu(self) -> bool:
         """Whether databases can take an ICU locale (PostgreSQL 15+ built with ICU)."""
@@ -446,9 +198,9 @@ class PostgresServer:
 
     def drop_database(self, name: str) -> None:
         """Drop ``name`` (terminating its connections first). Missing is fine."""
-        _check_identifier("database name", name)
+        check_identifier("database name", name, _MAX_IDENTIFIER)
         self.terminate_backends(name)
-        self.psql(f"DROP DATABASE IF EXISTS {_quote_ident(name)}", dbname="postgres")
+        self.psql(f"DROP DATABASE IF EXISTS {quote_ident(name)}", dbname="postgres")
 
     def terminate_backends(self, dbname: str | None = None) -> int:
         """``pg_terminate_backend`` every client backend of ``dbname`` (default: the
@@ -462,7 +214,7 @@ class PostgresServer:
         sql = (
             f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid{wait})) "
             "FROM pg_stat_activity "
-            f"WHERE datname = {_quote_literal(target)} "
+            f"WHERE datname = {quote_literal(target)} "
             "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
         return int(self.psql(sql, dbname="postgres").strip())
@@ -471,30 +223,14 @@ class PostgresServer:
         """Run one SQL command through psql over TCP and return its unaligned output."""
         if self.binaries.psql is None:
             raise RuntimeError("psql not found: `apt-get install postgresql-client`")
-        cmd = [
-            str(self.binaries.psql),
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            _HOST,
-            "-p",
-            str(self.port),
-            "-U",
-            self._user,
-            "-d",
-            self._dbname if dbname is None else dbname,
-            "-c",
-            sql,
-        ]
+        cmd = [str(self.binaries.psql), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+               "-h", HOST, "-p", str(self.port), "-U", self._user,
+               "-d", self._dbname if dbname is None else dbname, "-c", sql]
         result = subprocess.run(
             cmd,
             capture_output=True,
             text=True,
-            env=_clean_env(),
+            env=clean_env(),
             timeout=_PSQL_TIMEOUT_S,
             check=False,
         )
@@ -506,7 +242,8 @@ class PostgresServer:
 
     # ------------------------------------------------------------------- internals
 
-    def _prepare_dirs(self) -> None:
+    def _prepare_dirs(self) -> PgCtl:
+        """Make the cluster's folders (`runtime_dir`); return its programs' runner."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if self._as_root:
             assert self._uid_gid is not None
@@ -522,6 +259,8 @@ class PostgresServer:
             self._runtime_dir = temp
         else:
             self._runtime_dir = self.base_dir
+        return PgCtl(self.binaries, self._runtime_dir,
+                     run_as=_SYSTEM_USER if self._as_root else None)
 
     def _real_log(self) -> pathlib.Path:
         return self.runtime_dir / "postgres.log" if self._as_root else self.log_path
@@ -545,103 +284,7 @@ class PostgresServer:
         shutil.rmtree(self._temp_dir, ignore_errors=True)
         self._temp_dir = None
 
-    def _command(self, args: Sequence[str]) -> list[str]:
-        if not self._as_root:
-            return list(args)
-        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-        return [runuser, "-u", _SYSTEM_USER, "--", *args]
-
-    def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self._command(args),
-            capture_output=True,
-            text=True,
-            env=_clean_env(),
-            cwd=self.runtime_dir,  # as root, the caller's cwd may be unreadable
-            stdin=subprocess.DEVNULL,
-            timeout=_START_TIMEOUT_S + 30,
-            check=False,
-        )
-
-    def _initdb(self) -> None:
-        result = self._run(
-            [
-                str(self.binaries.initdb),
-                "-D",
-                str(self.data_dir),
-                "--auth=trust",
-                "-U",
-                self._user,
-                "--encoding=UTF8",
-                "--no-locale",
-                "--no-sync",
-            ]
-        )
-        if result.returncode != 0:
-            raise RuntimeError(self._failure("initdb failed", result, with_log=False))
-
-    def _server_options(self, port: int) -> list[str]:
-        settings = {
-            "port": str(port),
-            "listen_addresses": _HOST,
-            "unix_socket_directories": str(self.socket_dir),
-            # Throwaway data: nothing is forced to disk, which survives everything but an
-            # OS crash. synchronous_commit stays on, so a commit has reached the OS when it
-            # returns: the outage tests stop the server with `immediate` (a crash of
-            # PostgreSQL), and with it off the last ~200 ms of acknowledged commits were lost.
-            "fsync": "off",
-            "full_page_writes": "off",
-            "max_connections": "200",
-        }
-        if self.has_pg_stat_statements:
-            settings["shared_preload_libraries"] = "pg_stat_statements"
-        options: list[str] = []
-        for key, value in settings.items():
-            options += ["-c", f"{key}={value}"]
-        return options
-
     def _pg_ctl_start(self, port: int) -> None:
-        log = self._real_log()
-        log_offset = log.stat().st_size if log.exists() else 0
-        result = self._run(
-            [
-                str(self.binaries.pg_ctl),
-                "start",
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(log),
-                "-w",
-                "-t",
-                str(_START_TIMEOUT_S),
-                "-o",
-                shlex.join(self._server_options(port)),
-            ]
-        )
-        if result.returncode != 0 or not self.is_running():
-            tail = ""
-            with contextlib.suppress(OSError), log.open("rb") as fh:
-                fh.seek(log_offset)
-                tail = fh.read().decode(errors="replace")
-            tail = "\n".join(tail.splitlines()[-_LOG_TAIL_LINES:])
-            # A half-started postmaster must not outlive the failure.
-            if self.is_running():
-                pg_ctl = str(self.binaries.pg_ctl)
-                self._run([pg_ctl, "stop", "-D", str(self.data_dir), "-m", "immediate", "-w"])
-            raise RuntimeError(
-                self._failure(f"pg_ctl start on port {port} failed", result, with_log=False)
-                + f"\n--- {log} (this start; full log: {self.log_path}) ---\n{tail}"
-            )
-
-    def _failure(
-        self, what: str, result: subprocess.CompletedProcess[str], *, with_log: bool = True
-    ) -> str:
-        parts = [
-            f"{what} (exit {result.returncode}): {' '.join(map(str, result.args))}",
-            f"--- stdout ---\n{result.stdout.strip()}",
-            f"--- stderr ---\n{result.stderr.strip()}",
-        ]
-        if with_log and self._runtime_dir is not None:
-            log = self._real_log()
-            parts.append(f"--- {log} (last {_LOG_TAIL_LINES} lines) ---\n{_tail(log)}")
-        return "\n".join(parts)
+        assert self._ctl is not None, "started after _prepare_dirs"
+        self._ctl.start(port, log=self._real_log(), shown_log=self.log_path,
+                        stat_statements=self.has_pg_stat_statements)

@@ -1,0 +1,276 @@
+"""The fenced batch write of a flush: functions that take an open transaction's connection
+and the dialect's `BatchSql`; `CentralStore.write_batch` owns the engine, the transaction and
+the counters and calls `write_fenced`.
+
+How a flush tells a replay from a stale write. Each row a sync worker writes carries the id of
+its local cache file (``writer``, `LocalCache.writer_id`); every other write (direct mode, a
+compare-and-set on the central DB) clears it. Invariants:
+
+1. One live process per cache file (its file lock). So a central row carrying my file's id was
+   written by me, or by an earlier process on my file, which has ended: my own chain.
+2. Central versions of a key only grow: every write goes in above the record it replaces.
+3. In a running store an entry's base (``synced_version``) never goes backwards and, once a
+   flush's outcome for a write is recorded, is at least that write's central version
+   (`localstate.entry_table`).
+4. Hence a central row of my own chain at a version above my base and no higher than my
+   write's is a write of mine whose outcome was never recorded: a commit whose answer was
+   lost (a cut connection), or a flush whose mark-clean a crash lost. The fence lets my write
+   replace it: no one else's write is lost, and a replay of the same version keeps it.
+5. Any other central version than my base is a conflict, settled by the owner's policy. That
+   includes a row of another file under the same ``updated_by`` (a restart with a new cache
+   file, two hosts given one triggerer id) and a write based on an unknown version
+   (`UNKNOWN_BASE`: the central record could not be read when it was made), except that a
+   row of my own chain is then simply replaced (I was the last writer).
+6. My own chain *further on* than the write (central's version at or above the write's: a
+   flush took versions whose local commit a crash then lost) keeps the newer of the two by
+   ``updated_at``, with no conflict (step 3 of `_write_batch`).
+
+The common path (every row on its base) stays one statement; the writer travels once per
+statement.
+
+Claims (fencing tokens). `claim` bumps an owner's epoch; each flushed row carries the epoch its
+writer holds (`DirtyRow.epoch`, 0: none). The upsert refuses a row whose epoch is below its
+owner's, before any version fence or policy (`localstate.sync.dialects`), so within one claim
+the rules above apply unchanged and across claims a lower epoch never goes in. A refused row
+comes back "adopted" with ``lost_to`` set (`_claim_losses`); telling it apart costs a query on
+the refusal path only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from localstate.entry import StateKey
+from localstate.sync.conflicts import ConflictPolicy, PolicyMap
+from localstate.sync.dialects import BatchSql, UpsertRow
+from localstate.sync.fleet import FleetStatus, fleet_params, fleet_statement, upsert_with_fleet
+from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row
+from localstate.sync.schema import owner_claim
+
+__all__ = ["next_version", "select_rows", "write_fenced"]
+
+
+async def write_fenced(
+    conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
+    policies: PolicyMap, writer: str | None, status: FleetStatus | None = None,
+) -> list[FlushOutcome]:
+    """Write `rows` inside `conn`'s transaction, fenced on their bases, conflicts settled by
+    each owner's policy and rows refused by a claim reported as claim losses; and `status`'s
+    fleet row, when given. `dialect`: the engine's dialect name (`fleet` keys on it)."""
+    outcomes = await _write_batch(conn, sql, dialect, rows, policies, writer, status)
+    return await _claim_losses(conn, sql, outcomes, writer)
+
+
+async def select_rows(
+    conn: AsyncConnection, sql: BatchSql, keys: Sequence[StateKey], *, lock: bool
+) -> dict[StateKey, CentralRow]:
+    """The central records of `keys` that exist; `lock`: locked until the transaction ends."""
+    stmt = sql.select_keys_locked if lock else sql.select_keys
+    result = await conn.execute(stmt, sql.key_params(keys))
+    rows = (central_row(r) for r in result)
+    return {(r.owner, r.key): r for r in rows}
+
+
+async def _write_batch(
+    conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
+    policies: PolicyMap, writer: str | None, status: FleetStatus | None,
+) -> list[FlushOutcome]:
+    # this file's own chain: a central row its sync worker wrote (see the module docstring)
+    def own(c: CentralRow) -> bool:
+        return writer is not None and c.writer == writer
+
+    outcomes: list[FlushOutcome] = []
+    uniform = policies.uniform
+    # every owner's policy: one for all (no lookup per row), or each looked up once
+    policy_of: Callable[[str], ConflictPolicy] = (
+        (lambda _owner: uniform) if uniform is not None
+        else {r.owner: policies.for_owner(r.owner) for r in rows}.__getitem__
+    )
+    # 1. Under max, read (and lock) the central values first: a write that would lower
+    #    another writer's value is refused even when it is based on its current version.
+    to_write: list[tuple[DirtyRow, int, bool]]  # (row, base to fence on, conflict)
+    replaced: dict[StateKey, CentralRow] = {}  # what a conflicting write replaces
+    max_rows = [] if uniform is not None and not uniform.is_max else [
+        r for r in rows if policy_of(r.owner).is_max]
+    if not max_rows:
+        to_write = [(r, r.base_version, False) for r in rows]
+    else:
+        current = await select_rows(conn, sql, [(r.owner, r.key) for r in max_rows], lock=True)
+        to_write = []
+        for r in rows:
+            policy = policy_of(r.owner)
+            c = current.get((r.owner, r.key)) if policy.is_max else None
+            if c is None:
+                to_write.append((r, r.base_version, False))
+                continue
+            stale = c.version != r.base_version
+            # A replay of this writer's own chain (a flush that committed but was never
+            # marked clean) is no conflict: the upsert's fence accepts it, and max must
+            # too. Without this, max reported a spurious conflict and failed the `central`
+            # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
+            # version (no bump).
+            replay = stale and own(c) and r.base_version < c.version <= r.version
+            if replay:
+                stale = False
+            elif own(c) and c.version >= r.version:
+                if r.updated_at <= c.updated_at:
+                    # this writer's own later write (see step 3): keep it, no conflict
+                    outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+                    continue
+                stale = False  # written after a restart (see step 3): based on c
+            # the writer's own chain (based on its own current record) always lands
+            if (not stale and own(c)) or policy.exceeds(
+                    r.owner, r.data, c.data, strictly=stale):
+                to_write.append((r, r.base_version if replay else c.version, stale))
+                if stale:
+                    replaced[(r.owner, r.key)] = c
+            else:
+                outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
+    # 2. The fenced upsert; what it does not return was refused by the fence.
+    written = await _upsert(conn, sql, dialect, to_write, writer, status)
+    refused: list[DirtyRow] = []
+    if written is None and not replaced:
+        # the common case, every row through the fence: one outcome per row, built flat
+        outcomes.extend([
+            FlushOutcome(r, "written", CentralRow(
+                r.owner, r.key, r.data, next_version(r.version, base), r.updated_at,
+                r.updated_by,
+            ), conflict, policy_of(r.owner).spec)
+            for r, base, conflict in to_write
+        ])
+        return outcomes
+    for r, base, conflict in to_write:
+        version = next_version(r.version, base) if written is None else written.get(
+            (r.owner, r.key))
+        if version is None:
+            refused.append(r)
+            continue
+        central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
+        outcomes.append(FlushOutcome(r, "written", central, conflict,
+                                     policy_of(r.owner).spec,
+                                     replaced.get((r.owner, r.key))))
+    if not refused:
+        return outcomes
+    # 3. Conflicts: lock the central rows and settle each by its policy.
+    current = await select_rows(conn, sql, [(r.owner, r.key) for r in refused], lock=True)
+    retry: list[tuple[DirtyRow, int, bool]] = []
+    for r in refused:
+        policy = policy_of(r.owner)
+        c = current.get((r.owner, r.key))
+        if c is None:  # the row vanished meanwhile: nothing to conflict with
+            retry.append((r, r.base_version, True))
+        elif own(c) and c.version >= r.version:
+            # This file's own chain, further on: a flush took versions whose local commit
+            # a crash then lost (flushes do not wait for the local commit). Nobody else
+            # wrote, so no conflict; the newer of the two writes stays. Central's, when
+            # this row is older (left dirty in the file from before the crash); this row,
+            # when it was written after the restart (acknowledged, and it used to be
+            # replaced by the lost chain until the versions caught up), fenced on c.
+            if r.updated_at <= c.updated_at:
+                outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
+            else:
+                retry.append((r, c.version, False))
+        elif policy.local_wins(r, c):
+            retry.append((r, c.version, True))
+            replaced[(r.owner, r.key)] = c
+        else:
+            outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
+    written = await _upsert(conn, sql, dialect, retry, writer)
+    for r, base, conflict in retry:
+        version = next_version(r.version, base) if written is None else written.get(
+            (r.owner, r.key))
+        spec = policy_of(r.owner).spec
+        if version is None:
+            outcomes.append(FlushOutcome(r, "retry", None, True, spec))
+        else:
+            central = CentralRow(r.owner, r.key, r.data, version, r.updated_at, r.updated_by)
+            outcomes.append(FlushOutcome(r, "written", central, conflict, spec,
+                                         replaced.get((r.owner, r.key))))
+    return outcomes
+
+
+async def _upsert(
+    conn: AsyncConnection, sql: BatchSql, dialect: str,
+    rows: Sequence[tuple[DirtyRow, int, bool]], writer: str | None,
+    status: FleetStatus | None = None,
+) -> dict[StateKey, int] | None:
+    """Write `rows` fenced on their bases (and `status`'s fleet row). None: every row went
+    in, each at `next_version(row.version, base)`; else the versions of the rows that
+    went in."""
+    statement = sql.upsert
+    fleet_extra: dict[str, Any] = {}
+    if status is not None:
+        sql = sql
+        fleet_extra = fleet_params(dialect, status,
+                                   sql.timestamp if dialect == "sqlite" else None)
+        combined = upsert_with_fleet(dialect, sql.upsert) if rows else None
+        if combined is None:
+            await conn.execute(fleet_statement(dialect), fleet_extra)
+            fleet_extra = {}
+        else:
+            statement = combined
+    if not rows:
+        return {}
+    # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
+    # fence never matches (central versions start at 1) and an insert records as it is
+    packed: list[UpsertRow] = [
+        (r.owner, r.key, r.data, next_version(r.version, base), base if base > 0 else 0,
+         r.updated_at, r.updated_by, r.epoch)
+        for r, base, _conflict in rows
+    ]
+    result = await conn.execute(
+        statement, sql.upsert_params(packed, writer) | fleet_extra)
+    if sql.upsert_complete(result.rowcount, packed):
+        return None  # the fence let every row through: the common case
+    intended = {(p[0], p[1]): p[3] for p in packed}
+    # Some rows were refused. Which ones: in this transaction the rows it wrote are locked
+    # and hold exactly what it wrote (the fence admits nothing else with that version and
+    # writer), so a row was written iff the central record is the intended one.
+    current = await select_rows(conn, sql, list(intended), lock=False)
+    by = {(p[0], p[1]): p[6] for p in packed}
+    return {
+        k: v for k, v in intended.items()
+        if (c := current.get(k)) is not None and c.version == v and c.updated_by == by[k]
+        and c.writer == writer
+    }
+
+
+async def _claim_losses(conn: AsyncConnection, sql: BatchSql, outcomes: list[FlushOutcome],
+                        writer: str | None) -> list[FlushOutcome]:
+    """`outcomes` with each refused row whose epoch is below its owner's (and whose claim
+    is not `writer`'s) turned into a claim loss: "adopted", the current central record,
+    `lost_to` the owner's epoch."""
+    refused = [o.row for o in outcomes if o.resolution != "written"]
+    if not refused:
+        return outcomes  # the common path: no query
+    c = owner_claim.c
+    epochs = {o: int(e) for o, e, w in await conn.execute(
+        select(c.owner, c.epoch, c.writer).where(c.owner.in_({r.owner for r in refused})))
+        if writer is None or w != writer}
+    lost = {(r.owner, r.key) for r in refused if r.epoch < epochs.get(r.owner, 0)}
+    if not lost:
+        return outcomes
+    current = await select_rows(conn, sql, list(lost), lock=False)
+    out: list[FlushOutcome] = []
+    for o in outcomes:
+        r = o.row
+        k = (r.owner, r.key)
+        if k not in lost:
+            out.append(o)
+            continue
+        # no central row: the current owner never wrote it; a tombstone at version 0
+        central = current.get(k) or CentralRow(r.owner, r.key, None, 0, r.updated_at,
+                                               r.updated_by)
+        out.append(FlushOutcome(r, "adopted", central, False, o.policy,
+                                lost_to=epochs[r.owner]))
+    return out
+
+
+def next_version(version: int, base: int) -> int:
+    """The central version of a write of local `version` replacing central version `base`:
+    above both chains."""
+    return version if version > base else base + 1
