@@ -77,6 +77,9 @@ class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
             out["gc"] = GC_PAUSES[gc_before:]
             out["heap_objects"] = len(gc.get_objects())
             out["frozen_objects"] = gc.get_freeze_count()
+            sink = process_sink()
+            out["sink"] = {"agets": sink.reads, "batch_reads": sink.batch_reads,
+                           "batch_fallbacks": sink.batch_fallbacks}
         folder = Path(os.environ["LOCALSTATE_BENCH_RESULTS"])
         (folder / f"{self.name}.json").write_text(json.dumps(out))
         await asyncio.Event().wait()  # idle until the triggerer stops

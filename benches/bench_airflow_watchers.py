@@ -1,6 +1,7 @@
 """N watcher triggers with localstate's mixin in a real Airflow 3.3 triggerer (issue #20).
 
     python benches/bench_airflow_watchers.py --sink airflow [--watchers 200] [--seconds 60]
+        [--batched-reads]
 
 Starts a throwaway PostgreSQL server, ``airflow db migrate``, the dag processor and the
 scheduler (until the assets are active), then ``airflow triggerer`` running `--watchers` Asset
@@ -11,6 +12,11 @@ start-up ``get_watermark`` (p50/p99/max), the store's flush lag p50/p99 and flus
 whole server's commits/s while the triggers write (``pg_stat_database``), the time until every
 central value equals the trigger's last one, the trigger runner's GC pauses, and the time
 ``airflow triggerer`` takes to exit after SIGTERM.
+
+``--batched-reads`` (``sink = airflow``): also ``airflow api-server`` with localstate's plugin
+and a read token for ``asset_watcher:`` owners, and the triggerer's ``api_url``/``api_token``
+pointing at it, so the sink reads its misses there in one request per batch instead of one
+``aget`` each through the supervisor (the sink's read counters are printed under ``sink``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 
 from localstate.testing.postgres_server import PostgresServer
 
@@ -81,6 +89,26 @@ def stop(proc: subprocess.Popen[bytes], wait: float = 30) -> float:
     return time.monotonic() - began
 
 
+#: the API server's localstate token (read, asset watchers only) with --batched-reads
+READ_TOKEN = "bench-asset-reader-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def api_ready(url: str) -> bool:
+    """Whether localstate's app answers through the API server at `url`."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            r = await client.get(f"{url}/api/v1/health")
+    except httpx.TransportError:
+        return False
+    return str(r.headers.get("content-type", "")).startswith("application/json")
+
+
 async def commits(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
 
@@ -99,7 +127,8 @@ async def central_values(sink: str, db: asyncpg.Connection, state: asyncpg.Conne
     return {r["n"]: int(json.loads(r["value"])) for r in rows if r["value"] is not None}
 
 
-async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[str, Any]:
+async def bench(sink: str, watchers: int, seconds: float, base: Path,
+                batched_reads: bool = False) -> dict[str, Any]:
     server = PostgresServer(base / "pg")
     server.start()
     procs: list[subprocess.Popen[bytes]] = []
@@ -113,9 +142,13 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
         home.mkdir()
         dags.mkdir()
         (dags / "watermarks.py").write_text(DAG.format(seconds=seconds, watchers=watchers))
+        port = free_port()
+        api_url = f"http://127.0.0.1:{port}/localstate"
+        batch_cfg = (f"api_url = {api_url}\napi_token = {READ_TOKEN}\n"
+                     f"api_tokens = {READ_TOKEN}:read:asset_watcher:\n") if batched_reads else ""
         (home / "airflow.cfg").write_text(
             f"[localstate]\nsink = {sink}\ndurability = local\nflush_interval = 1\n"
-            f"conflict_policy = max\ncentral_url = {state_dsn}\n")
+            f"conflict_policy = max\ncentral_url = {state_dsn}\n{batch_cfg}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
         env.update({
             "AIRFLOW_HOME": str(home),
@@ -131,6 +164,11 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "PYTHONWARNINGS": "ignore",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "localstate-bench-jwt-secret-0123456789abcdef",
         })
         await asyncio.to_thread(subprocess.run, [str(AIRFLOW), "db", "migrate"], env=env,
                                 check=True, capture_output=True)
@@ -152,6 +190,14 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
 
         await wait_for("the watchers", registered, 120)
         stop(procs.pop())  # the dag processor: its work is done, the cores are few
+        if batched_reads:
+            procs.append(start(env, base / "api-server.log", "api-server", "--workers", "1"))
+
+            async def serving() -> bool:
+                # the first request opens localstate's store there: not the triggerer's cost
+                return await api_ready(api_url)
+
+            await wait_for("localstate in the api-server", serving, 300)
         triggerer = start(env, base / "triggerer.log", "triggerer", "--skip-serve-logs")
         procs.append(triggerer)
 
@@ -191,7 +237,8 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path) -> dict[st
     gc_pauses = first["gc"]
     full = [p for g, p in gc_pauses if g == 2]
     return {
-        "sink": sink, "watchers": watchers, "seconds": seconds, "sets": len(sets),
+        "sink": sink, "batched_reads": batched_reads, "watchers": watchers,
+        "seconds": seconds, "sets": len(sets), "sink_reads": first.get("sink"),
         "set_p50_ms": 1000 * pct(sets, 0.5), "set_p99_ms": 1000 * pct(sets, 0.99),
         "set_max_ms": 1000 * max(sets),
         "get_p50_s": pct(gets, 0.5), "get_p99_s": pct(gets, 0.99), "get_max_s": max(gets),
@@ -213,9 +260,19 @@ def main() -> None:
     parser.add_argument("--sink", choices=["airflow", "sql"], default="airflow")
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--batched-reads", action="store_true",
+                        help="sink = airflow reads its misses through the plugin in "
+                             "airflow api-server (started too), one request per batch")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="an empty folder to run in and keep (the processes' logs)")
     args = parser.parse_args()
+    if args.batched_reads and args.sink != "airflow":
+        parser.error("--batched-reads is for --sink airflow")
     with tempfile.TemporaryDirectory(prefix="bench-watchers-") as folder:
-        out = asyncio.run(bench(args.sink, args.watchers, args.seconds, Path(folder)))
+        base = args.keep or Path(folder)
+        base.mkdir(parents=True, exist_ok=True)
+        out = asyncio.run(bench(args.sink, args.watchers, args.seconds, base,
+                                args.batched_reads))
     print(json.dumps(out, indent=1))
 
 

@@ -25,6 +25,16 @@ event handling and the heartbeat. So Airflow answers about one request per super
 "Measured limits of sink = airflow"). A deep pipeline would only queue the runner's own state
 messages (``TriggerStateChanges``) behind the sink's, so `IN_FLIGHT` is small.
 
+Batched reads (`AirflowSink.use_batch_reads`; the store sets it up when ``api_url`` is set):
+a batch of misses of owners registered by asset name (``asset_watcher:<name>``, one accessor
+addressing the asset by that name) is read in ONE request from localstate's app in Airflow's
+API server, which reads Airflow's own ``asset_state_store`` rows (`localstate.sync.asset_states`:
+the records the accessors' ``aget`` would give, since this sink writes through those accessors),
+and no supervisor round trip is spent on it. Other owners, and every write, still go through
+the accessors. A batch read that fails is made through the accessors instead, and logged once:
+a refusal (401, 403, 404: the token, the address, a server without that read) for good, any
+other failure for `BATCH_RETRY_AFTER` seconds before the next try.
+
 A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
 no new row is started after `AirflowSink.flush_budget` seconds; the rest stay dirty, at the head
 of the next flush. Each lane always writes its first row, so every flush makes progress.
@@ -48,27 +58,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
-from localstate.errors import CentralUnavailable, ConfigError
+from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
+from localstate.sync.asset_mirror import ASSET_OWNER_PREFIX
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
+from localstate.sync.lanes import in_lanes
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
+__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor",
+           "AssetBatchReader", "process_sink"]
 
 log = logging.getLogger(__name__)
 
 #: `updated_by` of records read from Airflow's store: it keeps no writer id localstate can use
 AIRFLOW_WRITER: Final = "airflow"
 #: the version given to a record read from Airflow's store, which keeps no version
-_READ_VERSION: Final = 1
+READ_VERSION: Final = 1
 #: accessor calls kept in flight at once by a flush or a batch of reads
 IN_FLIGHT: Final = 4
 #: seconds after which a flush starts no new row (the rest wait for the next flush)
 FLUSH_BUDGET: Final = 2.0
+#: seconds misses go through the accessors after a batch read failed, before the next try
+BATCH_RETRY_AFTER: Final = 30.0
 
 
 class AssetAccessor(Protocol):
@@ -81,6 +96,18 @@ class AssetAccessor(Protocol):
     async def adelete(self, key: str) -> None: ...
 
 
+class AssetBatchReader(Protocol):
+    """Reads many keys of Airflow's ``asset_state_store`` at once, as the accessors would
+    answer them one by one (a `localstate.sync.api_sink.ApiSink` reading from
+    ``ASSET_STATE_SOURCE``, on a thread of its own or not)."""
+
+    url: str
+
+    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]: ...
+
+    async def close(self) -> None: ...
+
+
 class AccessorRegistry:
     """Which accessors hold the state of each owner (several: written to each, read from the
     first). Filled when triggers start; entries stay, so a key written by a trigger that has
@@ -88,13 +115,29 @@ class AccessorRegistry:
 
     def __init__(self) -> None:
         self._by_owner: dict[str, tuple[AssetAccessor, ...]] = {}
+        #: owners ``asset_watcher:<name>`` whose one accessor is Airflow's by that asset name
+        self._by_name: set[str] = set()
 
-    def register(self, owner: str, accessors: Sequence[AssetAccessor]) -> None:
-        if accessors:
-            self._by_owner[owner] = tuple(accessors)
+    def register(self, owner: str, accessors: Sequence[AssetAccessor], *,
+                 asset: str | None = None) -> None:
+        """`asset`: the name the one accessor addresses its asset by (None: by URI, several
+        accessors, or values that do not live in ``asset_state_store`` as they are)."""
+        if not accessors:
+            return
+        self._by_owner[owner] = tuple(accessors)
+        if asset is not None and len(accessors) == 1 and owner == ASSET_OWNER_PREFIX + asset:
+            self._by_name.add(owner)
+        else:
+            self._by_name.discard(owner)
 
     def lookup(self, owner: str) -> tuple[AssetAccessor, ...]:
         return self._by_owner.get(owner, ())
+
+    def by_asset_name(self, owner: str) -> bool:
+        """Whether `owner`'s records are Airflow's rows of the asset its name names: what
+        `read_asset_states` reads (an owner hashed from a long name, or of an asset
+        addressed by URI, is not)."""
+        return owner in self._by_name
 
     def owners(self) -> list[str]:
         return sorted(self._by_owner)
@@ -121,6 +164,17 @@ class AirflowSink:
         self.flush_budget = FLUSH_BUDGET
         #: dirty rows a flush left for the next one because its budget ran out
         self.deferred = 0
+        #: reads misses of asset owners in batches instead of by aget (`use_batch_reads`)
+        self._batch: AssetBatchReader | None = None
+        #: the batch reader refused for good (its token, its address): accessors only
+        self._batch_off = False
+        #: the last batch read failed (what it logged is not logged again until one succeeds)
+        self._batch_failing = False
+        #: after a failed batch read, misses go through the accessors until this time.monotonic()
+        self._batch_retry_at = 0.0
+        #: batch reads made, and batches read through the accessors because one failed
+        self.batch_reads = 0
+        self.batch_fallbacks = 0
 
     @property
     def transactions(self) -> int:
@@ -164,7 +218,7 @@ class AirflowSink:
                 # one asset's failure (deleted, inactive) must not hold back the others' keys
                 failed.append(exc)
 
-        self.deferred += await _in_lanes(rows, write, self.in_flight, deadline)
+        self.deferred += await in_lanes(rows, write, self.in_flight, deadline)
         if failed and len(failed) == attempted:
             raise failed[-1]  # nothing got through: the worker backs off and retries
         if failed:
@@ -236,8 +290,20 @@ class AirflowSink:
             ) from exc
         self._writes += 1
 
+    def use_batch_reads(self, reader: AssetBatchReader | None) -> None:
+        """Read the misses of owners registered by asset name through `reader`, one call per
+        batch of misses, instead of one ``aget`` each (None: accessors only). Writes always go
+        through the accessors. The sink closes `reader` (`close`)."""
+        self._batch, self._batch_off, self._batch_failing = reader, False, False
+
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
+        if (self._batch is not None and not self._batch_off
+                and time.monotonic() >= self._batch_retry_at):
+            batched = [k for k in keys if self.registry.by_asset_name(k[0])]
+            if batched and await self._read_batch(self._batch, batched, found):
+                taken = set(batched)
+                keys = [k for k in keys if k not in taken]
 
         async def read(_i: int, k: StateKey) -> None:
             accessors = self.registry.lookup(k[0])
@@ -245,11 +311,39 @@ class AirflowSink:
                 return  # no accessor: nothing Airflow could tell us, the key is new here
             data = await self._get(accessors[0], k[1])
             if data is not None:
-                found[k] = CentralRow(k[0], k[1], data, _READ_VERSION, time.time(),
+                found[k] = CentralRow(k[0], k[1], data, READ_VERSION, time.time(),
                                       AIRFLOW_WRITER)
 
-        await _in_lanes(keys, read, self.in_flight, None)
+        await in_lanes(keys, read, self.in_flight, None)
         return found
+
+    async def _read_batch(self, reader: AssetBatchReader, keys: list[StateKey],
+                          found: dict[StateKey, CentralRow]) -> bool:
+        """Read `keys` into `found` with one call of `reader`; False when it failed (the
+        caller reads them through the accessors: the same records, one ``aget`` each)."""
+        try:
+            got = await reader.read_many(keys)
+        except LocalStateError as exc:
+            self.batch_fallbacks += 1
+            # refused (the token, the address): for good; else tried again after a while
+            permanent = isinstance(exc, AccessDenied | ConfigError)
+            self._batch_off = permanent
+            self._batch_retry_at = time.monotonic() + BATCH_RETRY_AFTER
+            if permanent or not self._batch_failing:
+                log.warning(
+                    "could not read %d keys of Airflow's asset_state_store in one request "
+                    "through %s (%s); misses are read through the triggerer's supervisor, "
+                    "one aget per key, %s", len(keys), reader.url, exc,
+                    "from now on" if permanent else
+                    f"for {BATCH_RETRY_AFTER:g} s at a time until a batch read succeeds")
+            self._batch_failing = True
+            return False
+        if self._batch_failing:
+            log.info("reading misses through %s again", reader.url)
+            self._batch_failing = False
+        self.batch_reads += 1
+        found.update((k, got[k]) for k in keys if k in got)
+        return True
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
         """Airflow's store cannot list an asset's keys: this sink reports none (`load(owner)`
@@ -268,7 +362,7 @@ class AirflowSink:
             )
         for accessor in accessors:
             await self._put(accessor, key, data)
-        return CentralRow(owner, key, data, _READ_VERSION, updated_at, updated_by)
+        return CentralRow(owner, key, data, READ_VERSION, updated_at, updated_by)
 
     async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
         """Airflow's store keeps no versions: a read, then an unconditional delete (two
@@ -290,39 +384,10 @@ class AirflowSink:
         )
 
     async def close(self) -> None:
-        """Nothing to release: the accessors belong to the triggerer."""
-
-
-_T = TypeVar("_T")
-
-
-async def _in_lanes(items: Sequence[_T], step: Callable[[int, _T], Awaitable[None]],
-                    lanes: int, deadline: float | None) -> int:
-    """Run `step(i, item)` over `items` in order, at most `lanes` at a time; return how many
-    were not started because `deadline` (loop time) had passed. Each lane runs at least one."""
-    todo: Iterator[tuple[int, _T]] = iter(enumerate(items))
-    skipped = 0
-
-    async def lane() -> None:
-        nonlocal skipped
-        loop = asyncio.get_running_loop()
-        first = True
-        for i, item in todo:  # one iterator shared by the lanes: each item is taken once
-            if not first and deadline is not None and loop.time() >= deadline:
-                skipped += 1
-                continue
-            first = False
-            await step(i, item)
-
-    tasks = [asyncio.ensure_future(lane()) for _ in range(min(lanes, len(items)))]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:  # the first error (or a cancel) stops the other lanes too
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    return skipped
+        """Close the batch reader, if any (the accessors belong to the triggerer)."""
+        reader, self._batch = self._batch, None
+        if reader is not None:
+            await reader.close()
 
 
 _PROCESS_SINK: AirflowSink | None = None

@@ -65,7 +65,11 @@ class ApiSink:
     (on the loop that will use it: the connection pool belongs to that loop)."""
 
     def __init__(self, base_url: str, token: str | None, *, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 read_source: str | None = None) -> None:
+        """`read_source`: where `read_many` asks the server to read keys from (None:
+        localstate's table; `ASSET_STATE_SOURCE`: Airflow's own ``asset_state_store``, what
+        ``sink = airflow`` reads its misses through, `localstate.sync.asset_states`)."""
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
@@ -75,6 +79,7 @@ class ApiSink:
             limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0),
         )
         self.url = f"localstate API {base_url.rstrip('/')}"
+        self._source = {} if read_source is None else {"source": read_source}
         #: committed flush transactions (one per request) and the rows they wrote
         self.transactions = 0
         self.rows_written = 0
@@ -155,7 +160,7 @@ class ApiSink:
         found: dict[StateKey, CentralRow] = {}
         for start in range(0, len(keys), _READ_CHUNK):
             chunk = [list(k) for k in keys[start:start + _READ_CHUNK]]
-            for r in await self._read({"keys": chunk}):
+            for r in await self._read({"keys": chunk, **self._source}):
                 found[(r.owner, r.key)] = r
         return found
 

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from localstate.errors import ConfigError
 from localstate.sync.rows import FlushOutcome
 
-__all__ = ["ASSET_OWNER_PREFIX", "MIRROR_MODES", "AssetMirror", "asset_name"]
+__all__ = ["ACTIVE_ASSETS", "ASSET_OWNER_PREFIX", "MIRROR_MODES", "AssetMirror", "asset_name"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ ASSET_OWNER_PREFIX: Final = "asset_watcher:"
 MIRROR_MODES: Final = ("auto", "on", "off")
 _AIRFLOW_TABLES: Final = ("asset", "asset_active", "asset_state_store")
 
-_ACTIVE_ASSET: Final = ("FROM asset a JOIN asset_active aa ON aa.name = a.name "
-                        "AND aa.uri = a.uri WHERE a.name = :name")
+#: Airflow's active assets (what its accessors resolve a name to), as `a`
+ACTIVE_ASSETS: Final = "asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
+_ACTIVE_ASSET: Final = f"FROM {ACTIVE_ASSETS} WHERE a.name = :name"
 _COLUMNS: Final = ("asset_id, key, value, updated_at, last_updated_by_kind, "
                    "last_updated_by_dag_id, last_updated_by_run_id, last_updated_by_task_id, "
                    "last_updated_by_map_index")

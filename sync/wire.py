@@ -40,6 +40,7 @@ from localstate.errors import InvalidInput
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = [
+    "ASSET_STATE_SOURCE",
     "MAX_BATCH_BODY",
     "ROW_TYPES",
     "WireError",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
+#: ``"source"`` of a ``/api/v1/read`` of keys: Airflow's ``asset_state_store`` rows of asset
+#: owners (`localstate.sync.asset_states`), not localstate's table (no source)
+ASSET_STATE_SOURCE: Final = "asset_state_store"
 #: a client splits a batch whose body would be larger into several requests; the server
 #: accepts batch bodies up to twice this (one row alone may be up to 4x max_value_bytes)
 MAX_BATCH_BODY: Final = 32 * 1024 * 1024

@@ -8,10 +8,13 @@ with localstate's plugin, SimpleAuthManager users of three roles, and a machine 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -20,6 +23,8 @@ import httpx
 import orjson
 import pytest
 import pytest_asyncio
+import uvicorn
+from airflow.sdk.execution_time.context import AssetStateStoreAccessor
 from airflow_api_server import (
     MACHINE_PREFIX,
     MACHINE_TOKEN,
@@ -29,14 +34,21 @@ from airflow_api_server import (
     new_airflow,
 )
 from airflow_harness import AIRFLOW, Deployment
+from starlette.types import ASGIApp, Receive, Scope, Send
+from test_airflow_sink import DictAccessor
 
+from localstate import StateStore
 from localstate.airflow.migrations import revision_id
-from localstate.airflow.serving import central_url_of
+from localstate.airflow.serving import central_url_of, open_app
+from localstate.codec import encode
+from localstate.sync.airflow_sink import AirflowSink, process_sink
+from localstate.sync.api_sink import ApiSink
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import DirtyRow
+from localstate.sync.rows import CentralRow, DirtyRow
 from localstate.sync.schema import LATEST_VERSION, MIGRATIONS
+from localstate.sync.wire import ASSET_STATE_SOURCE, decode_rows
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -306,6 +318,162 @@ async def test_a_flush_mirrors_asset_watermarks_into_asset_state_store(
                             "JOIN asset a ON a.id = s.asset_id ORDER BY a.name, s.key")
     assert [tuple(r) for r in stored] == [(ASSET, "watermark", "42")]
     assert orjson.loads(stored[0]["value"]) == 42
+
+
+# -- sink = airflow: Airflow's asset_state_store read in batches -------------------------------
+
+READ = "/localstate/api/v1/read"
+
+
+async def test_read_answers_what_airflows_asset_state_store_holds(
+        server: ApiServer, db: asyncpg.Connection) -> None:
+    """``POST /read`` with ``source = asset_state_store``: the rows of active assets, as
+    Airflow's own reader answers them, under the same authorization as a read of keys."""
+    ids = {name: await _active_asset(db, name) for name in ("batch_a", "batch_b")}
+    inactive = await db.fetchval(  # not in asset_active: Airflow's accessors do not read it
+        "INSERT INTO asset (name, uri, \"group\", extra, created_at, updated_at) "
+        "VALUES ('batch_gone', 'test://batch_gone', 'asset', '{}', now(), now()) RETURNING id")
+    await db.execute("INSERT INTO asset_state_store (asset_id, key, value, updated_at) "
+                     "VALUES ($1, 'watermark', '7', now())", inactive)
+    stored = {("batch_a", "watermark"): 41, ("batch_a", "cursor"): {"page": 3, "of": "x y"},
+              ("batch_b", "watermark"): [1, 2.5, None, "é"]}
+    admin = {"Authorization": f"Bearer {server.login('admin')}"}
+    machine = {"Authorization": f"Bearer {MACHINE_TOKEN}"}
+    keys = [[f"asset_watcher:{n}", k] for n in ("batch_a", "batch_b", "batch_gone", "nowhere")
+            for k in ("watermark", "cursor")]
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for (name, key), value in stored.items():  # written by Airflow itself
+            r = await client.put(f"/api/v2/assets/{ids[name]}/state-store/{key}",
+                                 json={"value": value}, headers=admin)
+            assert r.status_code == 204, r.text
+        r = await client.post(READ, json={"keys": keys, "source": "asset_state_store"},
+                              headers=machine)
+        assert r.status_code == 200, r.text
+        rows = {(row.owner, row.key): row for row in
+                decode_rows(CentralRow, r.json()["fields"], r.json()["rows"])}
+        assert set(rows) == {(f"asset_watcher:{n}", k) for n, k in stored}
+        for (name, key), value in stored.items():
+            row = rows[(f"asset_watcher:{name}", key)]
+            assert row.data is not None
+            assert (orjson.loads(row.data), row.version, row.updated_by) == (value, 1, "airflow")
+            # what the sink makes of an aget's answer: Airflow's own reader's value, encoded
+            r = await client.get(f"/api/v2/assets/{ids[name]}/state-store/{key}", headers=admin)
+            assert row.data == encode(r.json()["value"])
+        # localstate's own table holds none of them: the source is what was read
+        r = await client.post(READ, json={"keys": keys}, headers=machine)
+        assert (r.status_code, r.json()["rows"]) == (200, [])
+        # an owner the token does not cover: 403; not an asset owner, or no such source: 422
+        r = await client.post(READ, json={"keys": [["dag:etl", "watermark"]],
+                                          "source": "asset_state_store"}, headers=machine)
+        assert r.status_code == 403, r.text
+        r = await client.post(READ, json={"keys": [["dag:etl", "watermark"]],
+                                          "source": "asset_state_store"}, headers=admin)
+        assert (r.status_code, r.json()["error"]) == (422, "invalid_input"), r.text
+        r = await client.post(READ, json={"keys": keys, "source": "elsewhere"}, headers=machine)
+        assert r.status_code == 422, r.text
+
+
+@contextlib.asynccontextmanager
+async def counted(app: ASGIApp) -> AsyncIterator[tuple[str, Counter[str]]]:
+    """`app` on a live uvicorn (loopback); its URL and the requests it served, by path."""
+    requests: Counter[str] = Counter()
+
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            requests[scope["path"]] += 1
+        await app(scope, receive, send)
+
+    server = uvicorn.Server(uvicorn.Config(counting, host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="off"))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "uvicorn did not start"
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", requests
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest_asyncio.fixture
+async def asset_app(migrated: tuple[Deployment, str]
+                    ) -> AsyncIterator[Callable[[bool], Awaitable[ASGIApp]]]:
+    """The plugin's app over the module's metadata DB (as `open_serving` builds it), with or
+    without its reads of Airflow's asset_state_store; a read token for asset owners."""
+    closes: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(asset_states: bool) -> ASGIApp:
+        app, close = await open_app(
+            central_url_of(migrated[0].env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
+            asset_states=asset_states, api_tokens=f"{READ_TOKEN}:read:asset_watcher:")
+        closes.append(close)
+        return app
+
+    yield make
+    for close in closes:
+        await close()
+
+
+READ_TOKEN = "asset-reader-0123456789abcdef"
+
+
+async def test_the_airflow_sink_reads_its_misses_in_one_request(
+        asset_app: Callable[[bool], Awaitable[ASGIApp]], db: asyncpg.Connection,
+        tmp_path: Path) -> None:
+    """`sink = airflow` with `api_url`: N concurrent misses are one request to the plugin's
+    app and no aget (Airflow's real accessors, which would fail outside a triggerer)."""
+    names = [f"many_{i:03d}" for i in range(60)]
+    for i, name in enumerate(names):
+        asset_id = await _active_asset(db, name)
+        if i % 4:  # as Airflow's accessors store a value: json.dumps
+            await db.execute("INSERT INTO asset_state_store (asset_id, key, value, updated_at) "
+                             "VALUES ($1, 'watermark', $2, now())", asset_id, json.dumps(i))
+    sink = process_sink()  # what the trigger mixin registers with, and the settings open
+    for name in names:
+        sink.registry.register(f"asset_watcher:{name}", [AssetStateStoreAccessor(name=name)],
+                               asset=name)
+    before = (sink.batch_reads, sink.reads, sink.batch_fallbacks)
+    async with counted(await asset_app(True)) as (url, requests):
+        store = await StateStore.open(cache_path=tmp_path / "cache.db", sink="airflow",
+                                      api_url=url, api_token=READ_TOKEN,
+                                      conflict_policy="asset_watcher:*=max, *=reject")
+        try:
+            got = await asyncio.gather(*(store.get(f"asset_watcher:{n}", "watermark", -1)
+                                         for n in names))
+        finally:
+            await store.close()  # and the sink's reader (its thread)
+    assert got == [i if i % 4 else -1 for i in range(len(names))]
+    assert requests == {"/api/v1/read": 1}
+    after = (sink.batch_reads, sink.reads, sink.batch_fallbacks)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0, 0]
+
+
+async def test_without_the_batch_read_misses_go_through_the_accessors(
+        asset_app: Callable[[bool], Awaitable[ASGIApp]], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A server that does not read Airflow's asset_state_store (404): every miss is read by
+    aget instead, the route is not asked again, and that is logged once."""
+    accessors = {f"asset_watcher:fb_{i}": DictAccessor() for i in range(6)}
+    sink = AirflowSink()
+    for i, (owner, accessor) in enumerate(accessors.items()):
+        accessor.values["watermark"] = json.dumps(i)
+        sink.registry.register(owner, [accessor], asset=owner.removeprefix("asset_watcher:"))
+    async with counted(await asset_app(False)) as (url, requests):
+        sink.use_batch_reads(ApiSink(url, READ_TOKEN, read_source=ASSET_STATE_SOURCE))
+        store = await StateStore.open(cache_path=tmp_path / "cache.db", sink=sink)
+        try:
+            first = await asyncio.gather(*(store.get(o, "watermark") for o in list(accessors)[:3]))
+            rest = await asyncio.gather(*(store.get(o, "watermark") for o in list(accessors)[3:]))
+        finally:
+            await store.close()
+            await sink.close()
+    assert [*first, *rest] == list(range(6))
+    assert requests == {"/api/v1/read": 1}
+    assert (sink.batch_reads, sink.reads, sink.batch_fallbacks) == (0, 6, 1)
+    warned = [r for r in caplog.records if "in one request" in r.getMessage()]
+    assert len(warned) == 1
+    assert "from now on" in warned[0].getMessage()
 
 
 # -- the state page inside Airflow's UI, in headless Chromium -----------------------------------

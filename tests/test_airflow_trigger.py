@@ -19,6 +19,7 @@ from typing import Any
 import greenback
 import pytest
 from airflow.sdk import Asset
+from airflow.sdk.definitions.asset import AssetUriRef
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from conftest import StoreFactory
@@ -216,6 +217,28 @@ def airflow_sink() -> Iterator[AirflowSink]:
     saved = dict(sink.registry._by_owner)
     yield sink
     sink.registry._by_owner = saved
+
+
+def test_the_sink_knows_which_owners_are_named_by_their_asset(airflow_sink: AirflowSink
+                                                             ) -> None:
+    """Only an owner ``asset_watcher:<name>`` of an accessor addressing the asset by that name
+    is read in batches from Airflow's asset_state_store (`AirflowSink.use_batch_reads`)."""
+    long_name = "n" * 300  # its owner is a hash: no asset has that name
+    for inlets in ([Asset(name="orders")], [AssetUriRef(uri="s3://bucket/refunds")],
+                   [Asset(name=long_name)], [Asset(name="a"), Asset(name="b")]):
+        trigger = CountingTrigger(source="orders")
+        trigger.asset_state_store = AssetStateStoreAccessors(inlets=inlets)
+    registry = airflow_sink.registry
+    assert registry.by_asset_name("asset_watcher:orders")
+    assert registry.lookup("asset_watcher:s3://bucket/refunds")
+    assert not registry.by_asset_name("asset_watcher:s3://bucket/refunds")
+    hashed = [o for o in registry.owners() if o.startswith("asset_watcher:sha256:")]
+    assert hashed
+    assert not any(registry.by_asset_name(o) for o in hashed)
+    assert registry.by_asset_name("asset_watcher:a")  # each asset's own owner
+    several = [o for o in registry.owners() if o.startswith(f"trigger:{__name__}")]
+    assert several
+    assert not any(registry.by_asset_name(o) for o in several)
 
 
 async def test_airflow_sink_one_write_per_key_per_flush(

@@ -24,12 +24,9 @@ on its line or the line above saying why.
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
-import localstate
-
-PACKAGE_DIR = Path(localstate.__file__).resolve().parent
+from test_imports import module_files
 
 #: the named tuple API (collections.namedtuple, typing.NamedTuple): public members
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_field_defaults", "_make"})
@@ -49,20 +46,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("localstate.cache_file", 'getattr(connection, "_thread")'):
         "aiosqlite gives no public handle on the worker thread a failed connect leaves running",
 }
-
-
-def module_sources() -> dict[str, Path]:
-    """Module name -> file, `localstate.sync` included (followlinks: localstate/sync -> sync/)."""
-    files: dict[str, Path] = {}
-    for folder, _dirs, found in os.walk(PACKAGE_DIR, followlinks=True):
-        for name in found:
-            if name.endswith(".py"):
-                path = Path(folder, name)
-                parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
-                if parts[-1] == "__init__":
-                    parts = parts[:-1]
-                files[".".join(("localstate", *parts))] = path
-    return files
 
 
 def _private(name: str) -> bool:
@@ -159,7 +142,7 @@ def private_accesses(source: str, module: str, *, is_package: bool = False
 def all_private_accesses() -> dict[tuple[str, str], list[int]]:
     """(module, access) -> the lines it is on, over localstate and localstate.sync."""
     found: dict[tuple[str, str], list[int]] = {}
-    for module, path in sorted(module_sources().items()):
+    for module, path in sorted(module_files().items()):
         for line, text in private_accesses(path.read_text(), module,
                                            is_package=path.name == "__init__.py"):
             found.setdefault((module, text), []).append(line)
@@ -227,7 +210,7 @@ def test_a_private_module_is_its_packages_to_import() -> None:
 
 
 def test_the_scan_reads_both_packages() -> None:
-    modules = module_sources()
+    modules = module_files()
     assert "localstate.store" in modules
     assert "localstate.sync.worker" in modules
 
@@ -243,7 +226,7 @@ def test_no_module_touches_another_objects_private_members_but_the_allowed() -> 
 
 
 def test_each_allowed_access_says_why_in_a_comment() -> None:
-    sources = module_sources()
+    sources = module_files()
     uncommented = [(m, text, line) for (m, text), lines in all_private_accesses().items()
                    for line in lines if not _commented(sources[m], line)]
     assert uncommented == []

@@ -11,7 +11,10 @@ metadata DB.
 * its flushes also write Airflow's ``asset_state_store`` for asset owners (the
   ``asset_mirror`` setting, ``auto``: on, since this DB is Airflow's);
 * callers are authorized by `AirflowAuthorizer`: Airflow's users, and the machine tokens of
-  the ``api_tokens`` setting.
+  the ``api_tokens`` setting;
+* ``POST /api/v1/read`` also reads Airflow's own ``asset_state_store`` for asset owners
+  (what ``sink = airflow`` reads its misses through, one request per batch), when Airflow
+  keeps asset state there: its ``[state_store] backend`` is the metadata DB's (the default).
 
 Every other setting resolves as usual (``[localstate]`` in airflow.cfg,
 ``AIRFLOW__LOCALSTATE__*``).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
@@ -33,7 +37,7 @@ from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.engine import async_url
 
-__all__ = ["central_url_of", "open_serving"]
+__all__ = ["central_url_of", "keeps_asset_state_in_db", "open_app", "open_serving"]
 
 
 def central_url_of(sql_alchemy_conn: str) -> str:
@@ -44,15 +48,33 @@ def central_url_of(sql_alchemy_conn: str) -> str:
     return async_url(plain.render_as_string(hide_password=False))
 
 
+def keeps_asset_state_in_db() -> bool:
+    """Whether Airflow keeps asset state in its metadata DB's ``asset_state_store`` (its
+    ``[state_store] backend`` is the default one, or derives from it)."""
+    from airflow.state import resolve_state_backend
+    from airflow.state.metastore import MetastoreBackend
+
+    return issubclass(resolve_state_backend(), MetastoreBackend)
+
+
 async def open_serving() -> tuple[FastAPI, Callable[[], Awaitable[None]]]:
     """The app over Airflow's metadata DB, and the coroutine function that closes it."""
     from airflow.configuration import conf
 
+    return await open_app(central_url_of(conf.get("database", "sql_alchemy_conn")),
+                          asset_states=keeps_asset_state_in_db())
+
+
+async def open_app(central_url: str, *, asset_states: bool, **more: Any
+                   ) -> tuple[FastAPI, Callable[[], Awaitable[None]]]:
+    """The app `open_serving` serves, over the Airflow metadata DB at `central_url` (`more`:
+    other settings, over those resolved from the configuration)."""
     settings = Settings.resolve({
-        "central_url": central_url_of(conf.get("database", "sql_alchemy_conn")),
+        "central_url": central_url,
         "enabled": False,
         "central_thread": False,
         "triggerer_id": f"api-server@{default_triggerer_id()}",
+        **more,
     })
     async with contextlib.AsyncExitStack() as stack:
         central = await CentralStore.open(settings.resolved_central_url,
@@ -62,6 +84,7 @@ async def open_serving() -> tuple[FastAPI, Callable[[], Awaitable[None]]]:
             central.asset_mirror = AssetMirror(settings.asset_mirror)
         store = await StateStore.open(settings=settings, sink=central)
         stack.push_async_callback(store.close)
-        app = create_app(store, central=central, auth=AirflowAuthorizer(settings.api_tokens))
+        app = create_app(store, central=central, auth=AirflowAuthorizer(settings.api_tokens),
+                         asset_states=asset_states)
         return app, stack.pop_all().aclose
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns

@@ -71,6 +71,13 @@ def asset_owner(name: str) -> str:
     return f"{_ASSET_PREFIX}sha256:{hashlib.sha256(name.encode()).hexdigest()}"
 
 
+def _worker_state_backend() -> str:
+    """Airflow's ``[workers] state_store_backend`` (empty: values live in its own table)."""
+    from airflow.configuration import conf
+
+    return str(conf.get("workers", "state_store_backend", fallback="") or "")
+
+
 def trigger_owner(classpath: str, kwargs: dict[str, Any]) -> str:
     """``trigger:<classpath>:<hash>``: stable across processes and triggerers (sorted JSON of
     the serialized kwargs, not Python's per-process ``hash``)."""
@@ -101,11 +108,14 @@ def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
 class LocalAssetStateStoreAccessor(AssetStateStoreAccessor):
     """One asset's state through the local cache; Airflow's accessor is what the sink uses."""
 
-    def __init__(self, inner: AssetStateStoreAccessor, owner: str) -> None:
+    def __init__(self, inner: AssetStateStoreAccessor, owner: str,
+                 asset: str | None = None) -> None:
         # Airflow's accessor keeps its asset's name and uri private (no public reader)
         super().__init__(name=inner._name, uri=inner._uri)
         self.inner = inner
         self.owner = owner
+        #: the asset's name when `inner` addresses it by name (None: by URI)
+        self.asset = asset
 
     async def aget(self, key: str, default: Any = None) -> Any:
         await shutdown.gate()
@@ -150,7 +160,7 @@ class LocalAssetStateStoreAccessors(AssetStateStoreAccessors):
         # Airflow keeps a task's accessors only in these dicts (no public way to list them)
         by_name, by_uri = inner._by_name, inner._by_uri
         self._by_name = {
-            name: LocalAssetStateStoreAccessor(acc, asset_owner(name))
+            name: LocalAssetStateStoreAccessor(acc, asset_owner(name), asset=name)
             for name, acc in by_name.items()
         }
         self._by_uri = {
@@ -160,11 +170,15 @@ class LocalAssetStateStoreAccessors(AssetStateStoreAccessors):
 
     def owners(self) -> dict[str, AssetStateStoreAccessor]:
         """Each asset's owner with Airflow's own accessor for it (what the sink writes to)."""
-        return {
-            local.owner: local.inner
-            for local in (*self._by_name.values(), *self._by_uri.values())
-            if isinstance(local, LocalAssetStateStoreAccessor)
-        }
+        return {local.owner: local.inner for local in self._locals()}
+
+    def asset_names(self) -> dict[str, str]:
+        """The owners whose accessor addresses its asset by name, with that name."""
+        return {local.owner: local.asset for local in self._locals() if local.asset is not None}
+
+    def _locals(self) -> list[LocalAssetStateStoreAccessor]:
+        return [local for local in (*self._by_name.values(), *self._by_uri.values())
+                if isinstance(local, LocalAssetStateStoreAccessor)]
 
 
 class StateEnabledTrigger:
@@ -210,8 +224,11 @@ class StateEnabledTrigger:
             return
         registry = process_sink().registry
         by_owner = accessors.owners()
+        # a worker-side state backend keeps values elsewhere and only references in Airflow's
+        # table: then only the accessors read them as they are
+        names = {} if _worker_state_backend() else accessors.asset_names()
         for owner, inner in by_owner.items():
-            registry.register(owner, [inner])
+            registry.register(owner, [inner], asset=names.get(owner))
         if self.state_owner not in by_owner:  # several assets: the watermark goes to each
             registry.register(self.state_owner, list(by_owner.values()))
 

@@ -115,6 +115,7 @@ def create_app(
     central: CentralStore | None = None,
     manage_store: bool = False,
     auth: Authorizer | None = None,
+    asset_states: bool = False,
 ) -> FastAPI:
     """The API and UI over `store`.
 
@@ -122,6 +123,8 @@ def create_app(
     none the API is open. `auth` replaces the token check altogether (the Airflow plugin's
     authorizer also admits Airflow's users). `central` defaults to one the lifespan opens on
     the store's ``central_url`` (give one when the store's sink is not the SQL central DB).
+    `asset_states`: the central DB is Airflow's metadata DB, whose ``asset_state_store`` holds
+    Airflow's asset state (`localstate.api.sink_routes` then reads it for ``sink = airflow``).
     """
     s = settings or store.settings
     if auth is None:
@@ -153,7 +156,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.include_router(build_router(store, auth, lambda: reader[0]))
-    app.include_router(build_sink_router(store, auth, lambda: reader[0]))
+    app.include_router(build_sink_router(store, auth, lambda: reader[0],
+                                         asset_states=asset_states))
     app.include_router(build_ui_router())
     # value limit, room for JSON whitespace and escapes, and the body's own fields; a batch
     # (sink = api) splits its requests below MAX_BATCH_BODY

@@ -6,7 +6,11 @@
   and policies as the SQL sink; the answer is each row's `FlushOutcome` (written, adopted with
   the central record, or retry).
 * ``POST /api/v1/read``: the central records (tombstones included) of a list of keys, or of
-  one owner: one query for a batch of read-through misses, or a `load(owner)`.
+  one owner: one query for a batch of read-through misses, or a `load(owner)`. With
+  ``"source": "asset_state_store"`` the keys (of ``asset_watcher:<asset name>`` owners) are
+  read from Airflow's own ``asset_state_store`` instead (`localstate.sync.asset_states`), as
+  ``sink = airflow`` reads its misses in batches; only a server in Airflow's API server on
+  Airflow's default state backend offers it (else 404 ``no_asset_state_store``).
 * ``POST /api/v1/write``: one write in its own transaction (the client's cache-off path): an
   unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
   not the expected one), or a compare-and-delete of the current value.
@@ -26,6 +30,7 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Request, Response
 
 from localstate.api.auth import Authorizer, Principal
+from localstate.api.errors import ApiError
 from localstate.api.routes import caller_of, central_or_503
 from localstate.api.writes import require_open
 from localstate.codec import decode
@@ -33,11 +38,14 @@ from localstate.entry import UNKNOWN_BASE, StateKey
 from localstate.errors import ConfigError, ValueTooLarge
 from localstate.model import check_name, check_names
 from localstate.store import StateStore
+from localstate.sync.asset_mirror import asset_name
+from localstate.sync.asset_states import read_asset_states
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.wire import (
+    ASSET_STATE_SOURCE,
     WireError,
     decode_body,
     decode_rows,
@@ -157,8 +165,10 @@ def _writer(raw: Any) -> str | None:
 
 
 def build_sink_router(store: StateStore, auth: Authorizer,
-                      central: Callable[[], CentralStore | None]) -> APIRouter:
-    """The sink endpoints over the app's own reader/writer of the central DB."""
+                      central: Callable[[], CentralStore | None], *,
+                      asset_states: bool = False) -> APIRouter:
+    """The sink endpoints over the app's own reader/writer of the central DB; `asset_states`:
+    that DB is Airflow's, and its ``asset_state_store`` holds what Airflow's accessors read."""
     router = APIRouter(prefix="/api/v1")
     Caller = Annotated[Principal, Depends(caller_of(auth))]
     policies = _Policies()
@@ -201,14 +211,29 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         c = central_or_503(central)
         if body.get("fleet") is True:  # the fleet table (what a write budget reads)
             return _json({"fields": fleet_header, "rows": encode_rows(await c.read_fleet())})
-        if "owner" in body:
+        source = body.get("source")
+        if source not in (None, ASSET_STATE_SOURCE):
+            raise WireError(f"'source' must be {ASSET_STATE_SOURCE!r} or absent")
+        if "owner" in body and source is None:
             owner = check_name("owner", body["owner"])
             caller.require_read(owner)
             found = await c.read_owner(owner)
-        else:
+        elif source is None:
             keys = _keys(body.get("keys"))
             _require_owners(caller, (o for o, _k in keys), write=False)
             found = list((await c.read_many(keys)).values())
+        else:
+            keys = _keys(body.get("keys"))
+            _require_owners(caller, (o for o, _k in keys), write=False)
+            if not asset_states:
+                raise ApiError(404, "no_asset_state_store", "this localstate API server does "
+                               "not read Airflow's asset_state_store: only localstate's app in "
+                               "Airflow's API server (the plugin's /localstate) does, with "
+                               "Airflow's default [state_store] backend")
+            if not all(asset_name(o) is not None for o, _k in keys):
+                raise WireError("a read of Airflow's asset_state_store names asset owners "
+                                "only (asset_watcher:<asset name>), by keys")
+            found = list((await read_asset_states(c, keys)).values())
         return _json({"fields": central_header, "rows": encode_rows(found)})
 
     @router.post("/claim", summary="Claim an owner: bump its claim epoch in one transaction "
