@@ -16,7 +16,7 @@ import orjson
 import pytest_asyncio
 import uvicorn
 from conftest import StoreFactory
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, Route, async_playwright, expect
 
 from localstate import Settings
 from localstate.api import create_app
@@ -181,6 +181,51 @@ async def test_the_token_in_the_served_url_logs_the_page_in(
             assert page.url == live_url + "/"
             assert await page.evaluate("sessionStorage.getItem('localstate.token')") == TOKEN
         finally:
+            await browser.close()
+
+
+async def test_a_listing_answered_late_never_replaces_a_newer_filters(
+    live_url: str, open_store: StoreFactory
+) -> None:
+    """The page's first listing (every owner) may answer after a filter applied meanwhile:
+    the filter's rows stand, the late answer is dropped (in CI, on a loaded machine, the
+    Airflow UI test saw the 11 rows of every owner under a filter matching 2)."""
+    triggerer = await open_store(triggerer_id="triggerer-1")
+    for owner in ("asset_watcher:orders", "asset_watcher:users", "dag:a", "dag:b", "dag:c"):
+        await triggerer.set(owner, "watermark", 1)
+    await triggerer.flush()
+    release = asyncio.Event()
+    held: list[str] = []
+
+    async def hold_the_unfiltered_listing(route: Route) -> None:
+        if "owner_prefix" not in route.request.url:
+            held.append(route.request.url)
+            await release.wait()
+        await route.continue_()
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.route(re.compile(r".*/api/v1/state\?.*"), hold_the_unfiltered_listing)
+            await page.goto(f"{live_url}/?token={TOKEN}")
+            for _ in range(500):
+                if held:
+                    break
+                await asyncio.sleep(0.02)
+            assert held, "the page's first listing was never requested"
+            await page.fill("#owner-filter", "asset_watcher:")
+            await page.click("#filter-apply")
+            rows = page.locator("#rows tr")
+            await expect(rows).to_have_count(2)
+            async with page.expect_response(lambda r: r.url == held[0]):
+                release.set()
+            await page.wait_for_timeout(500)  # time for the late answer to be handled
+            await expect(rows).to_have_count(2)
+            owners = await page.locator("#rows td.owner").all_text_contents()
+            assert owners == ["asset_watcher:orders", "asset_watcher:users"]
+        finally:
+            release.set()
             await browser.close()
 
 

@@ -14,6 +14,9 @@
 
   let nextCursor = null;
   let ownerPrefix = "";
+  // the listing the table shows: a reset starts a new one, and only the newest listing's
+  // pages reach the table (an answer to an older request is dropped)
+  let listing = 0;
   let editing = null; // the item being edited
   let pendingValue; // the value waiting for its confirmation (undefined: none)
 
@@ -195,14 +198,17 @@
 
   async function loadRows(reset) {
     if (reset) {
+      listing += 1;
       nextCursor = null;
       $("rows").replaceChildren();
     }
+    const mine = listing;
     const params = new URLSearchParams({ limit: String(PAGE) });
     if (ownerPrefix) params.set("owner_prefix", ownerPrefix);
     if (nextCursor) params.set("cursor", nextCursor);
     try {
       const page = await api(`api/v1/state?${params}`);
+      if (mine !== listing) return;  // a newer listing replaced this one meanwhile
       for (const item of page.items) {
         const tr = document.createElement("tr");
         fillRow(tr, item);
@@ -214,6 +220,7 @@
       $("state-table").dataset.loaded = ownerPrefix;
       if (reset) say(ownerPrefix ? `owners starting with "${ownerPrefix}"` : "all owners");
     } catch (e) {
+      if (mine !== listing) return;
       $("more").hidden = true;
       if (e.status === 401) $("token-form").hidden = false;
       say(e.status === 401 ? "this server needs a token: enter it above" : e.message, "error");
