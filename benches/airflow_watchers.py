@@ -2,8 +2,11 @@
 
 Each trigger reads its watermark (timed: the start-up ``get_watermark``), then sets it every
 `pace` seconds for `seconds` seconds, timing each ``set_watermark`` itself, and writes its
-timings to ``$LOCALSTATE_BENCH_RESULTS/<name>.json``. The first one also writes the store's
-stats and the trigger runner's GC pauses (measured with ``gc.callbacks``) there. Then it idles.
+timings (and when each set began, on the runner's monotonic clock) to
+``$LOCALSTATE_BENCH_RESULTS/<name>.json``. The first one also writes there the store's stats,
+the trigger runner's GC pauses (measured with ``gc.callbacks``), the trigger loop's lag (a probe
+that sleeps `PROBE_S` and records how late it wakes) and the local cache's commits (when each
+ended and how long it took, as the loop saw it). Then it idles.
 """
 
 from __future__ import annotations
@@ -34,6 +37,29 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
         GC_PAUSES.append((int(info["generation"]), time.perf_counter() - _gc_started[0]))
 
 
+#: the loop-lag probe's sleep
+PROBE_S = 0.02
+
+
+async def probe(lags: list[tuple[float, float]], commits: list[tuple[float, float]],
+                trigger: StateEnabledTrigger) -> None:
+    """Record the loop's lag, and copy the local cache's commits before its window drops them."""
+    loop = asyncio.get_running_loop()
+    seen, tick = 0.0, 0
+    while True:
+        t = loop.time()
+        await asyncio.sleep(PROBE_S)
+        now = loop.time()
+        lags.append((now, now - t - PROBE_S))
+        tick += 1
+        if tick % 25 == 0:
+            cache = (await trigger.open_state()).local_cache
+            if cache is not None:
+                fresh = [c for c in cache.recent_commits if c[0] > seen]
+                commits.extend(fresh)
+                seen = fresh[-1][0] if fresh else seen
+
+
 if _on_gc not in gc.callbacks:
     gc.callbacks.append(_on_gc)
 if os.environ.get("LOCALSTATE_BENCH_IN_FLIGHT"):  # the airflow sink's pipeline depth, for A/B
@@ -52,23 +78,29 @@ class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
                 {"name": self.name, "seconds": self.seconds, "pace": self.pace})
 
     async def run(self):  # type: ignore[no-untyped-def]
+        lags: list[tuple[float, float]] = []
+        commits: list[tuple[float, float]] = []
+        prober = (asyncio.create_task(probe(lags, commits, self))
+                  if self.name.endswith("_0") else None)
         started = time.perf_counter()
         n = await self.get_watermark(default=0)
         get_s = time.perf_counter() - started
         if os.environ.get("LOCALSTATE_BENCH_GC_UNFREEZE") and gc.get_freeze_count():
             gc.unfreeze()  # the baseline: the start-up heap in every full collection
         sets: list[float] = []
+        set_at: list[float] = []
         loop = asyncio.get_running_loop()
         end = loop.time() + self.seconds
         gc_before = len(GC_PAUSES)
         while loop.time() < end:
             n += 1
             t = time.perf_counter()
+            set_at.append(loop.time())
             await self.set_watermark(n)
             sets.append(time.perf_counter() - t)
             await asyncio.sleep(self.pace)
-        out: dict[str, Any] = {"name": self.name, "get_s": get_s, "sets": sets, "last": n,
-                               "finished_at": time.time()}
+        out: dict[str, Any] = {"name": self.name, "get_s": get_s, "sets": sets,
+                               "set_at": set_at, "last": n, "finished_at": time.time()}
         if self.name.endswith("_0"):
             await asyncio.sleep(3 * self.pace + 2)  # the others' last flushes
             store = await self.open_state()
@@ -77,6 +109,9 @@ class WatermarkTrigger(StateEnabledTrigger, BaseEventTrigger):
             out["gc"] = GC_PAUSES[gc_before:]
             out["heap_objects"] = len(gc.get_objects())
             out["frozen_objects"] = gc.get_freeze_count()
+            assert prober is not None
+            prober.cancel()
+            out["loop_lags"], out["commits"] = lags, commits
             sink = process_sink()
             out["sink"] = {"agets": sink.reads, "batch_reads": sink.batch_reads,
                            "batch_fallbacks": sink.batch_fallbacks}

@@ -234,6 +234,7 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
     sets = [s for r in reports for s in r["sets"]]
     gets = [r["get_s"] for r in reports]
     first = next(r for r in reports if "stats" in r)
+    windows = loop_windows(reports, first)
     gc_pauses = first["gc"]
     full = [p for g, p in gc_pauses if g == 2]
     return {
@@ -252,7 +253,34 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
         "gc_gen2_max_ms": 1000 * max(full, default=0.0),
         "heap_objects": first.get("heap_objects"), "frozen_objects": first.get("frozen_objects"),
         "sigterm_exit_s": stop_s,
+        **windows,
     }
+
+
+def loop_windows(reports: list[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any]:
+    """Set, local-commit and loop-lag percentiles (ms) while the triggers start, and after.
+
+    The start-up window runs from the first trigger's first set to the last trigger's first
+    set: Airflow is still creating triggers on the same loop. A ``local`` set waits for the
+    commit in flight (if any) and then the one carrying it, each timed as the loop sees it.
+    """
+    boundary = max(r["set_at"][0] for r in reports if r["set_at"])
+    begin = min(r["set_at"][0] for r in reports if r["set_at"])
+    out: dict[str, Any] = {"startup_window_s": boundary - begin}
+    timed = [(at, s) for r in reports for at, s in zip(r["set_at"], r["sets"], strict=True)]
+    for name, startup in (("startup", True), ("steady", False)):
+        sets = [s for at, s in timed if (at <= boundary) == startup]
+        commits = [s for end, s in first["commits"] if (end <= boundary) == startup]
+        lags = [lag for at, lag in first["loop_lags"] if (at <= boundary) == startup]
+        out[name] = {
+            "sets": len(sets), "commits": len(commits),
+            "set_p50_ms": 1000 * pct(sets, 0.5), "set_p99_ms": 1000 * pct(sets, 0.99),
+            "commit_p50_ms": 1000 * pct(commits, 0.5), "commit_p99_ms": 1000 * pct(commits, 0.99),
+            "commit_max_ms": 1000 * max(commits, default=float("nan")),
+            "loop_lag_p50_ms": 1000 * pct(lags, 0.5), "loop_lag_p99_ms": 1000 * pct(lags, 0.99),
+            "loop_lag_max_ms": 1000 * max(lags, default=float("nan")),
+        }
+    return out
 
 
 def main() -> None:

@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -90,6 +92,10 @@ class LocalCache:
         # figures for stats()
         self.commits = 0
         self.rows_committed = 0
+        #: (monotonic end, seconds) of the recent successful commits, timed on the event loop
+        #: from taking the staged batch to waking its waiters: what a ``local`` write waits for,
+        #: loop turns included (each statement is a round trip to aiosqlite's thread)
+        self.recent_commits: deque[tuple[float, float]] = deque(maxlen=10_000)
         self.last_error: BaseException | None = None
 
     # -- opening and closing ---------------------------------------------------------------
@@ -271,8 +277,12 @@ class LocalCache:
             batch = self._batch or _Batch()
             self._batch = None
             self._inflight = batch
+            started = time.monotonic()
             error = await self._commit_batch(staged) if staged else None
             self._inflight = None
+            if staged and error is None:
+                ended = time.monotonic()
+                self.recent_commits.append((ended, ended - started))
             batch.error = error
             batch.done.set()
             if error is not None:

@@ -58,6 +58,10 @@ class StoreStats:
     flush_interval_s: float = 0.0
     #: the fleet's rows/s to the central DB at the budget's last reading (None: no budget)
     fleet_rows_per_s: float | None = None
+    #: seconds a local commit took, over the recent ones (None: none yet, or the cache off):
+    #: a ``local`` set waits for at most the commit in flight and the one carrying it
+    local_commit_p50_s: float | None = None
+    local_commit_p99_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +77,7 @@ def store_stats(
     now = time.time()
     oldest = table.oldest_dirty()
     lags = list(w.lags) if w is not None else []
+    commit_s = [s for _, s in c.recent_commits] if c is not None else []
     last_error = (w.last_error if w is not None else None) or (
         c.last_error if c is not None else None)
     return StoreStats(
@@ -96,6 +101,8 @@ def store_stats(
         cache_file_bytes=c.file_bytes if c is not None and not c.closed else 0,
         flush_interval_s=w.interval if w else 0.0,
         fleet_rows_per_s=w.budget.fleet_rows_per_s if w and w.budget else None,
+        local_commit_p50_s=_percentile(commit_s, 0.5),
+        local_commit_p99_s=_percentile(commit_s, 0.99),
     )
 
 

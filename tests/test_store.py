@@ -277,6 +277,10 @@ async def test_stats_report_activity(open_store: StoreFactory) -> None:
     assert s.dirty_keys == 1
     assert s.oldest_unflushed_s >= 0
     assert s.last_flush_at is None
+    # the set's local commit was timed (durability = local: the set waited for it)
+    assert s.local_commits == 1
+    assert s.local_commit_p99_s is not None
+    assert 0 < s.local_commit_p99_s < 60
     await store.flush()
     s = store.stats()
     assert s.dirty_keys == 0
