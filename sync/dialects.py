@@ -152,7 +152,11 @@ class _PostgresSql(BatchSql):
         'AS k(owner, "key") ON t.owner = k.owner AND t."key" = k."key"'
     )
     select_keys = text(_select)
-    select_keys_locked = text(_select + " FOR UPDATE OF t")
+    # ORDER BY before FOR UPDATE: PostgreSQL locks the rows as the sort returns them, so
+    # every flush locks its keys in one order and two flushes of the same keys queue rather
+    # than deadlock (40P01); a hash join would otherwise lock in the table's physical order
+    # and a nested loop in the order of the arrays.
+    select_keys_locked = text(_select + ' ORDER BY t.owner, t."key" FOR UPDATE OF t')
     direct_upsert = text(
         f"INSERT INTO {STATE_TABLE} AS t ({_DIRECT_COLUMNS}) "
         "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
@@ -306,6 +310,8 @@ class _MysqlSql(BatchSql):
             f"FROM {keys} JOIN {t} AS t ON t.owner = k.owner AND t.`key` = k.`key`"
         )
         self.select_keys = text(select)
+        # InnoDB locks rows as the nested loop driven by JSON_TABLE meets them, in the order
+        # of the array: `write_fenced` sorts the rows so that every flush locks in one order
         self.select_keys_locked = text(select + " FOR UPDATE")
         # prev_version takes the old version before version moves on (left to right)
         self.direct_upsert = text(

@@ -61,8 +61,25 @@ async def write_fenced(
     """Write `rows` inside `conn`'s transaction, fenced on their bases, conflicts settled by
     each owner's policy and rows refused by a claim reported as claim losses; and `status`'s
     fleet row, when given. `dialect`: the engine's dialect name (`fleet` keys on it)."""
-    outcomes = await _write_batch(conn, sql, dialect, rows, policies, writer, status)
-    return await _claim_losses(conn, sql, outcomes, writer)
+    # One lock order for every writer. Rows come in each worker's own order (the age of its
+    # dirty keys), and two triggerers flushing the same keys in different orders lock them in
+    # different orders: MariaDB's locked read and upsert take row locks in the order of the
+    # JSON array (a nested loop driven by JSON_TABLE), and a flush of a failed-over owner met
+    # its zombie's flush head-on (deadlock 1213, seen in the failover race tests). Sorted by
+    # key, every flush takes its locks in the same order, so two flushes queue instead of
+    # deadlocking. PostgreSQL sorts in the locked read itself (`BatchSql.select_keys_locked`).
+    in_order = sorted(rows, key=_row_key)
+    outcomes = await _write_batch(conn, sql, dialect, in_order, policies, writer, status)
+    outcomes = await _claim_losses(conn, sql, outcomes, writer)
+    # answered in the caller's order (`Sink.write_batch`)
+    by_key = {_row_key(o.row): o for o in outcomes}
+    if len(by_key) != len(outcomes):  # a key twice in one batch: no order to restore by key
+        return outcomes
+    return [by_key[_row_key(r)] for r in rows]
+
+
+def _row_key(row: DirtyRow) -> StateKey:
+    return (row.owner, row.key)
 
 
 async def select_rows(

@@ -33,7 +33,8 @@ class Sink(Protocol):
     async def write_batch(
         self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
-        """Write `rows` fenced on their base versions; settle conflicts by policy.
+        """Write `rows` fenced on their base versions; settle conflicts by policy. One outcome
+        per row, in the order of `rows`.
 
         `writer`: the local cache file the rows come from (`LocalCache.writer_id`): a central
         row carrying it is that file's own chain (see `localstate.sync.fenced_write`).

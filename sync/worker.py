@@ -147,20 +147,41 @@ class SyncWorker:
         if self._task is not None:
             await self._task
             self._task = None
-        report = None
-        if self.table.dirty:
-            try:
-                report = await asyncio.wait_for(self.flush(), deadline)
-            except (asyncio.TimeoutError, LocalStateError) as exc:
-                log.warning(
-                    "could not flush %d dirty keys before closing (%s); they stay in the "
-                    "local cache %s and are flushed at the next start",
-                    len(self.table.dirty), reason(exc), self.cache.path,
-                )
+        report = await self._last_flush(deadline) if self.table.dirty else None
         self._waiters.fail_all(CentralUnavailable(
             "the store closed before the central DB held this write; it is kept in the local "
             f"cache {self.cache.path} and flushed at the next start"))
         return report
+
+    async def _last_flush(self, deadline: float) -> FlushReport | None:
+        """The flush at close: retried for up to `deadline` seconds while the central DB
+        refuses it for now (a deadlock or lock timeout against another triggerer's flush of
+        the same keys, a dropped connection), since a refusal that one more try gets past
+        would otherwise leave the keys unflushed until the next start."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        backoff = Backoff(base=0.05, cap=0.5)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await asyncio.wait_for(self.flush(), max(0.0, end - loop.time()))
+            except CentralUnavailable as exc:
+                delay = backoff.next_delay()
+                if loop.time() + delay < end:
+                    # a backoff between tries, not a poll: nothing to wait on but time
+                    await asyncio.sleep(delay)
+                    continue
+                failure: BaseException = exc
+            except (asyncio.TimeoutError, LocalStateError) as exc:
+                failure = exc
+            log.warning(
+                "could not flush %d dirty keys before closing (%s, after %d tries in %.1f s); "
+                "they stay in the local cache %s and are flushed at the next start",
+                len(self.table.dirty), reason(failure), tries, deadline - (end - loop.time()),
+                self.cache.path,
+            )
+            return None
 
     async def _run(self) -> None:
         retry_in: float | None = None

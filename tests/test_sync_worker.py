@@ -703,7 +703,7 @@ async def test_unflushed_writes_survive_a_restart_and_are_flushed_at_start(
     cache = tmp_path / "t.db"
     options: dict[str, Any] = {
         "central_url": url, "cache_path": cache, "triggerer_id": "t", "flush_interval": 3600,
-        "close_timeout": 5,
+        "close_timeout": 1,
     }
     store = await StateStore.open(**options)
     try:
