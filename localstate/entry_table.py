@@ -6,7 +6,7 @@ It holds three maps and is the only code that changes them:
     one `Entry` per ``(owner, key)`` the store holds in memory.
 ``dirty``
     the keys whose entry the central DB does not hold yet, each with the time of the oldest
-    write it lacks.
+    write it lacks, in the order they went dirty: the order flushes take them in.
 ``absent``
     keys the central DB was read and found to lack, each until ``absent_ttl`` runs out.
 
@@ -297,7 +297,11 @@ class EntryTable:
         if not e.dirty:
             self.dirty.pop(k, None)
         else:
-            # written again during the flush: those writes are no older than its start
+            # Written again during the flush: those writes are no older than its start, and
+            # the key goes to the back of the dirty map, behind the keys this flush had no
+            # time for. Assigning in place would keep its place at the front: a bounded flush
+            # (the airflow sink's) would take the same hot keys every time and starve the rest.
+            self.dirty.pop(k, None)
             self.dirty[k] = started_at
 
     def stage_settled(self, entries: dict[StateKey, Entry]) -> None:
