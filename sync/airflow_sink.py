@@ -30,10 +30,10 @@ a batch of misses of owners registered by asset name (``asset_watcher:<name>``, 
 addressing the asset by that name) is read in ONE request from localstate's app in Airflow's
 API server, which reads Airflow's own ``asset_state_store`` rows (`localstate.sync.asset_states`:
 the records the accessors' ``aget`` would give, since this sink writes through those accessors),
-and no supervisor round trip is spent on it. Other owners, and every write, still go through
-the accessors. A batch read that fails is made through the accessors instead, and logged once:
-a refusal (401, 403, 404: the token, the address, a server without that read) for good, any
-other failure for `BATCH_RETRY_AFTER` seconds before the next try.
+and no supervisor round trip is spent on it; so are the values a flush under ``max`` compares
+with. Other owners, and every write, still go through the accessors. A batch read that fails is
+made through the accessors instead (`localstate.sync.asset_batch_reads` decides when to try
+again).
 
 A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
 no new row is started after `AirflowSink.flush_budget` seconds; the rest stay dirty, at the head
@@ -68,7 +68,8 @@ from typing import Any, Final, Protocol
 
 from localstate.codec import decode, encode
 from localstate.entry import StateKey
-from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
+from localstate.errors import CentralUnavailable, ConfigError
+from localstate.sync.asset_batch_reads import AssetBatchReader, BatchReads
 from localstate.sync.asset_mirror import ASSET_OWNER_PREFIX
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.lanes import in_lanes
@@ -87,8 +88,6 @@ READ_VERSION: Final = 1
 IN_FLIGHT: Final = 4
 #: seconds after which a flush starts no new row (the rest wait for the next flush)
 FLUSH_BUDGET: Final = 2.0
-#: seconds misses go through the accessors after a batch read failed, before the next try
-BATCH_RETRY_AFTER: Final = 30.0
 
 
 class AssetAccessor(Protocol):
@@ -99,18 +98,6 @@ class AssetAccessor(Protocol):
     async def aset(self, key: str, value: Any) -> None: ...
 
     async def adelete(self, key: str) -> None: ...
-
-
-class AssetBatchReader(Protocol):
-    """Reads many keys of Airflow's ``asset_state_store`` at once, as the accessors would
-    answer them one by one (a `localstate.sync.api_sink.ApiSink` reading from
-    ``ASSET_STATE_SOURCE``, on a thread of its own or not)."""
-
-    url: str
-
-    async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]: ...
-
-    async def close(self) -> None: ...
 
 
 class AccessorRegistry:
@@ -169,17 +156,18 @@ class AirflowSink:
         self.flush_budget = FLUSH_BUDGET
         #: dirty rows a flush left for the next one because its budget ran out
         self.deferred = 0
-        #: reads misses of asset owners in batches instead of by aget (`use_batch_reads`)
-        self._batch: AssetBatchReader | None = None
-        #: the batch reader refused for good (its token, its address): accessors only
-        self._batch_off = False
-        #: the last batch read failed (what it logged is not logged again until one succeeds)
-        self._batch_failing = False
-        #: after a failed batch read, misses go through the accessors until this time.monotonic()
-        self._batch_retry_at = 0.0
-        #: batch reads made, and batches read through the accessors because one failed
-        self.batch_reads = 0
-        self.batch_fallbacks = 0
+        #: reads of asset owners' keys in one request instead of by aget (`use_batch_reads`)
+        self._batch = BatchReads()
+
+    @property
+    def batch_reads(self) -> int:
+        """Batch reads made (`use_batch_reads`)."""
+        return self._batch.reads
+
+    @property
+    def batch_fallbacks(self) -> int:
+        """Batches read through the accessors because a batch read failed."""
+        return self._batch.fallbacks
 
     @property
     def transactions(self) -> int:
@@ -238,13 +226,12 @@ class AirflowSink:
         read in ONE batch request where batch reads are on (an empty answer otherwise, or when
         it fails: each row's ``aget`` reads its own). Each saves the flush one supervisor
         request of its two; see the module docstring for the fence's window."""
-        reader = self._batch_reader()
-        if reader is None:
+        if not self._batch.ready:
             return {}
         keys = [(r.owner, r.key) for r in rows if r.data is not None
                 and self.registry.by_asset_name(r.owner) and policies.for_owner(r.owner).is_max]
         found: dict[StateKey, CentralRow] = {}
-        if not keys or not await self._read_batch(reader, keys, found):
+        if not keys or not await self._batch.read(keys, found):
             return {}
         return {k: (found[k].data if k in found else None) for k in keys}
 
@@ -319,14 +306,13 @@ class AirflowSink:
         """Read the misses of owners registered by asset name through `reader`, one call per
         batch of misses, instead of one ``aget`` each (None: accessors only). Writes always go
         through the accessors. The sink closes `reader` (`close`)."""
-        self._batch, self._batch_off, self._batch_failing = reader, False, False
+        self._batch.use(reader)
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
-        reader = self._batch_reader()
-        if reader is not None:
+        if self._batch.ready:
             batched = [k for k in keys if self.registry.by_asset_name(k[0])]
-            if batched and await self._read_batch(reader, batched, found):
+            if batched and await self._batch.read(batched, found):
                 taken = set(batched)
                 keys = [k for k in keys if k not in taken]
 
@@ -341,40 +327,6 @@ class AirflowSink:
 
         await in_lanes(keys, read, self.in_flight, None)
         return found
-
-    def _batch_reader(self) -> AssetBatchReader | None:
-        """The batch reader, unless there is none, it refused for good, or it failed lately."""
-        if self._batch is None or self._batch_off or time.monotonic() < self._batch_retry_at:
-            return None
-        return self._batch
-
-    async def _read_batch(self, reader: AssetBatchReader, keys: list[StateKey],
-                          found: dict[StateKey, CentralRow]) -> bool:
-        """Read `keys` into `found` with one call of `reader`; False when it failed (the
-        caller reads them through the accessors: the same records, one ``aget`` each)."""
-        try:
-            got = await reader.read_many(keys)
-        except LocalStateError as exc:
-            self.batch_fallbacks += 1
-            # refused (the token, the address): for good; else tried again after a while
-            permanent = isinstance(exc, AccessDenied | ConfigError)
-            self._batch_off = permanent
-            self._batch_retry_at = time.monotonic() + BATCH_RETRY_AFTER
-            if permanent or not self._batch_failing:
-                log.warning(
-                    "could not read %d keys of Airflow's asset_state_store in one request "
-                    "through %s (%s); misses are read through the triggerer's supervisor, "
-                    "one aget per key, %s", len(keys), reader.url, exc,
-                    "from now on" if permanent else
-                    f"for {BATCH_RETRY_AFTER:g} s at a time until a batch read succeeds")
-            self._batch_failing = True
-            return False
-        if self._batch_failing:
-            log.info("reading misses through %s again", reader.url)
-            self._batch_failing = False
-        self.batch_reads += 1
-        found.update((k, got[k]) for k in keys if k in got)
-        return True
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
         """Airflow's store cannot list an asset's keys: this sink reports none (`load(owner)`
@@ -416,9 +368,7 @@ class AirflowSink:
 
     async def close(self) -> None:
         """Close the batch reader, if any (the accessors belong to the triggerer)."""
-        reader, self._batch = self._batch, None
-        if reader is not None:
-            await reader.close()
+        await self._batch.close()
 
 
 _PROCESS_SINK: AirflowSink | None = None
