@@ -157,8 +157,9 @@ class StoreCore:
                 await self.close()
                 raise
 
-    async def close(self) -> None:
-        """Flush what can be flushed within ``close_timeout``, then close. Safe twice."""
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Flush what can be flushed within `timeout` seconds (default ``close_timeout``),
+        then close. Safe twice."""
         if self._closed or not self._opened:
             self._closed = True
             return
@@ -166,7 +167,7 @@ class StoreCore:
         if self._watcher is not None:
             await self._watcher.stop()
         async with self._gate.exclusive():  # a mode switch in progress finishes first
-            await self._mode.stop(self.settings.close_timeout)
+            await self._mode.stop(self.settings.close_timeout if timeout is None else timeout)
             if self._metrics is not None:
                 await self._metrics.stop()  # the last report: what the final flush did
             await self._mode.close()

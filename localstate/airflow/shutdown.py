@@ -137,7 +137,9 @@ async def _drain(store: StateStore, pass_on: Callable[[], None]) -> None:
                 break  # nothing could go out (no accessor, a failing asset): do not spin
         left = 0 if store.closed else store.stats().dirty_keys
         if not store.closed:
-            await store.close()  # flushes again only what is still dirty (close_timeout)
+            # flushes again only what is still dirty, retrying what the central DB refuses
+            # for now, within what is left of the drain: Airflow's kill escalation follows
+            await store.close(timeout=max(0.0, deadline - loop.time()))
         if left:
             log.warning("graceful stop: %d keys could not be flushed before the trigger runner "
                         "stops; they stay in the local cache and are flushed when a triggerer "
