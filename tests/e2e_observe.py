@@ -74,16 +74,24 @@ async def opened_by(db: asyncpg.Connection, pid: int, port: int) -> list[str]:
     connections: their sockets are inherited (open in the child's fd table too, used by the
     parent). Their backends began before the runner existed. A socket in `pid`'s table whose
     backend began later was opened by `pid` itself (what the parent opens after the fork is
-    not in the child's table).
+    not in the child's table). A socket the parent holds too is inherited whenever its backend
+    began: the parent may open a pooled connection just before it forks, and PostgreSQL stamps
+    ``backend_start`` when its backend starts, a few ms after the client's connect, while
+    psutil's ``create_time`` is rounded down to a clock tick (seen once in CI: one idle
+    connection of the supervisor's, held through the whole window).
     """
     try:
         proc = psutil.Process(pid)
         born = proc.create_time()
         conns = [c for c in proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == port]
+        parent = proc.parent()
+        held_by_parent = {c.laddr for c in parent.net_connections(kind="tcp")} if parent else set()
     except psutil.NoSuchProcess:
         return []
     found = []
     for c in conns:
+        if c.laddr in held_by_parent:
+            continue
         backend = await db.fetchrow(
             "SELECT extract(epoch FROM backend_start) AS began, application_name, state "
             "FROM pg_stat_activity WHERE client_port = $1", c.laddr.port)
