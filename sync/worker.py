@@ -24,6 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
@@ -39,9 +40,12 @@ from localstate.sync.settle import ConflictInfo, FlushReport, Settler
 from localstate.sync.sinks import FleetReporting, Sink
 from localstate.sync.waiters import FlushWaiters
 
-__all__ = ["ConflictInfo", "FlushReport", "SyncWorker"]
+__all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker"]
 
 log = logging.getLogger(__name__)
+
+#: tries of the flush at close while the central DB refuses it for now (`_last_flush`)
+CLOSE_TRIES: Final = 4
 
 
 class SyncWorker:
@@ -154,10 +158,12 @@ class SyncWorker:
         return report
 
     async def _last_flush(self, deadline: float) -> FlushReport | None:
-        """The flush at close: retried for up to `deadline` seconds while the central DB
-        refuses it for now (a deadlock or lock timeout against another triggerer's flush of
-        the same keys, a dropped connection), since a refusal that one more try gets past
-        would otherwise leave the keys unflushed until the next start."""
+        """The flush at close, within `deadline` seconds: tried up to `CLOSE_TRIES` times
+        while the central DB refuses it for now. A deadlock or a lock timeout against another
+        triggerer's flush of the same keys, or a dropped connection, is gone a moment later,
+        and nothing flushes after close: the keys would wait for the next start. The tries
+        are few, not "until the deadline": a refusal that lasts (the DB down, an asset Airflow
+        no longer takes) would hold every close for the whole ``close_timeout``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
         backoff = Backoff(base=0.05, cap=0.5)
@@ -168,7 +174,7 @@ class SyncWorker:
                 return await asyncio.wait_for(self.flush(), max(0.0, end - loop.time()))
             except CentralUnavailable as exc:
                 delay = backoff.next_delay()
-                if loop.time() + delay < end:
+                if tries < CLOSE_TRIES and loop.time() + delay < end:
                     # a backoff between tries, not a poll: nothing to wait on but time
                     await asyncio.sleep(delay)
                     continue

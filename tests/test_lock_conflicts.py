@@ -72,9 +72,9 @@ async def test_flushes_of_the_same_keys_in_opposite_orders_never_deadlock(
 async def test_close_retries_a_flush_the_central_db_refuses_for_now(
     central_url: str, pg_server: PostgresServer, tmp_path: Path,
 ) -> None:
-    """Another session holds the row's lock for a second; the database's ``lock_timeout``
-    (0.2 s) refuses each try meanwhile (55P03). The close flush retries until the lock is
-    gone instead of leaving the write to the next start."""
+    """Another session holds the row's lock for 0.6 s; the database's ``lock_timeout``
+    (0.2 s) refuses the tries meanwhile (55P03). The close flush tries again (up to
+    `CLOSE_TRIES` times) instead of leaving the write to the next start."""
     dbname = central_url.rsplit("/", 1)[1]
     pg_server.psql(f"ALTER DATABASE {dbname} SET lock_timeout = '200ms'", dbname="postgres")
     store = await StateStore.open(
@@ -91,7 +91,7 @@ async def test_close_retries_a_flush_the_central_db_refuses_for_now(
                 await blocker.execute(text(
                     f"SELECT 1 FROM {STATE_TABLE} WHERE \"key\" = 'wm' FOR UPDATE"))
                 closing = asyncio.ensure_future(store.close())
-                await asyncio.sleep(1.0)  # several tries meet the lock meanwhile
+                await asyncio.sleep(0.6)  # two tries at least meet the lock meanwhile
                 assert not closing.done()
                 await blocker.rollback()
             await closing
