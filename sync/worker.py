@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: tries of the flush at close while the central DB refuses it for now (`_last_flush`)
 CLOSE_TRIES: Final = 4
+#: seconds a flush cancelled at close may take to unwind before close goes on without it
+CANCEL_GRACE: Final = 1.0
 
 
 class SyncWorker:
@@ -142,16 +144,28 @@ class SyncWorker:
         self._kick.set()
 
     async def stop(self, deadline: float) -> FlushReport | None:
-        """Stop the loop, then flush what is dirty for up to `deadline` seconds."""
+        """Stop the loop, then flush what is dirty; within `deadline` seconds in all."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
         self._stop.set()
         # Wake the loop too: between flushes it waits on `_kick` (or `_retry_wake`), not on
         # `_stop`; stopping returns without waiting out an interval.
         self._kick.set()
         self._retry_wake.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-        report = await self._last_flush(deadline) if self.table.dirty else None
+        task, self._task = self._task, None
+        if task is not None:
+            # A flush under way ends the loop's last turn. A central DB that stopped answering
+            # (a server frozen, packets dropped: no error, no timeout) would hold it, and this
+            # close, forever: it gets the deadline, then is cancelled (its keys stay dirty).
+            await asyncio.wait({task}, timeout=deadline)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=CANCEL_GRACE)
+                log.warning("a flush to %s did not end within %g s (close_timeout): "
+                            "abandoned; its keys stay in the local cache %s and are flushed "
+                            "at the next start", self.sink.url, deadline, self.cache.path)
+        left = max(0.0, end - loop.time())
+        report = await self._last_flush(left) if self.table.dirty else None
         self._waiters.fail_all(CentralUnavailable(
             "the store closed before the central DB held this write; it is kept in the local "
             f"cache {self.cache.path} and flushed at the next start"))
