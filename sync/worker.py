@@ -153,19 +153,23 @@ class SyncWorker:
         self._kick.set()
         self._retry_wake.set()
         task, self._task = self._task, None
+        abandoned = False
         if task is not None:
             # A flush under way ends the loop's last turn. A central DB that stopped answering
             # (a server frozen, packets dropped: no error, no timeout) would hold it, and this
             # close, forever: it gets the deadline, then is cancelled (its keys stay dirty).
             await asyncio.wait({task}, timeout=deadline)
             if not task.done():
+                abandoned = True
                 task.cancel()
                 await asyncio.wait({task}, timeout=CANCEL_GRACE)
                 log.warning("a flush to %s did not end within %g s (close_timeout): "
-                            "abandoned; its keys stay in the local cache %s and are flushed "
-                            "at the next start", self.sink.url, deadline, self.cache.path)
-        left = max(0.0, end - loop.time())
-        report = await self._last_flush(left) if self.table.dirty else None
+                            "abandoned; %d dirty keys stay in the local cache %s and are "
+                            "flushed at the next start", self.sink.url, deadline,
+                            len(self.table.dirty), self.cache.path)
+        report = None
+        if self.table.dirty and not abandoned:
+            report = await self._last_flush(max(0.0, end - loop.time()))
         self._waiters.fail_all(CentralUnavailable(
             "the store closed before the central DB held this write; it is kept in the local "
             f"cache {self.cache.path} and flushed at the next start"))
