@@ -96,6 +96,7 @@ class Settings:
     memory_window: float = DEFAULTS["memory_window"]
     central_timeout: float = DEFAULTS["central_timeout"]
     close_timeout: float = DEFAULTS["close_timeout"]
+    flush_timeout: float = DEFAULTS["flush_timeout"]
     absent_ttl: float = DEFAULTS["absent_ttl"]
     max_keys_in_memory: int = DEFAULTS["max_keys_in_memory"]
     upgrade_schema: bool = DEFAULTS["upgrade_schema"]

@@ -66,7 +66,7 @@ class LocalFirstMode:
                 table=table, cache=cache, sink=parts.sink, policies=parts.policies,
                 flush_interval=s.flush_interval, max_batch=s.max_batch,
                 on_conflict=parts.on_conflict, claims=parts.claims,
-                budget_rows_per_s=s.central_budget_rows_per_s,
+                budget_rows_per_s=s.central_budget_rows_per_s, flush_timeout=s.flush_timeout,
             )
             table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
                        pinned=worker.holds)

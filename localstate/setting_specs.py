@@ -340,6 +340,9 @@ SPECS: Final[dict[str, Spec]] = {
                            "write reaches the local WAL"),
     "central_timeout": Spec(_positive_float, 30.0, "seconds a central-durability write waits"),
     "close_timeout": Spec(_positive_float, 10.0, "seconds close() spends flushing"),
+    "flush_timeout": Spec(_positive_float, 60.0, "seconds one flush transaction may take "
+                          "before it is abandoned and retried (a central DB that stopped "
+                          "answering)"),
     "absent_ttl": Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
     "max_keys_in_memory": Spec(_positive_int, 100_000, "entries a store keeps in memory; "

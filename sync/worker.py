@@ -63,6 +63,7 @@ class SyncWorker:
         on_conflict: Callable[[ConflictInfo], None] | None = None,
         claims: ClaimBook | None = None,
         budget_rows_per_s: float | None = None,
+        flush_timeout: float = 60.0,
     ) -> None:
         #: the store's entries: the worker reads them and changes them only through the table
         self.table = table
@@ -71,6 +72,8 @@ class SyncWorker:
         self.policies = policies
         self.flush_interval = flush_interval
         self.max_batch = max_batch
+        #: seconds one batch's transaction may take (`write_batch`)
+        self.flush_timeout = flush_timeout
         #: the store's claim epochs: stamped on each flushed row, told of owners lost
         self.claims = claims if claims is not None else ClaimBook()
         #: the fleet's central write budget, which stretches `interval` (None: no budget)
@@ -299,9 +302,24 @@ class SyncWorker:
 
     async def write_batch(self, rows: Sequence[DirtyRow]) -> list[FlushOutcome]:
         """Step 2: one fenced transaction through the sink, as this cache file's writes, each
-        with the claim epoch it was written under."""
-        return await self.sink.write_batch(self.claims.stamp(rows), self.policies,
-                                           writer=self.cache.writer_id)
+        with the claim epoch it was written under, within `flush_timeout` seconds.
+
+        A central DB that stopped answering (a frozen server, or an old primary whose address
+        moved to a new one while packets to the old connection are dropped) returns no error
+        and fires no timeout of its own: the flush, and every flush after it, would wait until
+        TCP gives up (minutes). Abandoned, the batch stays dirty and the next try opens a new
+        connection. A commit whose answer was lost so is replayed safely: the version fence
+        takes a write of this file's own chain again (`localstate.sync.fenced_write`)."""
+        try:
+            return await asyncio.wait_for(
+                self.sink.write_batch(self.claims.stamp(rows), self.policies,
+                                      writer=self.cache.writer_id),
+                self.flush_timeout)
+        except asyncio.TimeoutError:
+            raise CentralUnavailable(
+                f"the central DB {self.sink.url} did not answer a flush of {len(rows)} rows "
+                f"within {self.flush_timeout:g} s (flush_timeout); the writes stay in the local "
+                "cache and are retried") from None
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:

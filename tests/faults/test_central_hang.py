@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from localstate import StateStore
+from localstate import CentralUnavailable, StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.testing.postgres_server import PostgresServer
 
@@ -62,6 +62,31 @@ async def test_close_ends_within_close_timeout_while_a_flush_hangs(
         await again.flush()
     finally:
         await again.close()
+    async with CentralStore.open(url) as central:
+        [row] = (await central.read_many([(OWNER, "wm")])).values()
+    assert row.data == "2"
+
+
+@pytest.mark.parametrize("central_thread", [True, False], ids=["thread", "loop"])
+async def test_a_flush_the_frozen_db_does_not_answer_is_abandoned_then_retried(
+        private_pg: PostgresServer, tmp_path: Path, central_thread: bool) -> None:
+    url = private_pg.create_database(f"stall_{int(central_thread)}")
+    store = await StateStore.open(central_url=url, cache_path=tmp_path / "cache.db",
+                                  triggerer_id="t", central_thread=central_thread,
+                                  flush_interval=3600, flush_timeout=0.5)
+    try:
+        await store.set(OWNER, "wm", 1)
+        await store.flush()
+        with frozen(private_pg):
+            await store.set(OWNER, "wm", 2)
+            # before: this flush waited for as long as the server stayed frozen
+            with pytest.raises(CentralUnavailable, match="flush_timeout"):
+                await asyncio.wait_for(store.flush(), 30)
+            assert store.stats().dirty_keys == 1
+        report = await store.flush()  # the server answers again: the write goes out
+        assert report.written == 1
+    finally:
+        await store.close()
     async with CentralStore.open(url) as central:
         [row] = (await central.read_many([(OWNER, "wm")])).values()
     assert row.data == "2"
