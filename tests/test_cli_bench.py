@@ -16,6 +16,7 @@ from localstate.testing.postgres_server import PostgresServer
 REQUIRED = ["scenario", "mode", "triggers", "sets_per_s", "set_p50_ms", "set_p99_ms",
             "central_txns", "central_rows", "lag_p99_ms", "rss_mb"]
 MODES = ["bare", "direct", "memory", "local", "central"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def localstate_command() -> list[str]:
@@ -75,6 +76,23 @@ def test_bench_writes_every_figure_for_every_mode(tmp_path: Path) -> None:
 
 
 AIRFLOW_KEYS = 40
+
+
+def test_the_quick_start_runs_on_the_base_install_alone(tmp_path: Path) -> None:
+    """The README's first command, in a venv of its own holding the project without any extra:
+    the benchmark runs, and says which rows need what is not installed (the api row imported
+    httpx at start-up once, and the command failed there)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-e", str(ROOT)],
+                         capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr
+    proc = subprocess.run([str(venv / "bin" / "localstate"), "bench", "--quick"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipped flush_api: fastapi, uvicorn, httpx not installed" in proc.stdout
+    assert "pip install 'localstate[api,client]'" in proc.stdout
+    assert "baseline  flush " in proc.stdout
 
 
 def test_bench_flushes_through_sink_airflow_in_a_real_triggerer(
