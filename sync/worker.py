@@ -163,9 +163,11 @@ class SyncWorker:
             # close, forever: it gets the deadline, then is cancelled (its keys stay dirty).
             await asyncio.wait({task}, timeout=deadline)
             if not task.done():
-                abandoned = True
+                # between two steps (a deadline of 0 gives the loop no turn) or in a flush
+                abandoned = self._flush_lock.locked()
                 task.cancel()
                 await asyncio.wait({task}, timeout=CANCEL_GRACE)
+            if abandoned:
                 log.warning("a flush to %s did not end within %g s (close_timeout): "
                             "abandoned; %d dirty keys stay in the local cache %s and are "
                             "flushed at the next start", self.sink.url, deadline,
