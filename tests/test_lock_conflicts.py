@@ -73,10 +73,10 @@ async def test_close_retries_a_flush_the_central_db_refuses_for_now(
     central_url: str, pg_server: PostgresServer, tmp_path: Path,
 ) -> None:
     """Another session holds the row's lock for 0.6 s; the database's ``lock_timeout``
-    (0.2 s) refuses the tries meanwhile (55P03). The close flush tries again (up to
+    (0.3 s) refuses the tries meanwhile (55P03). The close flush tries again (up to
     `CLOSE_TRIES` times) instead of leaving the write to the next start."""
     dbname = central_url.rsplit("/", 1)[1]
-    pg_server.psql(f"ALTER DATABASE {dbname} SET lock_timeout = '200ms'", dbname="postgres")
+    pg_server.psql(f"ALTER DATABASE {dbname} SET lock_timeout = '300ms'", dbname="postgres")
     store = await StateStore.open(
         central_url=central_url, cache_path=tmp_path / "cache.db",
         triggerer_id="t", flush_interval=3600, close_timeout=10)
