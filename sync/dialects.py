@@ -97,6 +97,10 @@ class BatchSql:
     #: the epoch unless `claim_epoch` is set (no RETURNING: read it back in the transaction)
     claim: TextClause
     claim_epoch: TextClause | None = None
+    #: whether concurrent flushes take row locks, so that the order of a batch's rows is the
+    #: order they lock in (`localstate.sync.fenced_write` sorts them); False where the
+    #: transaction's write lock serializes whole flushes (SQLite's BEGIN IMMEDIATE)
+    row_locks: bool = True
 
     def upsert_complete(self, rowcount: int, rows: Sequence[UpsertRow]) -> bool:
         """Whether `upsert`'s row count proves every row went through the fence (False: look
@@ -188,6 +192,7 @@ class _SqliteSql(BatchSql):
     # seeks `(owner, key) > (?, ?)` in the primary key only without an explicit COLLATE
     # (with one: a scan of the whole index for each page).
     bytewise_collation = None
+    row_locks = False
     _cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(7))
     # the claim fence's WHERE also keeps SQLite from reading ON CONFLICT as part of the join
     upsert = text(

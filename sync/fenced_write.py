@@ -38,6 +38,7 @@ the refusal path only.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,9 +69,13 @@ async def write_fenced(
     # its zombie's flush head-on (deadlock 1213, seen in the failover race tests). Sorted by
     # key, every flush takes its locks in the same order, so two flushes queue instead of
     # deadlocking. PostgreSQL sorts in the locked read itself (`BatchSql.select_keys_locked`).
-    in_order = sorted(rows, key=_row_key)
+    # SQLite's write lock serializes whole flushes: no order to keep, and no sort to pay for
+    # (about 7 ms of a 10,000-row flush).
+    in_order = sorted(rows, key=_row_key) if sql.row_locks else rows
     outcomes = await _write_batch(conn, sql, dialect, in_order, policies, writer, status)
     outcomes = await _claim_losses(conn, sql, outcomes, writer)
+    if in_order is rows:
+        return outcomes
     # answered in the caller's order (`Sink.write_batch`)
     by_key = {_row_key(o.row): o for o in outcomes}
     if len(by_key) != len(outcomes):  # a key twice in one batch: no order to restore by key
@@ -78,8 +83,8 @@ async def write_fenced(
     return [by_key[_row_key(r)] for r in rows]
 
 
-def _row_key(row: DirtyRow) -> StateKey:
-    return (row.owner, row.key)
+#: a row's (owner, key)
+_row_key: Callable[[DirtyRow], StateKey] = operator.attrgetter("owner", "key")
 
 
 async def select_rows(
