@@ -359,3 +359,14 @@ def test_serve_answers_on_loopback_with_tokens_and_stops_cleanly(central_url: st
     assert (cache_folder() / "serve-test.db.lock").read_bytes() == b""
     got = json.loads(ok(run("get", "dag:s/t", "k", "--json", url=central_url)).stdout)
     assert (got["value"], got["updated_by"]) == (5, "serve-test")
+
+
+def test_version_names_the_installed_release() -> None:
+    from importlib.metadata import version
+
+    from localstate import __version__
+
+    out = ok(run("--version")).stdout.strip()
+    assert out == f"localstate {__version__}"
+    # the distribution's metadata reads the same single source (pyproject: dynamic version)
+    assert version("localstate") == __version__

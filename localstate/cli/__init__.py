@@ -13,6 +13,7 @@
     localstate db upgrade [--central-url URL]
     localstate db prune [--older-than 7d] [--owner-prefix PREFIX] [--dry-run] [--json] ...
     localstate config
+    localstate --version
 
 Exit codes: 0 success, 1 an error (the message says what to do), 2 bad usage (a bad name or
 value included), 3 not found, 4 a version conflict.
@@ -67,6 +68,7 @@ from localstate.cli._serve import cmd_serve, is_loopback
 from localstate.cli._show_config import cmd_config
 from localstate.cli._status import cmd_status
 from localstate.errors import InvalidInput, LocalStateError, VersionConflict
+from localstate.version import __version__
 
 __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_USAGE", "NotFound",
            "build_parser", "is_loopback", "main"]
@@ -86,6 +88,7 @@ _ERROR_EXITS: tuple[tuple[type[LocalStateError], str, int], ...] = (
 @functools.cache  # 5 ms of argparse set-up; a caller running many commands in one process
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localstate", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"localstate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     bench = sub.add_parser("bench", help="write-throughput benchmark (local-first vs direct)")
