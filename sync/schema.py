@@ -31,6 +31,7 @@ newer than this code is refused, never downgraded.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -69,6 +70,7 @@ __all__ = [
     "MYSQL_NAME_COLLATION",
     "STATE_TABLE",
     "Migration",
+    "announce",
     "apply_step",
     "current_version",
     "fleet",
@@ -80,6 +82,8 @@ __all__ = [
     "state_variable",
     "upgrade",
 ]
+
+log = logging.getLogger(__name__)
 
 STATE_TABLE: Final = "localstate_state_variable"
 CLAIM_TABLE: Final = "localstate_owner_claim"
@@ -334,9 +338,26 @@ async def _mysql_lock(conn: AsyncConnection, url: str) -> AsyncIterator[None]:
 
 
 async def upgrade(engine: AsyncEngine) -> list[Migration]:
-    """Apply every missing migration; return those applied (empty when up to date)."""
-    applied: list[Migration] = []
+    """Apply every missing migration; return those applied (empty when up to date).
+
+    Logs one INFO line naming the versions applied, whichever entry point upgraded (a store's
+    open, the CLI, the API server): a schema never changes unannounced."""
     url = engine.url.render_as_string(hide_password=True)
+    applied = await _apply_missing(engine, url)
+    if applied:
+        announce(url, applied)
+    return applied
+
+
+def announce(url: str, applied: list[Migration]) -> None:
+    """The one log line of a central schema upgrade."""
+    log.info("upgraded the localstate schema of the central DB %s from version %d to %d: %s",
+             url, applied[0].version - 1, applied[-1].version,
+             "; ".join(f"{m.version} {m.description}" for m in applied))
+
+
+async def _apply_missing(engine: AsyncEngine, url: str) -> list[Migration]:
+    applied: list[Migration] = []
     while True:
         async with engine.connect() as conn, _mysql_lock(conn, url), conn.begin():
             if conn.dialect.name == "postgresql":
@@ -385,4 +406,5 @@ def apply_step(conn: Connection, version: int) -> bool:
     conn.execute(schema_table.insert().values(
         version=migration.version, description=migration.description,
         applied_at=datetime.now(timezone.utc)))
+    announce(url, [migration])
     return True

@@ -8,6 +8,7 @@ come from SQLAlchemy's own cursor and commit events, not from the store's counte
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import time
@@ -91,12 +92,20 @@ async def _tables(engine: AsyncEngine) -> set[str]:
 # -- schema --------------------------------------------------------------------------------
 
 
-async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) -> None:
+async def test_upgrade_creates_the_tables_and_is_idempotent(
+    central_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     engine = make_engine(central_url)
     try:
         assert not {STATE_TABLE, "localstate_schema"} & await _tables(engine)
-        applied = await upgrade(engine)
+        with caplog.at_level(logging.INFO, logger="localstate.sync.schema"):
+            applied = await upgrade(engine)
         assert [m.version for m in applied] == [m.version for m in MIGRATIONS]
+        # announced once, with the versions it went from and to
+        announced = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
+        assert len(announced) == 1, announced
+        assert f"from version 0 to {MIGRATIONS[-1].version}" in announced[0]
+        caplog.clear()
         assert {STATE_TABLE, "localstate_schema"} <= await _tables(engine)
         async with engine.connect() as conn:
             columns = await conn.run_sync(
@@ -110,6 +119,7 @@ async def test_upgrade_creates_the_tables_and_is_idempotent(central_url: str) ->
         assert primary == ["owner", "key"]
 
         assert await upgrade(engine) == []  # a second run applies nothing...
+        assert not [r for r in caplog.records if "upgraded" in r.getMessage()]  # ...says nothing
         async with engine.connect() as conn:  # ...and records nothing twice
             versions = (await conn.execute(select(schema_table.c.version))).scalars().all()
         assert sorted(versions) == [m.version for m in MIGRATIONS]
