@@ -45,6 +45,7 @@ from localstate.sync.retention_rules import RetentionRule
 
 __all__ = [
     "API_ROLES",
+    "DEFAULTS",
     "LIVE_SETTINGS",
     "SETTING_NAMES",
     "ApiToken",
@@ -97,6 +98,7 @@ class Settings:
     central_timeout: float = DEFAULTS["central_timeout"]
     close_timeout: float = DEFAULTS["close_timeout"]
     flush_timeout: float = DEFAULTS["flush_timeout"]
+    central_transaction_timeout: float = DEFAULTS["central_transaction_timeout"]
     absent_ttl: float = DEFAULTS["absent_ttl"]
     max_keys_in_memory: int = DEFAULTS["max_keys_in_memory"]
     upgrade_schema: bool = DEFAULTS["upgrade_schema"]

@@ -343,6 +343,11 @@ SPECS: Final[dict[str, Spec]] = {
     "flush_timeout": Spec(_positive_float, 60.0, "seconds one flush transaction may take "
                           "before it is abandoned and retried (a central DB that stopped "
                           "answering)"),
+    "central_transaction_timeout": Spec(_positive_float, 10.0, "seconds the central DB "
+                                        "lets a transaction of this process wait for a row "
+                                        "lock or stay open idle before it ends it: the locks "
+                                        "of a writer frozen mid-flush are freed within it "
+                                        "(PostgreSQL, MySQL, MariaDB)"),
     "absent_ttl": Spec(_positive_float, 5.0, "seconds a key found absent centrally is "
                         "remembered as absent"),
     "max_keys_in_memory": Spec(_positive_int, 100_000, "entries a store keeps in memory; "

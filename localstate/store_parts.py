@@ -85,7 +85,8 @@ async def open_central(s: Settings) -> Sink:
 
     async def opened() -> CentralStore:
         # the store starts during a central outage: it serves its cache and flushes later
-        central = await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True)
+        central = await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True,
+                                          transaction_timeout=s.central_transaction_timeout)
         central.asset_mirror = None if s.asset_mirror == "off" else AssetMirror(s.asset_mirror)
         return central
 

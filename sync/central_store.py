@@ -13,6 +13,7 @@ inside a transaction opened here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Executable, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -37,7 +39,7 @@ from localstate.sync.cas_write import check_expected_version, compare_and_set
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
-from localstate.sync.engine import make_engine, read_connection
+from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
 from localstate.sync.fenced_write import select_rows, write_fenced
 from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row, posix_time
@@ -49,6 +51,10 @@ log = logging.getLogger(__name__)
 
 #: compare-and-delete rounds `delete_current` makes before it gives up under contention
 _DELETE_TRIES = 100
+#: claims in flight at once, of the pool's 10 connections: the flush and the reads keep the
+#: rest, so a storm of claims (hundreds of triggers starting, or moving to this triggerer,
+#: some waiting on row locks) never stalls this triggerer's own flushes
+_CLAIM_SLOTS = 2
 
 
 class CentralStore:
@@ -73,6 +79,8 @@ class CentralStore:
         self._schema_pending: bool | None = None
         #: set by the opener from the asset_mirror setting (`localstate.sync.asset_mirror`)
         self.asset_mirror: AssetMirror | None = None
+        #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
+        self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
 
     @property
     def _sql(self) -> BatchSql:
@@ -83,21 +91,26 @@ class CentralStore:
 
     @classmethod
     def open(cls, url: str, *, upgrade_schema: bool = True,
-             defer_if_unreachable: bool = False) -> _Opening:
+             defer_if_unreachable: bool = False,
+             transaction_timeout: float | None = DEFAULT_TRANSACTION_TIMEOUT) -> _Opening:
         """Open the central DB at `url` and check (or upgrade, `upgrade_schema`) its schema:
         await it, or use it as an async context manager.
+
+        `transaction_timeout`: the server-side bound of each transaction's lock waits and idle
+        time (`localstate.sync.engine.make_engine`; None: unbounded).
 
         `defer_if_unreachable`: when the database cannot be reached now, open anyway and do
         the schema step before the first call that reaches it (a local-first store starts and
         serves its cache during an outage); its calls raise `CentralUnavailable` meanwhile.
         """
         return _Opening(cls._open(url, upgrade_schema=upgrade_schema,
-                                  defer_if_unreachable=defer_if_unreachable))
+                                  defer_if_unreachable=defer_if_unreachable,
+                                  transaction_timeout=transaction_timeout))
 
     @classmethod
-    async def _open(cls, url: str, *, upgrade_schema: bool,
-                    defer_if_unreachable: bool) -> CentralStore:
-        engine = make_engine(url)
+    async def _open(cls, url: str, *, upgrade_schema: bool, defer_if_unreachable: bool,
+                    transaction_timeout: float | None) -> CentralStore:
+        engine = make_engine(url, transaction_timeout=transaction_timeout)
         store = cls(engine)
         try:
             await store._prepare(upgrade_schema)
@@ -141,7 +154,7 @@ class CentralStore:
             yield
         except LocalStateError:
             raise
-        except (DBAPIError, OSError, TimeoutError) as exc:
+        except (DBAPIError, OSError, TimeoutError, PoolTimeout) as exc:
             unreachable = is_unreachable(exc)
             cls = CentralUnavailable if unreachable else CentralError
             raise cls(
@@ -227,7 +240,7 @@ class CentralStore:
         await self._ready()
         params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
-        async with self._errors("claim"), self.engine.begin() as conn:
+        async with self._claim_slots, self._errors("claim"), self.engine.begin() as conn:
             result = await conn.execute(self._sql.claim, params)
             if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
                 result = await conn.execute(self._sql.claim_epoch, params)

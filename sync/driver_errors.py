@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Final
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 __all__ = ["is_unreachable"]
 
@@ -34,6 +35,7 @@ _UNREACHABLE_CODES: Final = frozenset({
     "57P02",  # crash_shutdown
     "57P03",  # cannot_connect_now: starting up, shutting down, in recovery
     "57P05",  # idle_session_timeout
+    "25P03",  # idle_in_transaction_session_timeout: the server ended our frozen transaction
     "53300",  # too_many_connections
     "40001",  # serialization_failure
     "40P01",  # deadlock_detected
@@ -65,6 +67,8 @@ _SQLITE_BUSY: Final = ("database is locked", "database table is locked")
 
 def is_unreachable(exc: BaseException) -> bool:
     """Whether `exc` (a driver error, wrapped by SQLAlchemy or not) means "retry later"."""
+    if isinstance(exc, PoolTimeout):  # every pooled connection busy past pool_timeout
+        return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     start = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc

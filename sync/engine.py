@@ -19,10 +19,20 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from localstate.config import airflow_home
+from localstate.config import DEFAULTS, airflow_home
 from localstate.errors import ConfigError
 
-__all__ = ["SUPPORTED_DIALECTS", "async_url", "make_engine", "read_connection"]
+__all__ = ["DEFAULT_TRANSACTION_TIMEOUT", "SUPPORTED_DIALECTS", "async_url", "make_engine",
+           "read_connection"]
+
+#: seconds (the `central_transaction_timeout` setting): the longest a central transaction of
+#: this process waits for a row lock, or stays open with nothing to do, before the server ends
+#: it. A writer frozen inside its flush (a stopped process, a paused VM, a long GC pause) holds
+#: its row locks for at most this long, and a claim that meets them waits at most this long.
+#: 10 s: well under Airflow's 30 s triggerer health-check threshold, so the locks of a
+#: triggerer frozen mid-flush are gone before its triggers are even reassigned; well over a
+#: flush's own time (a 10,000-row flush takes about 0.1 s), so no healthy flush is cut.
+DEFAULT_TRANSACTION_TIMEOUT: Final[float] = DEFAULTS["central_transaction_timeout"]
 
 #: dialect -> (its async driver, the Python module of that driver, the extra that installs it)
 _DRIVERS: Final = {
@@ -92,23 +102,47 @@ def _require_folder(db_file: Path, shown: str) -> None:
     )
 
 
-def make_engine(url: str) -> AsyncEngine:
-    """An async engine for the central DB, set up for this workload."""
+def make_engine(url: str, *,
+                transaction_timeout: float | None = DEFAULT_TRANSACTION_TIMEOUT) -> AsyncEngine:
+    """An async engine for the central DB, set up for this workload.
+
+    `transaction_timeout` (seconds; None: no bound) is enforced by the server, per session:
+    a lock waited for longer fails (a retryable `CentralUnavailable`), and a transaction left
+    open and idle longer is ended by the server, its locks released. The process that left it
+    learns so at its next statement (its connection is gone: retried, under the claim fence).
+    SQLite, one file on one host, has no server to end another process's transaction.
+    """
     full = async_url(url)
     parsed = make_url(full)
     if parsed.get_backend_name() == "sqlite":
         engine = create_async_engine(full, connect_args={"timeout": 30})
         _configure_sqlite(engine)
         return engine
+    # pool_timeout: the bound too: a call that cannot get a connection within it is told so
+    # (`CentralUnavailable`, retried) instead of queueing for a minute
+    pool_timeout = 60.0 if transaction_timeout is None else transaction_timeout
     if parsed.get_backend_name() == "mysql":
-        return _mysql_engine(full)
+        return _mysql_engine(full, transaction_timeout, pool_timeout)
+    server_settings = {}
+    if transaction_timeout is not None:
+        ms = str(max(1, round(transaction_timeout * 1000)))
+        server_settings = {
+            # the frozen writer's side: an open transaction idle this long is ended
+            "idle_in_transaction_session_timeout": ms,
+            # the waiter's side: a row lock not had within this long fails (55P03)
+            "lock_timeout": ms,
+            # a statement still running after three bounds is cancelled (57014): no flush
+            # statement comes near it (one statement writes at most max_batch rows)
+            "statement_timeout": str(3 * int(ms)),
+        }
     # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
-    # pool_timeout: with the cache off, thousands of triggers may queue for a connection.
     return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                               pool_timeout=60)
+                               pool_timeout=pool_timeout,
+                               connect_args={"server_settings": server_settings})
 
 
-def _mysql_engine(full: str) -> AsyncEngine:
+def _mysql_engine(full: str, transaction_timeout: float | None,
+                  pool_timeout: float) -> AsyncEngine:
     """MySQL/MariaDB through aiomysql, set up so the flush's SQL means what it says.
 
     * ``client_flag=0``: SQLAlchemy's MySQL dialects set CLIENT_FOUND_ROWS, under which a row
@@ -121,15 +155,37 @@ def _mysql_engine(full: str) -> AsyncEngine:
     * READ COMMITTED: no gap locks, so concurrent flushes of new keys do not deadlock on the
       gaps between them; every fenced write still sees and locks the latest committed row,
       as on PostgreSQL.
+    * the transaction bound (`make_engine`): ``innodb_lock_wait_timeout`` for the waiter;
+      for the frozen writer, MariaDB's ``idle_transaction_timeout`` (10.3+) ends a transaction
+      left idle, and on MySQL, which has no such variable, ``wait_timeout`` ends any idle
+      session (the pool's pre-ping replaces a pooled connection it closed).
     """
     parsed = make_url(full)
     if "charset" not in parsed.query:
         parsed = parsed.update_query_dict({"charset": "utf8mb4"})
-    return create_async_engine(
-        parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=60,
+    engine = create_async_engine(
+        parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=pool_timeout,
         pool_recycle=3600, isolation_level="READ COMMITTED",
         connect_args={"client_flag": 0, "init_command": "SET time_zone = '+00:00'"},
     )
+    if transaction_timeout is not None:
+        _bound_mysql_sessions(engine, max(1, round(transaction_timeout)))
+    return engine
+
+
+def _bound_mysql_sessions(engine: AsyncEngine, seconds: int) -> None:
+    """Set the session variables of the transaction bound on each new connection (their
+    names differ between MariaDB and MySQL, so not in ``init_command``)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        cursor.execute("SELECT VERSION()")
+        mariadb = "mariadb" in str(cursor.fetchone()[0]).lower()
+        idle = "idle_transaction_timeout" if mariadb else "wait_timeout"
+        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {seconds}, "
+                       f"SESSION {idle} = {seconds}")
+        cursor.close()
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

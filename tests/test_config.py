@@ -198,6 +198,7 @@ BAD_VALUES = [
     ("central_timeout", "-5", "greater than 0"),
     ("close_timeout", "never", "greater than 0"),
     ("flush_timeout", "0", "greater than 0"),
+    ("central_transaction_timeout", "-1", "greater than 0"),
     ("absent_ttl", "0", "greater than 0"),
     ("max_keys_in_memory", "0", "greater than 0"),
     ("max_keys_in_memory", "lots", "greater than 0"),

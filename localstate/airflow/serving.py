@@ -77,8 +77,9 @@ async def open_app(central_url: str, *, asset_states: bool, **more: Any
         **more,
     })
     async with contextlib.AsyncExitStack() as stack:
-        central = await CentralStore.open(settings.resolved_central_url,
-                                          upgrade_schema=settings.upgrade_schema)
+        central = await CentralStore.open(
+            settings.resolved_central_url, upgrade_schema=settings.upgrade_schema,
+            transaction_timeout=settings.central_transaction_timeout)
         stack.push_async_callback(central.close)
         if settings.asset_mirror != "off":
             central.asset_mirror = AssetMirror(settings.asset_mirror)

@@ -137,8 +137,10 @@ def create_app(
             if manage_store:
                 await stack.enter_async_context(store)
             if central is None:
-                opened = await CentralStore.open(store.settings.resolved_central_url,
-                                                 upgrade_schema=store.settings.upgrade_schema)
+                opened = await CentralStore.open(
+                    store.settings.resolved_central_url,
+                    upgrade_schema=store.settings.upgrade_schema,
+                    transaction_timeout=store.settings.central_transaction_timeout)
                 stack.push_async_callback(opened.close)
                 reader[0] = opened
                 stack.callback(reader.__setitem__, 0, None)

@@ -26,7 +26,8 @@ async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
     from localstate.sync.central_store import CentralStore
 
     central = await CentralStore.open(settings.resolved_central_url,
-                                      upgrade_schema=settings.upgrade_schema)
+                                      upgrade_schema=settings.upgrade_schema,
+                                      transaction_timeout=settings.central_transaction_timeout)
     try:
         yield central
     finally:
