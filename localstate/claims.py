@@ -22,13 +22,15 @@ replaces both.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from localstate.entry import StateKey
-from localstate.errors import ConfigError, OwnerLost
+from localstate.errors import CentralUnavailable, ConfigError, OwnerLost
+from localstate.sync.backoff import Backoff
 from localstate.sync.rows import DirtyRow
 from localstate.sync.sinks import ClaimingSink, Sink
 
@@ -127,15 +129,30 @@ def claiming_sink(sink: Sink | None) -> ClaimingSink:
 async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claimant: str,
                       writer: str | None, dirty: Iterable[StateKey],
                       flush: Callable[[], Awaitable[object]] | None,
-                      load: Callable[[str], Awaitable[int]] | None) -> int:
+                      load: Callable[[str], Awaitable[int]] | None,
+                      patience: float = 0.0) -> int:
     """`StateStore.claim`: flush `owner`'s writes among `dirty` (read after the claim began)
     under the claim they were made in, take the next epoch from `sink` (recorded in `book`),
     then refresh the owner's keys (`load`); return the epoch. `flush` and `load`: None when
-    the store holds no entries (direct mode)."""
+    the store holds no entries (direct mode).
+
+    A claim the central DB refuses for now (`CentralUnavailable`: a row lock it could not have
+    within the transaction bound, a pool with no free connection, a dropped connection) is
+    tried again with backoff and jitter for `patience` seconds, then raised. Jitter, since
+    the claims that met one frozen writer's locks all fail at about the same moment."""
     since = book.begin()
     if flush is not None and any(k[0] == owner for k in dirty):
         await flush()
-    epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+    deadline, backoff = time.monotonic() + patience, Backoff(base=0.2, cap=2.0)
+    while True:
+        try:
+            epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+            break
+        except CentralUnavailable:
+            delay = backoff.next_delay()
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
     book.took(owner, epoch, since)
     if load is not None:
         await load(owner)

@@ -241,7 +241,8 @@ class StateStore(StoreCore):
                 self._claims, sink, owner, claimant=self.triggerer_id,
                 writer=cache.writer_id if cache is not None else None, dirty=self._table.dirty,
                 flush=worker.flush if worker is not None else None,
-                load=self._mode.load if worker is not None else None)
+                load=self._mode.load if worker is not None else None,
+                patience=2 * self.settings.central_transaction_timeout)
 
     def claim_epoch(self, owner: str) -> int:
         """The claim epoch this store holds on `owner` (0: none)."""

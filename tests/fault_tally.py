@@ -20,6 +20,7 @@ class FaultTally:
         self.tried: Counter[str] = Counter()
         self.losses: dict[str, int] = {}
         self.findings: dict[str, int] = {}
+        self.longest_s: dict[str, float] = {}
 
     def add(self, what: str, n: int = 1) -> None:
         """Record `n` more of `what` (``"rounds killed"``, ``"acknowledged writes checked"``,
@@ -35,22 +36,30 @@ class FaultTally:
         ``"linearizability violations"``, ...)."""
         self.findings[what] = self.findings.get(what, 0) + n
 
-    def as_dict(self) -> dict[str, dict[str, int]]:
+    def longest(self, what: str, seconds: float) -> None:
+        """Record a duration of `what` (``"survivor's longest claim wait"``): the summary
+        shows the longest recorded."""
+        self.longest_s[what] = max(seconds, self.longest_s.get(what, 0.0))
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
         """The counts as plain data (a pytest-xdist worker sends them to the controller)."""
         return {"tried": dict(self.tried), "losses": dict(self.losses),
-                "findings": dict(self.findings)}
+                "findings": dict(self.findings), "longest_s": dict(self.longest_s)}
 
-    def merge(self, data: dict[str, dict[str, int]]) -> None:
+    def merge(self, data: dict[str, dict[str, float]]) -> None:
         """Add the counts of another process's tally (`as_dict`)."""
         for what, n in data.get("tried", {}).items():
-            self.add(what, n)
+            self.add(what, int(n))
         for promise, n in data.get("losses", {}).items():
-            self.lost(promise, n)
+            self.lost(promise, int(n))
         for what, n in data.get("findings", {}).items():
-            self.found(what, n)
+            self.found(what, int(n))
+        for what, s in data.get("longest_s", {}).items():
+            self.longest(what, s)
 
     def lines(self) -> list[str]:
         out = [f"{what}: {n:,}" for what, n in sorted(self.tried.items())]
         out += [f"lost ({promise}): {n:,}" for promise, n in sorted(self.losses.items())]
         out += [f"{what}: {n:,}" for what, n in sorted(self.findings.items())]
+        out += [f"{what}: {s:.2f} s" for what, s in sorted(self.longest_s.items())]
         return out

@@ -14,8 +14,18 @@ and runs orders, one JSON object a line on stdin, one at a time, answering each 
 ``{"id": n, "flush": true}``
     a flush: answers ``<lost> <conflicts>``, the writes it saw refused for their claim epoch
     and the conflicts it settled by policy.
+``{"id": n, "claim_many": [owner, ...]}``
+    claims them all at once (the storm of a triggerer taking many triggers over): answers
+    JSON ``[[owner, seconds it took, epoch or the error's class name], ...]``.
+``{"id": n, "freeze_in_flush": true}``
+    a flush that stops this process (SIGSTOP) inside its transaction, its rows written and
+    locked, just before COMMIT: a triggerer frozen mid-flush (answered once woken and done).
 ``{"quit": true}``
     closes the store and exits.
+
+Options beyond the store's own settings: ``tick_owners`` (owners whose key ``tick`` a
+background task sets to a growing counter every ``tick_interval`` s, for the store's own
+worker to flush every ``flush_interval`` s), and any setting (``central_transaction_timeout``).
 
 The parent may SIGSTOP it at any moment (mid-flush too) and SIGCONT it later: a zombie.
 """
@@ -23,14 +33,20 @@ The parent may SIGSTOP it at any moment (mid-flush too) and SIGCONT it later: a 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
+import signal
 import sys
+import time
 from typing import Any
 
+from sqlalchemy import event
+
 from localstate import StateStore
-from localstate.errors import OwnerLost
+from localstate.errors import LocalStateError, OwnerLost
+from localstate.sync.central_store import CentralStore
 
 
 def answer(n: int, *fields: object) -> None:
@@ -52,18 +68,62 @@ async def run(store: StateStore, command: dict[str, Any]) -> None:
     elif "get" in command:
         value = await store.get(command["get"], command["key"])
         answer(n, json.dumps(value, separators=(",", ":")))
+    elif "claim_many" in command:
+        answer(n, json.dumps(await asyncio.gather(*(
+            timed_claim(store, owner) for owner in command["claim_many"]))))
     else:
-        report = await store.flush()
+        if command.get("freeze_in_flush"):
+            freeze_before_commit(store)
+        try:
+            report = await store.flush()
+        except LocalStateError as exc:  # e.g. the server ended a frozen flush's transaction
+            answer(n, "error", type(exc).__name__)
+            return
         lost = sum(1 for o in report.outcomes if o.lost_to)
         answer(n, lost, report.conflicts)
 
 
+async def timed_claim(store: StateStore, owner: str) -> tuple[str, float, int | str]:
+    started = time.monotonic()
+    try:
+        epoch: int | str = await store.claim(owner)
+    except LocalStateError as exc:
+        epoch = type(exc).__name__
+    return owner, time.monotonic() - started, epoch
+
+
+def freeze_before_commit(store: StateStore) -> None:
+    """Stop this process at the next COMMIT the central engine sends, once."""
+    sink = store.sink
+    assert isinstance(sink, CentralStore), sink
+
+    once = [True]
+
+    def stop(_conn: Any) -> None:
+        if once.pop() if once else False:  # the listener stays (removing it mid-dispatch fails)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    event.listen(sink.engine.sync_engine, "commit", stop)
+
+
+async def tick(store: StateStore, owners: list[str], interval: float) -> None:
+    """Set each owner's ``tick`` to 1, 2, 3, ... every `interval` s (acknowledged locally)."""
+    for n in itertools.count(1):
+        for owner in owners:
+            await store.set(owner, "tick", n, durability="local")
+        await asyncio.sleep(interval)
+
+
 async def main(options: dict[str, Any]) -> None:
+    extra = {k: options[k] for k in ("central_transaction_timeout",) if k in options}
     store = await StateStore.open(
         central_url=options["central_url"], cache_path=options["cache_path"],
         triggerer_id=options["triggerer_id"], conflict_policy=options["conflict_policy"],
-        flush_interval=3600.0, local_sync="normal", central_thread=False,
+        flush_interval=options.get("flush_interval", 3600.0), local_sync="normal",
+        central_thread=False, **extra,
     )
+    ticking = (asyncio.create_task(tick(store, options["tick_owners"], options["tick_interval"]))
+               if options.get("tick_owners") else None)
     # each loss is logged once; here they are the point, and thousands
     logging.getLogger("localstate.store").setLevel(logging.ERROR)
     loop = asyncio.get_running_loop()
@@ -75,6 +135,8 @@ async def main(options: dict[str, Any]) -> None:
         if "quit" in command:
             break
         await run(store, command)
+    if ticking is not None:
+        ticking.cancel()
     await store.close()
 
 

@@ -75,9 +75,11 @@ class Triggerer:
         return await asyncio.wait_for(self.send(**command), 60)
 
 
-async def start(name: str, central_url: str, tmp: Path) -> tuple[Triggerer, asyncio.Task[None]]:
+async def start(name: str, central_url: str, tmp: Path,
+                **more: Any) -> tuple[Triggerer, asyncio.Task[None]]:
+    """A claim_writer.py process; `more`: its further options (see its docstring)."""
     options = {"central_url": central_url, "cache_path": str(tmp / f"{name}.db"),
-               "triggerer_id": name, "conflict_policy": POLICY}
+               "triggerer_id": name, "conflict_policy": POLICY, **more}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(WRITER), json.dumps(options), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE)

@@ -1,0 +1,166 @@
+"""A triggerer frozen inside its flush transaction stalls neither a takeover nor its peers.
+
+Two writer processes (claim_writer.py: each a `StateStore` with its own cache file) share one
+central DB, PostgreSQL or MariaDB, with ``central_transaction_timeout`` = `BOUND`:
+
+* the *zombie* claims `MOVED` owners, writes and flushes them, writes them again, then stops
+  itself (SIGSTOP) inside its next flush, just before COMMIT: its rows written and locked, the
+  owners' claim rows share-locked, as a process frozen by a GC pause, a paused VM or a frozen
+  container is;
+* the *survivor* flushes `OWN` owners of its own every `FLUSH_INTERVAL` (a background task
+  sets them every 0.1 s) and, once the zombie is frozen, claims all `MOVED` owners at once (a
+  takeover of hundreds of triggers: a claim storm);
+* after `STOP_S` (``LOCALSTATE_FROZEN_STOP_S``, 80 for the full run) the zombie is woken: its
+  transaction was ended by the server meanwhile, its flush fails, and its next flushes are
+  refused for the claims (`OwnerLost`).
+
+Checked: every claim commits, none fails (no pool timeout, no lock timeout reaching the
+caller), each within ``BOUND + 5 s`` of the freeze; the survivor's own owners are never more
+than three flush intervals without a central write; no write of the zombie is central after
+the takeover; every owner ends at its last acknowledged value. The fault summary reports the
+longest claim wait and the longest central silence of the survivor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from fault_tally import FaultTally
+from test_claim_failover import Triggerer, start
+
+from localstate.sync.central_store import CentralStore
+from localstate.testing.mysql_server import MysqlServer
+from localstate.testing.postgres_server import PostgresServer
+
+BOUND = 2.0
+MOVED = 300
+OWN = 30
+FLUSH_INTERVAL = 1.0
+STOP_S = float(os.environ.get("LOCALSTATE_FROZEN_STOP_S", "12"))
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def wait_until_stopped(t: Triggerer) -> None:
+    for _ in range(600):
+        if stopped(t.proc.pid):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{t.name} never stopped itself in its flush")
+
+
+async def watch_ticks(url: str, owners: list[str], until: asyncio.Event,
+                      changes: list[float]) -> None:
+    """Note each moment the survivor's own owners' central values move on."""
+    central = await CentralStore.open(url, upgrade_schema=False)
+    try:
+        last: Any = None
+        while not until.is_set():
+            rows = await central.read_many([(o, "tick") for o in owners])
+            now = tuple(r.data for r in rows.values())
+            if now != last:
+                changes.append(time.monotonic())
+                last = now
+            await asyncio.sleep(0.05)
+    finally:
+        await central.close()
+
+
+async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
+    db_server: PostgresServer | MysqlServer, tmp_path: Path, fault_tally: FaultTally,
+) -> None:
+    if isinstance(db_server, MysqlServer):
+        db_server.ensure_running()
+    url = db_server.create_database(f"frozen_{os.getpid()}_{int(time.time() * 1000) % 10**8}")
+    moved = [f"moved:{i:03d}" for i in range(MOVED)]
+    own = [f"own:{i:02d}" for i in range(OWN)]
+    bound: dict[str, Any] = {"central_transaction_timeout": BOUND}
+    zombie, zombie_reader = await start("zombie", url, tmp_path, **bound)
+    survivor, survivor_reader = await start(
+        "survivor", url, tmp_path, **bound, tick_owners=own, tick_interval=0.1,
+        flush_interval=FLUSH_INTERVAL)
+    procs = [zombie, survivor]
+    try:
+        first = json.loads(await zombie.call(claim_many=moved))
+        assert all(isinstance(epoch, int) for _o, _s, epoch in first), first
+        for value in (1, 2):
+            answers = await asyncio.gather(*(
+                zombie.send(write=o, key="watermark", value=value) for o in moved))
+            assert all(a.startswith("ok") for a in answers), answers[:3]
+            if value == 1:
+                assert (await zombie.call(flush=True)).split()[0] == "0"
+        done = asyncio.Event()
+        changes: list[float] = []
+        watcher = asyncio.create_task(watch_ticks(url, own, done, changes))
+        frozen_flush = zombie.send(freeze_in_flush=True)
+        await wait_until_stopped(zombie)
+        handover = time.monotonic()
+        # the takeover at once: every claim meets the frozen transaction's locks
+        claims = json.loads(await asyncio.wait_for(survivor.send(claim_many=moved), 120))
+        claimed = time.monotonic()
+        failed = [c for c in claims if not isinstance(c[2], int)]
+        assert not failed, f"{len(failed)} claims failed: {failed[:5]}"
+        longest_claim = max(seconds for _o, seconds, _e in claims)
+        assert longest_claim >= BOUND / 2, "no claim met the frozen writer's locks"
+        assert claimed - handover <= BOUND + 5, (claimed - handover)
+        answers = await asyncio.gather(*(
+            survivor.send(write=o, key="watermark", value=100) for o in moved))
+        assert all(a.startswith("ok") for a in answers), answers[:3]
+        assert (await survivor.call(flush=True)).split() == ["0", "0"]
+
+        await asyncio.sleep(max(0.0, STOP_S - (time.monotonic() - handover)))
+        done.set()
+        await watcher
+        silences = [b - a for a, b in itertools.pairwise(changes)]
+        longest_silence = max(silences)
+        assert len(changes) > STOP_S / FLUSH_INTERVAL / 2, changes
+        assert longest_silence <= 3 * FLUSH_INTERVAL, (longest_silence, silences)
+
+        zombie.proc.send_signal(signal.SIGCONT)
+        outcome = await asyncio.wait_for(frozen_flush, 120)
+        # the server ended the frozen transaction: the flush failed, or its rows were refused
+        assert outcome.startswith("error") or outcome.split()[0] == str(MOVED), outcome
+        after = await zombie.call(flush=True)
+        zombie_lost = [await zombie.send(write=o, key="watermark", value=999) for o in moved]
+        assert all(a == "lost" for a in zombie_lost), zombie_lost[:3]
+
+        central = await CentralStore.open(url, upgrade_schema=False)
+        try:
+            rows = await central.read_many([(o, "watermark") for o in moved])
+        finally:
+            await central.close()
+        zombie_writes = [k for k, r in rows.items() if json.loads(r.data or "null") != 100]
+        assert not zombie_writes, (after, zombie_writes[:5])
+
+        for t in procs:
+            t.send(quit=True)
+        for t, reader in ((zombie, zombie_reader), (survivor, survivor_reader)):
+            assert await asyncio.wait_for(t.proc.wait(), 60) == 0, t.name
+            await reader
+    finally:
+        for t in procs:
+            if t.proc.returncode is None:
+                t.proc.send_signal(signal.SIGCONT)
+                t.proc.kill()
+                await t.proc.wait()
+    backend = "MariaDB" if isinstance(db_server, MysqlServer) else "PostgreSQL"
+    fault_tally.add("writers frozen inside a flush transaction")
+    fault_tally.add("owners taken over from a frozen writer", MOVED)
+    fault_tally.found("claims failed behind a frozen writer", len(failed))
+    fault_tally.found("zombie writes accepted after a claim", len(zombie_writes))
+    fault_tally.longest("survivor's longest claim wait behind a frozen writer", longest_claim)
+    fault_tally.longest("survivor's longest central silence while a peer was frozen",
+                        longest_silence)
+    print(f"\nfrozen flush ({backend}, bound {BOUND} s, stop {STOP_S} s): {MOVED} claims "
+          f"done {claimed - handover:.2f} s after the freeze (longest {longest_claim:.2f} s); "
+          f"survivor's longest central silence {longest_silence:.2f} s")
