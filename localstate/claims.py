@@ -88,6 +88,14 @@ class ClaimBook:
                     epoch=claim.epoch if r.updated_at >= claim.since else claim.before))
         return out
 
+    def outclaimed(self, owner: str, current: int) -> None:
+        """A conditional claim of `owner` found a newer claim (epoch `current`) standing: this
+        store may not write it (its later writes raise `OwnerLost`)."""
+        if owner not in self.lost:
+            log.warning("owner %r was claimed by another writer (epoch %d) while this store "
+                        "waited to claim it: its writes here are refused", owner, current)
+        self.lost[owner] = current
+
     def lose(self, owner: str, epoch: int, current: int) -> bool:
         """A write of `owner` made at `epoch` was refused: the central DB is at `current`.
         Returns whether the owner is lost (False: the write predates this store's claim,
@@ -130,7 +138,8 @@ async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claima
                       writer: str | None, dirty: Iterable[StateKey],
                       flush: Callable[[], Awaitable[object]] | None,
                       load: Callable[[str], Awaitable[int]] | None,
-                      patience: float = 0.0) -> int:
+                      patience: float = 0.0,
+                      unless_claimed_since: float | None = None) -> int:
     """`StateStore.claim`: flush `owner`'s writes among `dirty` (read after the claim began)
     under the claim they were made in, take the next epoch from `sink` (recorded in `book`),
     then refresh the owner's keys (`load`); return the epoch. `flush` and `load`: None when
@@ -146,8 +155,12 @@ async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claima
     deadline, backoff = time.monotonic() + patience, Backoff(base=0.2, cap=2.0)
     while True:
         try:
-            epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+            epoch = await sink.claim(owner, claimant=claimant, writer=writer,
+                                     unless_claimed_since=unless_claimed_since)
             break
+        except OwnerLost as exc:  # a newer claim stands: this store's writes of it are refused
+            book.outclaimed(owner, exc.current)
+            raise
         except CentralUnavailable:
             delay = backoff.next_delay()
             if time.monotonic() + delay > deadline:

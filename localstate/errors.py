@@ -111,6 +111,13 @@ class OwnerLost(LocalStateError):
         #: the owner's epoch in the central DB when the write was refused
         self.current = current
 
+    @classmethod
+    def claimed_since(cls, owner: str, current: int) -> OwnerLost:
+        """A conditional claim refused: another writer claimed `owner` after the time given."""
+        return cls(f"owner {owner!r} was claimed by another writer (epoch {current}) after "
+                   "this store began to claim it: that writer holds it now", owner=owner,
+                   epoch=0, current=current)
+
 
 class CacheError(LocalStateError):
     """A problem with the local cache file; the message names the file."""

@@ -221,7 +221,7 @@ class StateStore(StoreCore):
         state store, the ``airflow`` sink, does not)."""
         return isinstance(self.sink, ClaimingSink)
 
-    async def claim(self, owner: str) -> int:
+    async def claim(self, owner: str, *, unless_claimed_since: float | None = None) -> int:
         """Take `owner` over for this store: bump its claim epoch in the central DB (recording
         this store's ``triggerer_id``), then refresh its keys from there; return the epoch.
 
@@ -230,6 +230,9 @@ class StateStore(StoreCore):
         the conflict policy; that store raises `OwnerLost` for its later writes of `owner`.
         Writes this store made before the claim are flushed first, under the claim they were
         made in. Within one claim the conflict policies apply as before.
+
+        `unless_claimed_since` (POSIX time): claim only if nobody claimed `owner` after then;
+        `OwnerLost` otherwise (a late claim never takes an owner back from its new holder).
         """
         if self._closed:
             raise self._closed_error()
@@ -242,7 +245,8 @@ class StateStore(StoreCore):
                 writer=cache.writer_id if cache is not None else None, dirty=self._table.dirty,
                 flush=worker.flush if worker is not None else None,
                 load=self._mode.load if worker is not None else None,
-                patience=2 * self.settings.central_transaction_timeout)
+                patience=2 * self.settings.central_transaction_timeout,
+                unless_claimed_since=unless_claimed_since)
 
     def claim_epoch(self, owner: str) -> int:
         """The claim epoch this store holds on `owner` (0: none)."""

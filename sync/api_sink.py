@@ -34,7 +34,13 @@ import httpx
 from localstate.client import error_for
 from localstate.config import Settings
 from localstate.entry import StateKey
-from localstate.errors import AccessDenied, CentralUnavailable, ConfigError, LocalStateError
+from localstate.errors import (
+    AccessDenied,
+    CentralUnavailable,
+    ConfigError,
+    LocalStateError,
+    OwnerLost,
+)
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
@@ -203,11 +209,17 @@ class ApiSink:
 
     # -- claims and the fleet table, kept by the server's central DB --------------------
 
-    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None,
+                    unless_claimed_since: float | None = None) -> int:
         """Bump `owner`'s claim epoch through the server (`CentralStore.claim`, one
-        transaction there); the new epoch."""
+        transaction there); the new epoch, or `OwnerLost` when the server answers that a
+        claim newer than `unless_claimed_since` stands."""
         answer = await self._post("/claim", encode_body(
-            {"owner": owner, "claimant": claimant, "writer": writer}))
+            {"owner": owner, "claimant": claimant, "writer": writer,
+             "unless_claimed_since": unless_claimed_since}))
+        current = answer.get("claimed_since")
+        if isinstance(current, int) and not isinstance(current, bool):
+            raise OwnerLost.claimed_since(owner, current)
         epoch = answer.get("epoch")
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise CentralUnavailable(f"{self.url} answered a claim without its epoch; retried")

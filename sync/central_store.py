@@ -31,6 +31,7 @@ from localstate.errors import (
     CentralError,
     CentralUnavailable,
     LocalStateError,
+    OwnerLost,
     VersionConflict,
     WriteRejected,
 )
@@ -232,15 +233,28 @@ class CentralStore:
 
     # -- claims --------------------------------------------------------------------------
 
-    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None,
+                    unless_claimed_since: float | None = None) -> int:
         """Claim `owner` for `claimant`: bump its epoch (1 for a first claim) in one
         transaction, record who, when and from which local cache file (`writer`), and return
         the new epoch. From its commit on, every flushed write of `owner` carrying a lower
-        epoch is refused, except one from that cache file (its own, made before a restart)."""
+        epoch is refused, except one from that cache file (its own, made before a restart).
+
+        `unless_claimed_since` (POSIX time): claim only if nobody claimed `owner` after then
+        (its claim row is read locked, in the same transaction); else `OwnerLost`, nothing
+        changed. A claim retried later (a trigger that started while the DB was out of
+        reach) so never takes the owner back from a triggerer that took it over meanwhile.
+        """
         await self._ready()
         params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
         async with self._claim_slots, self._errors("claim"), self.engine.begin() as conn:
+            if unless_claimed_since is not None:
+                c = owner_claim.c
+                row = (await conn.execute(select(c.epoch, c.claimed_at)
+                                          .where(c.owner == owner).with_for_update())).first()
+                if row is not None and posix_time(row[1]) > unless_claimed_since:
+                    raise OwnerLost.claimed_since(owner, int(row[0]))
             result = await conn.execute(self._sql.claim, params)
             if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
                 result = await conn.execute(self._sql.claim_epoch, params)

@@ -102,11 +102,13 @@ class ThreadedSink:
             owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
         ))
 
-    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None,
+                    unless_claimed_since: float | None = None) -> int:
         """The wrapped sink's `claim` (`ClaimingSink`); `ConfigError` when it has none."""
         if not isinstance(self.inner, ClaimingSink):
             raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
-        return await self._call(self.inner.claim(owner, claimant=claimant, writer=writer))
+        return await self._call(self.inner.claim(
+            owner, claimant=claimant, writer=writer, unless_claimed_since=unless_claimed_since))
 
     def note_fleet(self, status: FleetStatus) -> None:
         """The wrapped sink's `note_fleet`, if it keeps a fleet table (a plain assignment

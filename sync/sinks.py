@@ -71,9 +71,11 @@ class ClaimingSink(Protocol):
     """A sink that holds owners' claim epochs (`localstate.sync.fenced_write`); a sink
     without them (Airflow's state store) cannot fence a zombie writer."""
 
-    async def claim(self, owner: str, *, claimant: str, writer: str | None = None) -> int:
+    async def claim(self, owner: str, *, claimant: str, writer: str | None = None,
+                    unless_claimed_since: float | None = None) -> int:
         """Bump `owner`'s claim epoch for `claimant` (from the local cache file `writer`) in
-        one transaction; the new epoch."""
+        one transaction; the new epoch. With `unless_claimed_since` (POSIX time), only if
+        nobody claimed `owner` since then: `OwnerLost` otherwise, nothing changed."""
 
 
 @runtime_checkable

@@ -403,6 +403,9 @@ async def test_claims_and_the_fleet_table_work_through_the_server(
         with pytest.raises(OwnerLost):
             await a.set("trigger:t", "wm", 100)
         assert await a.get("trigger:t", "wm") == 11  # it took the owner's record
+        # a late conditional claim (a trigger that started before b's claim) is refused too
+        with pytest.raises(OwnerLost):
+            await a.claim("trigger:t", unless_claimed_since=time.time() - 3600)
         # each flush recorded its triggerer in the server's fleet table, in its transaction
         sink = b.sink
         assert isinstance(sink, FleetReporting)

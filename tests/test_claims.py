@@ -65,6 +65,35 @@ async def test_claim_bumps_the_epoch_and_records_the_claimant(central: CentralSt
         OWNER: (2, "triggerer-b"), "other": (1, "triggerer-a")}
 
 
+async def test_a_conditional_claim_never_takes_an_owner_back_from_a_newer_claim(
+    central: CentralStore,
+) -> None:
+    before_any = time.time() - 1
+    # no claim row yet, or only claims made before the time given: the claim goes through
+    assert await central.claim(OWNER, claimant="a", unless_claimed_since=before_any) == 1
+    assert await central.claim(OWNER, claimant="a", unless_claimed_since=time.time() + 1) == 2
+    # started before b's claim: refused, and nothing changed
+    started = time.time() - 1
+    with pytest.raises(OwnerLost) as lost:
+        await central.claim(OWNER, claimant="late", unless_claimed_since=started)
+    assert (lost.value.owner, lost.value.current) == (OWNER, 2)
+    assert await central.read_claims([OWNER]) == {OWNER: (2, "a")}
+
+
+async def test_a_store_refused_a_conditional_claim_may_not_write_the_owner(
+    open_store: StoreFactory,
+) -> None:
+    started = time.time() - 1
+    holder = await open_store(triggerer_id="holder")
+    late = await open_store(triggerer_id="late")
+    assert await holder.claim(OWNER) == 1
+    with pytest.raises(OwnerLost):
+        await late.claim(OWNER, unless_claimed_since=started)
+    with pytest.raises(OwnerLost):
+        await late.set(OWNER, "wm", 1)
+    await holder.set(OWNER, "wm", 2)  # the holder is untouched
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("zombie_first", [True, False], ids=["zombie-first", "owner-first"])
 async def test_a_lower_epoch_is_refused_whatever_the_policy_and_order(

@@ -30,15 +30,23 @@ owner (`StateStore.claim`): a new claim epoch, after which the central DB refuse
 the triggerer it was moved away from, should that one still be running (a zombie). A zombie's
 store raises `OwnerLost`; ``run()`` then ends quietly (the trigger stops). The ``airflow`` sink
 keeps no claims: there nothing is claimed and a zombie is not fenced (see the README).
+
+A claim the central DB cannot complete now (down, or slow: every claim is bounded by
+``central_transaction_timeout`` and retried for twice that) never fails the trigger: it runs
+on from its cache, as in an outage, and claims again in the background with backoff, *unless
+another triggerer claimed the owner since this one started it* (the claim is conditional, in
+one transaction): a late claim never takes a trigger back from the triggerer it moved to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
 import json
 import logging
+import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, ClassVar, Final, TypeVar, cast
@@ -53,6 +61,7 @@ from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, re
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
+from localstate.sync.backoff import Backoff
 from localstate.variable import StateVariable
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
@@ -197,6 +206,8 @@ class StateEnabledTrigger:
     _localstate_accessors: LocalAssetStateStoreAccessors | None = None
     _localstate_store: StateStore | None = None
     _localstate_owner: str | None = None
+    #: the background claim of a trigger whose claim at start could not complete
+    _localstate_claiming: asyncio.Task[None] | None = None
 
     # -- Airflow's attribute, intercepted ------------------------------------------------
 
@@ -261,16 +272,40 @@ class StateEnabledTrigger:
         self._register_accessors()
         store = await trigger_store()
         if store.can_claim:
+            started = time.time()
             try:
                 await store.claim(self.state_owner)
             except CentralUnavailable as exc:
-                # local-first: the trigger runs from its cache; unclaimed, its writes are
-                # refused (OwnerLost) only if another triggerer claims the owner meanwhile
-                log.warning("could not claim %s (%s); running unclaimed", self.state_owner, exc)
+                # local-first: the trigger runs from its cache and claims in the background
+                log.warning("could not claim %s (%s); running from the local cache and "
+                            "claiming again in the background", self.state_owner, reason(exc))
+                self._localstate_claiming = asyncio.create_task(
+                    self._claim_later(store, started), name=f"claim {self.state_owner}")
         self._localstate_store = store
         if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
             freeze_startup_heap()  # and full collections skip the start-up heap
         return store
+
+    async def _claim_later(self, store: StateStore, started: float) -> None:
+        """Claim the owner once the central DB lets us, unless another triggerer claimed it
+        after `started` (then this trigger's writes raise `OwnerLost` and ``run()`` ends)."""
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not store.closed:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                epoch = await store.claim(self.state_owner, unless_claimed_since=started)
+            except CentralUnavailable:
+                continue
+            except OwnerLost as exc:
+                log.warning("%s was claimed by another triggerer meanwhile (epoch %d): this "
+                            "trigger's writes of it are refused", self.state_owner, exc.current)
+                return
+            except LocalStateError as exc:  # closed meanwhile, or a setting changed
+                log.warning("gave up claiming %s: %s", self.state_owner, reason(exc))
+                return
+            log.info("claimed %s (epoch %d) after %d tries", self.state_owner, epoch,
+                     backoff.failures)
+            return
 
     def _open_store(self) -> StateStore:
         store = self._localstate_store
@@ -319,6 +354,9 @@ class StateEnabledTrigger:
         """Leaving this triggerer (moved, stopped, done): release the owner's state (flushed,
         so the next triggerer starts from here, then dropped from this one's memory and cache
         file: `StateStore.release`)."""
+        claiming, self._localstate_claiming = self._localstate_claiming, None
+        if claiming is not None:
+            claiming.cancel()
         store = self._localstate_store
         # after a graceful stop's drain (`localstate.airflow.shutdown`) there is nothing left
         # to flush from the mixin's writes, and the airflow sink's channel is gone

@@ -22,6 +22,7 @@ nothing is read or written. The body is read only after the token is checked.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
@@ -35,7 +36,7 @@ from localstate.api.routes import caller_of, central_or_503
 from localstate.api.writes import require_open
 from localstate.codec import decode
 from localstate.entry import UNKNOWN_BASE, StateKey
-from localstate.errors import ConfigError, ValueTooLarge
+from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
 from localstate.model import check_name, check_names
 from localstate.store import StateStore
 from localstate.sync.asset_mirror import asset_name
@@ -243,9 +244,17 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         owner = check_name("owner", body.get("owner"))
         claimant = check_name("claimant", body.get("claimant"))
         writer = _writer(body.get("writer"))
+        since = body.get("unless_claimed_since")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
+                                  or not math.isfinite(since)):
+            raise ApiError(422, "invalid_input", "unless_claimed_since: a POSIX time or null")
         caller.require_write(owner)
         require_open(store)
-        epoch = await central_or_503(central).claim(owner, claimant=claimant, writer=writer)
+        try:
+            epoch = await central_or_503(central).claim(
+                owner, claimant=claimant, writer=writer, unless_claimed_since=since)
+        except OwnerLost as exc:  # a newer claim stands: the caller's OwnerLost
+            return _json({"claimed_since": exc.current})
         return _json({"epoch": epoch})
 
     @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
