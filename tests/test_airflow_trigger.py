@@ -10,8 +10,10 @@ so a test that passes proves the calls were served locally.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
 from localstate.errors import LocalStateError
 from localstate.sync.airflow_sink import AirflowSink, process_sink
 from localstate.sync.central_store import CentralStore
+from localstate.testing.postgres_server import PostgresServer
 from localstate.variable import StateVariable
 
 
@@ -338,3 +341,36 @@ async def test_a_trigger_claims_its_owner_and_stops_when_another_claims_it(
     record = await first.record(moved.state_owner, "watermark")
     assert record is not None
     assert record.updated_by == "second"  # the zombie took it
+
+
+async def test_a_trigger_started_while_the_central_db_is_down_claims_once_it_is_back(
+        private_pg: PostgresServer, tmp_path: Path) -> None:
+    url = private_pg.create_database(f"late_claim_{os.getpid()}")
+    private_pg.stop()
+    try:
+        store = await use(await StateStore.open(
+            central_url=url, cache_path=tmp_path / "cache.db", triggerer_id="t",
+            central_transaction_timeout=0.5))
+        await store.set(trigger_owner(f"{__name__}.CountingTrigger",
+                                      {"source": "late", "step": 1}), "watermark", 7)
+        trigger = CountingTrigger(source="late")
+        # the watermark is in the cache: the trigger runs from it, unclaimed
+        assert await drive(trigger, 2) == [8, 9]
+        assert store.claim_epoch(trigger.state_owner) == 0
+        # a trigger whose watermark is in no cache waits for the central DB, and never
+        # starts over from the default
+        other = CountingTrigger(source="elsewhere")
+        waiting = asyncio.create_task(drive(other, 1))
+        await asyncio.sleep(1.5)
+        assert not waiting.done()
+    finally:
+        private_pg.start()
+    assert await asyncio.wait_for(waiting, 60) == [1]
+    for _ in range(200):  # the background claim's backoff starts at 0.5-1 s
+        if store.claim_epoch(trigger.state_owner):
+            break
+        await asyncio.sleep(0.05)
+    assert store.claim_epoch(trigger.state_owner) == 1
+    await trigger.cleanup()
+    await other.cleanup()
+    await store.close()

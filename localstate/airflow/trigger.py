@@ -327,8 +327,24 @@ class StateEnabledTrigger:
         return StateVariable(key, owner=self.state_owner, store=self._open_store())
 
     async def get_watermark(self, default: Any = None) -> Any:
+        """The watermark (`default` when it has none). Not in the local cache and the central
+        DB out of reach: waits for it, retrying with backoff, rather than fail the trigger or
+        answer `default` for a watermark that exists (a watcher would start over)."""
         store = await self.open_state()
-        return await store.get(self.state_owner, self.watermark_key, default)
+        backoff = Backoff(base=0.5, cap=30.0)
+        while True:
+            try:
+                value = await store.get(self.state_owner, self.watermark_key, default)
+            except CentralUnavailable as exc:
+                if not backoff.failures:
+                    log.warning("cannot read %s's watermark (%s); waiting for the central DB",
+                                self.state_owner, reason(exc))
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            if backoff.failures:
+                log.info("read %s's watermark after %d tries", self.state_owner,
+                         backoff.failures)
+            return value
 
     async def forget_state(self) -> int:
         """Delete every key of this trigger's ``trigger:`` owner, centrally (tombstones, which
