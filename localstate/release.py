@@ -25,7 +25,7 @@ import asyncio
 from dataclasses import dataclass
 
 from localstate.entry_table import EntryTable
-from localstate.errors import LocalStateError
+from localstate.errors import LocalStateError, OwnerLost
 from localstate.sync.worker import SyncWorker
 
 __all__ = ["ReleaseReport", "release_owner"]
@@ -41,9 +41,12 @@ class ReleaseReport:
     #: timeout (the central DB was down), or in conflict; flushed and evicted as usual
     kept: int = 0
     #: writes the release waited for the central DB to hold, and of those the ones it did not
-    #: get within the timeout or that lost a conflict
+    #: get within the timeout or that lost a conflict (kept, flushed later)
     flushed: int = 0
     unflushed: int = 0
+    #: writes refused for good: another writer claimed the owner (`OwnerLost`), at this epoch
+    refused: int = 0
+    claimed_at_epoch: int | None = None
 
 
 async def release_owner(table: EntryTable, worker: SyncWorker, owner: str,
@@ -58,13 +61,18 @@ async def release_owner(table: EntryTable, worker: SyncWorker, owner: str,
             # registered before any await: the flush that carries `version` settles it
             fut = worker.expect_flush(k, version)
             waits.append(worker.wait_flushed(k, version, timeout, fut))
-    unflushed = 0
+    unflushed = refused = 0
+    epoch = None
     if waits:
         for outcome in await asyncio.gather(*waits, return_exceptions=True):
-            if isinstance(outcome, LocalStateError):
+            if isinstance(outcome, OwnerLost):
+                refused += 1
+                epoch = outcome.current
+            elif isinstance(outcome, LocalStateError):
                 unflushed += 1  # CentralUnavailable (timeout) or WriteRejected (conflict)
             elif isinstance(outcome, BaseException):
                 raise outcome
     dropped, kept = table.release(owner)
-    return ReleaseReport(dropped=dropped, kept=kept, flushed=len(waits) - unflushed,
-                         unflushed=unflushed)
+    return ReleaseReport(dropped=dropped, kept=kept,
+                         flushed=len(waits) - unflushed - refused, unflushed=unflushed,
+                         refused=refused, claimed_at_epoch=epoch)

@@ -206,3 +206,15 @@ async def test_release_with_the_cache_off_and_bad_input(open_store: StoreFactory
     await store.close()
     with pytest.raises(StoreClosed):
         await store.release(OWNER)
+
+
+async def test_writes_refused_for_a_newer_claim_are_reported_refused_not_unflushed(
+        open_store: StoreFactory) -> None:
+    zombie = await open_store(triggerer_id="zombie")
+    holder = await open_store(triggerer_id="holder")
+    assert await zombie.claim(OWNER) == 1
+    await zombie.set(OWNER, "wm", 1)
+    assert await holder.claim(OWNER) == 2
+    report = await zombie.release(OWNER, timeout=5.0)
+    assert (report.refused, report.claimed_at_epoch, report.unflushed) == (1, 2, 0)
+    assert report.flushed == 0

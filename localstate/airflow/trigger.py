@@ -384,6 +384,10 @@ class StateEnabledTrigger:
                 log.warning("could not release %s's state on cleanup (%s); it stays in the "
                             "local cache and is flushed later", self.state_owner, reason(exc))
             else:
+                if report.refused:  # for good: no later flush will carry them
+                    log.warning("%d writes of %s were refused: another triggerer claimed it "
+                                "(epoch %s) and holds it now", report.refused,
+                                self.state_owner, report.claimed_at_epoch)
                 if report.unflushed:
                     log.warning("could not flush %d writes of %s on cleanup within %g s; they "
                                 "stay in the local cache and are flushed later",
