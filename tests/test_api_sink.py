@@ -416,3 +416,33 @@ async def test_claims_and_the_fleet_table_work_through_the_server(
         claims = await central.read_claims(["trigger:t"])
     assert row.data == "11"
     assert claims == {"trigger:t": (2, "b")}
+
+
+async def test_a_triggerer_stopped_mid_request_holds_no_lock_in_the_server(
+        server: ServeProcess, tmp_path: Path) -> None:
+    # the server reads a whole flush request before it opens its transaction: a triggerer
+    # frozen while sending one (half a body sent, the rest never) holds no row lock there
+    owners = [f"trigger:m{i}" for i in range(30)]
+    async with api_store(server, tmp_path, "a") as a, api_store(server, tmp_path, "b") as b:
+        for owner in owners:
+            assert await a.claim(owner) == 1
+            await a.set(owner, "wm", 1)
+        await a.flush()
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(
+                b"POST /api/v1/flush HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Authorization: Bearer " + RW_TOKEN.encode() + b"\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                + b'{"rows": [' + b" " * 1000)
+            await writer.drain()
+            started = time.monotonic()
+            epochs = await asyncio.wait_for(asyncio.gather(*(b.claim(o) for o in owners)), 30)
+            took = time.monotonic() - started
+        finally:
+            writer.close()
+        assert epochs == [2] * len(owners)
+        assert took < 5.0, took  # nothing to wait for (a lock would hold them the whole test)
+        await b.set(owners[0], "wm", 2)
+        await b.flush()
+        assert await b.read_committed(owners[0], "wm") is not None
