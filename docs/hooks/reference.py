@@ -86,10 +86,8 @@ ADVICE: dict[str, str] = {
 def _exception_classes() -> list[type[BaseException]]:
     import localstate.errors as errors
 
-    found = [obj for name in errors.__all__
-             if inspect.isclass(obj := getattr(errors, name))
-             and issubclass(obj, BaseException)]
-    return found
+    return [obj for name in errors.__all__
+            if inspect.isclass(obj := getattr(errors, name)) and issubclass(obj, BaseException)]
 
 
 def troubleshooting_page() -> str:
@@ -366,7 +364,7 @@ def _dated(path: Path) -> str:
 def _machine(data: dict[str, Any]) -> str:
     m = data.get("machine")
     if not m:
-        return "2 shared cores (the same machine kind; not recorded in the file)"
+        return "2 shared cores (the rest of the hardware is not recorded in this file)"
     return (f"{m.get('cpus')} shared cores, Python {m.get('python')}, SQLite {m.get('sqlite')}, "
             f"SQLAlchemy {m.get('sqlalchemy')}, localstate {m.get('localstate')}")
 
@@ -389,7 +387,10 @@ def benchmarks_page(docs_dir: Path) -> str:
         "**ratios**, each against a baseline measured in the same run. This is the only page "
         "with measured figures; the other pages describe behaviour.",
         "",
-        "Reproduce any of them on your hardware: `localstate bench --quick` (embedded SQLite, "
+        "The hardware: virtual machines with 2 shared cores and 24 GiB of memory, Python 3.11, "
+        "PostgreSQL 15 on loopback started with `fsync = off` (which flatters `direct` writes, "
+        "so the ratios against them are conservative). Reproduce any of them on your "
+        "hardware: `localstate bench --quick` (embedded SQLite, "
         "under a minute), `localstate bench --central-url postgresql://...`, and the longer "
         "runs in `benches/`.",
         "",
@@ -427,8 +428,9 @@ def benchmarks_page(docs_dir: Path) -> str:
             f"{min(rss):.1f}–{max(rss):.1f} MiB, cache file {min(cache):.2f}–{max(cache):.2f} "
             "MiB: memory and disk follow the working set, not the history.", ""]
     flush = json.loads((docs_dir / "bench-flush.json").read_text())
-    lines += [f"## Flush against the raw batched upsert", "",
-              f"*{_dated(docs_dir / 'bench-flush.json')}; {_machine(flush)}; PostgreSQL on "
+    lines += ["## Flush against the raw batched upsert", "",
+              f"*`docs/bench-flush.json`, {_dated(docs_dir / 'bench-flush.json')}; "
+              f"{_machine(flush)}; PostgreSQL on "
               "loopback; `python benches/bench_flush.py --rounds 5`; each figure the median of "
               "5 steady-state flushes (rewrites of held rows) against raw upserts measured in "
               "the same run.*", "",
@@ -447,7 +449,8 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines.append("")
     fleet = json.loads((docs_dir / "bench-fleet.json").read_text())
     lines += ["## The fleet and the write budget", "",
-              f"*{_dated(docs_dir / 'bench-fleet.json')}; {_machine(fleet)}; PostgreSQL on "
+              f"*`docs/bench-fleet.json`, {_dated(docs_dir / 'bench-fleet.json')}; "
+              f"{_machine(fleet)}; PostgreSQL on "
               "loopback; `localstate bench --fleet 3 --triggers 300 [--budget 500] "
               "--central-url postgresql://... --json docs/bench-fleet.json`. Each run stops one "
               "triggerer (SIGSTOP) and wakes it as a zombie, and kills another (SIGKILL); the "
@@ -473,7 +476,8 @@ def _bench_rows_section(title: str, path: Path, data: dict[str, Any], command: s
                         chart: str) -> list[str]:
     rows = [r for r in data["rows"] if r.get("scenario") == "distinct"]
     lines = [f"## {title}", "",
-             f"*{_dated(path)}; {_machine(data)}; `{command}`. Each row's ratio is against "
+             f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; `{command}`. Each "
+             "row's ratio is against "
              "`direct` (the cache off: one central transaction per `set`) in the same run.*",
              "",
              "| triggers | mode | sets/s | × direct | central transactions/s | flush lag p99 |",
