@@ -1,0 +1,513 @@
+"""The mkdocs hook that generates the reference pages from the code, so they cannot drift.
+
+Each page is built at every ``mkdocs build`` from the source of truth:
+
+* ``reference/configuration.md``: `localstate.setting_specs.SPECS` (names, defaults, help,
+  environment variables, live settings);
+* ``reference/cli.md``: the argparse parsers of `localstate.cli.build_parser`;
+* ``reference/rest-api.md``: the OpenAPI document of `localstate.api.create_app`;
+* ``reference/metrics.md``: `localstate.metrics` (counters, gauges, the timer, prune counters);
+* ``operations/troubleshooting.md``: every exception class of `localstate.errors`, each with the
+  advice below (a class without advice, or advice for no class, fails the build);
+* ``benchmarks.md``: the JSON files in ``docs/`` (dated by their last commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+
+# -- troubleshooting: what each typed error means and what to do ----------------------------
+
+ADVICE: dict[str, str] = {
+    "LocalStateError": "The root of every error localstate raises: catch it to handle them "
+    "all. The subclasses below say what went wrong.",
+    "InvalidInput": "An argument was refused before anything was written: the previous value "
+    "and version are unchanged. The message names the argument; fix the call. Under a declared "
+    "`max:int`, `max:timestamp` or `max:text` policy a value that does not fit the order is "
+    "refused here too.",
+    "InvalidName": "Owners and keys are 1 to 250 characters without control characters. "
+    "Rename the owner or key.",
+    "ValueEncodingError": "Values are JSON: NaN, infinity, integers beyond 64 bits and types "
+    "orjson cannot encode are refused. Convert the value (a string, a list) before `set`.",
+    "ValueTooLarge": "The encoded value is over `max_value_bytes` (64 KiB by default). Keep "
+    "large data elsewhere and store a reference, or raise `max_value_bytes`.",
+    "ConfigError": "A setting has a value that is not allowed, or a central URL that cannot "
+    "work (unsupported dialect, driver not installed, folder missing). The message names the "
+    "setting and where it came from (argument, `AIRFLOW__LOCALSTATE__*`, airflow.cfg); run "
+    "`localstate config` to see every resolved value.",
+    "StoreClosed": "A call on a store after `close()`. Open a new store; in a trigger, use the "
+    "mixin's store rather than keeping one across runs.",
+    "VersionConflict": "A compare-and-set expected one version and found another (CLI exit 4, "
+    "REST 409). Read the key again and retry with the version you read.",
+    "WriteRejected": "A `central`-durability write lost to another writer's record under the "
+    "owner's conflict policy. Read the key: it now holds the central record. See the "
+    "conflicts guide.",
+    "OwnerLost": "Another triggerer claimed this owner after this store did (the trigger moved). "
+    "The store will not write the owner again; the trigger mixin ends `run()` quietly. Nothing "
+    "to do unless it repeats: then two triggerers run the same trigger for long, so check the "
+    "triggerers' heartbeats.",
+    "CacheError": "A problem with the local cache file; the message names the file.",
+    "CacheLocked": "Another live process holds the cache file (the message names it). Give "
+    "each triggerer process its own `triggerer_id` (two processes on one host share the host "
+    "name by default), or stop the other process.",
+    "CacheCorrupt": "The file is not a SQLite database, not a localstate cache, or from a newer "
+    "release. It is never modified or wiped: move it aside (after `localstate flush` if it "
+    "is a readable cache with a backlog) and start again.",
+    "CacheWriteFailed": "A local commit failed (an I/O error). The write is not acknowledged: "
+    "it stays in memory and is retried. Check the disk holding `cache_dir`.",
+    "CacheFull": "The filesystem holding the cache is full. Free space there or point "
+    "`cache_dir` at another disk; writes are retried once space returns, and nothing "
+    "acknowledged is lost.",
+    "CachePathNotWritable": "The cache folder or file cannot be created or written. Make "
+    "`cache_dir` writable by the triggerer's user (in a container: a writable volume).",
+    "SchemaError": "A local cache or central DB whose schema is newer than this code: a newer "
+    "release migrated it. Upgrade localstate on this host too (see the upgrade notes).",
+    "AccessDenied": "The REST API refused the token: 401 (none, or not a token the server "
+    "knows) or 403 (a `read` token writing, or an owner outside its prefixes). Nothing was read "
+    "or written. Check `api_token` against the server's `api_tokens`.",
+    "CentralError": "The central DB failed in a way that is not a passing outage (the driver's "
+    "error is the `__cause__`). Check the database's logs.",
+    "CentralUnavailable": "The central DB (or the API server, with `sink = api`) could not be "
+    "reached in the time allowed. Local writes go on and the worker retries with backoff; a "
+    "`central`-durability write raised this and stays in the local cache. Bring the database "
+    "or the server back; nothing else to do.",
+}
+
+
+def _exception_classes() -> list[type[BaseException]]:
+    import localstate.errors as errors
+
+    return [obj for name in errors.__all__
+            if inspect.isclass(obj := getattr(errors, name)) and issubclass(obj, BaseException)]
+
+
+def troubleshooting_page() -> str:
+    classes = _exception_classes()
+    names = {c.__name__ for c in classes}
+    missing = sorted(names - ADVICE.keys())
+    extra = sorted(ADVICE.keys() - names)
+    if missing or extra:
+        raise PluginError(f"troubleshooting advice out of step with localstate/errors.py: "
+                          f"missing {missing}, for no class {extra}")
+    lines = [
+        "# Troubleshooting",
+        "",
+        "Every error localstate raises is a `LocalStateError` (`localstate.errors`); driver "
+        "errors are wrapped, with the driver's exception as `__cause__`. This page lists each "
+        "one, generated from the exception classes, with what it means and what to do. The "
+        "CLI ends with exit code 2 for `InvalidInput`, 3 for a missing key, 4 for "
+        "`VersionConflict`, 1 for the others; the REST API answers 422, 413 (`ValueTooLarge`), "
+        "409, 401/403 or 503, never a 500.",
+        "",
+        "| error | is a | REST status |",
+        "|---|---|---|",
+    ]
+    status = {"InvalidInput": "422", "InvalidName": "422", "ValueEncodingError": "422",
+              "ValueTooLarge": "413", "VersionConflict": "409", "WriteRejected": "409",
+              "AccessDenied": "401 / 403", "CentralUnavailable": "503",
+              "CentralError": "503"}
+    for cls in classes:
+        bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__ if b.__module__ ==
+                          cls.__module__) or "`Exception`"
+        lines.append(f"| [`{cls.__name__}`](#{cls.__name__.lower()}) | {bases} | "
+                     f"{status.get(cls.__name__, '')} |")
+    lines.append("")
+    for cls in classes:
+        doc = " ".join(inspect.getdoc(cls).split()) if cls.__doc__ else ""
+        lines += [f"## {cls.__name__}", "", f"*{doc}*", "", ADVICE[cls.__name__], ""]
+    lines += ["## Logs during an outage", "",
+              "While the central DB or the API server is away, the triggerer keeps acknowledging "
+              "writes from its local cache and retries flushes with a capped backoff. "
+              "`localstate status --fleet` shows each triggerer's backlog and lag; see "
+              "[Status and fleet](status.md).", ""]
+    return "\n".join(lines)
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def _shown_default(name: str, default: Any) -> str:
+    if default is None or default == ():
+        return "none"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return str(default)
+
+
+def configuration_page() -> str:
+    from localstate.setting_specs import LIVE_SETTINGS, SPECS
+
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `localstate/setting_specs.py`. Every setting resolves from, in order: "
+        "the argument given in code, the environment variable `AIRFLOW__LOCALSTATE__<NAME>`, "
+        "the `[localstate]` section of `airflow.cfg` (`$AIRFLOW_CONFIG`, else "
+        "`$AIRFLOW_HOME/airflow.cfg`; read through Airflow's `conf` when the process has loaded "
+        "Airflow, so `_cmd` and `_secret` options apply), then the default. "
+        "`localstate config` prints each resolved value and where it came from.",
+        "",
+        f"Live settings (applied without a restart when `watch_config` is on): "
+        f"{', '.join(f'`{n}`' for n in LIVE_SETTINGS)}. Secret settings are never shown in "
+        "logs, errors or `localstate config`.",
+        "",
+        "| setting | default | environment variable | description |",
+        "|---|---|---|---|",
+    ]
+    for name, spec in SPECS.items():
+        help_text = spec.help.replace("|", "\\|")
+        flags = []
+        if spec.secret:
+            flags.append("secret")
+        if name in LIVE_SETTINGS:
+            flags.append("live")
+        flag_text = f" *({', '.join(flags)})*" if flags else ""
+        default = _shown_default(name, spec.default).replace("|", "\\|")
+        lines.append(f"| `{name}`{flag_text} | `{default}` | "
+                     f"`AIRFLOW__LOCALSTATE__{name.upper()}` | {help_text} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse offers no public reader of its subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def cli_page() -> str:
+    from localstate.cli import build_parser
+
+    root = build_parser()
+    lines = ["# CLI reference", "",
+             "Generated from the `localstate` command's own parsers (`localstate --help`, "
+             "`localstate COMMAND --help`). Exit codes: 0 success, 1 an error (the message says "
+             "what to do), 2 bad usage or a refused name or value, 3 not found, 4 a version "
+             "conflict.", ""]
+
+    def add(prefix: str, parser: argparse.ArgumentParser, depth: int) -> None:
+        subs = _subparsers(parser)
+        lines.extend([f"{'#' * depth} `{prefix}`", "", "```text",
+                      parser.format_help().rstrip(), "```", ""])
+        for name, sub in subs.items():
+            add(f"{prefix} {name}", sub, min(depth + 1, 4))
+
+    add("localstate", root, 2)
+    return "\n".join(lines)
+
+
+# -- REST API -------------------------------------------------------------------------------
+
+
+def _openapi() -> dict[str, Any]:
+    from localstate.api import create_app
+    from localstate.store import StateStore
+
+    store = StateStore(central_url="sqlite:////nonexistent/never-opened.db")
+    document: dict[str, Any] = create_app(store).openapi()
+    return document
+
+
+def rest_page() -> str:
+    doc = _openapi()
+    lines = ["# REST API reference", "",
+             "Generated from the server's OpenAPI document, which a running server also serves "
+             "at `/api/v1/openapi.json` (under the plugin: "
+             "`<api-server>/localstate/api/v1/openapi.json`). Every call but `health` and the "
+             "OpenAPI document needs a bearer token (`Authorization: Bearer <token>`) or, under "
+             "the plugin, an Airflow login. Errors are JSON bodies; see "
+             "[Troubleshooting](../operations/troubleshooting.md).", "",
+             f"API version {doc['info']['version']}.", ""]
+    for path, methods in doc["paths"].items():
+        for method, op in methods.items():
+            lines += [f"## `{method.upper()} {path}`", ""]
+            summary = op.get("summary") or ""
+            description = " ".join((op.get("description") or "").split())
+            if summary:
+                lines += [f"**{summary}.**" if not summary.endswith(".") else f"**{summary}**",
+                          ""]
+            if description:
+                lines += [description, ""]
+            params = op.get("parameters") or []
+            if params:
+                lines += ["| parameter | in | required | description |", "|---|---|---|---|"]
+                for p in params:
+                    desc = " ".join((p.get("description") or "").split()).replace("|", "\\|")
+                    lines.append(f"| `{p['name']}` | {p['in']} | "
+                                 f"{'yes' if p.get('required') else 'no'} | {desc} |")
+                lines.append("")
+            body = op.get("requestBody")
+            if body:
+                schemas = [c.get("schema", {}) for c in body.get("content", {}).values()]
+                refs = [s.get("$ref", "").rsplit("/", 1)[-1] for s in schemas if "$ref" in s]
+                if refs:
+                    lines += [f"Request body: `{refs[0]}` (JSON).", ""]
+                else:
+                    lines += ["Request body: JSON.", ""]
+            responses = op.get("responses") or {}
+            if responses:
+                codes = ", ".join(f"{code} {' '.join((r.get('description') or '').split())}"
+                                  for code, r in responses.items())
+                lines += [f"Responses: {codes}.", ""]
+    schemas = doc.get("components", {}).get("schemas", {})
+    if schemas:
+        lines += ["## Schemas", ""]
+        for name, schema in schemas.items():
+            props = schema.get("properties") or {}
+            required = set(schema.get("required") or [])
+            lines += [f"### `{name}`", ""]
+            description = " ".join((schema.get("description") or "").split())
+            if description:
+                lines += [description, ""]
+            if props:
+                lines += ["| field | type | required |", "|---|---|---|"]
+                for field, p in props.items():
+                    lines.append(f"| `{field}` | {_schema_type(p)} | "
+                                 f"{'yes' if field in required else 'no'} |")
+                lines.append("")
+    return "\n".join(lines)
+
+
+def _schema_type(p: dict[str, Any]) -> str:
+    if "$ref" in p:
+        return f"`{p['$ref'].rsplit('/', 1)[-1]}`"
+    if "anyOf" in p:
+        return " or ".join(_schema_type(x) for x in p["anyOf"])
+    if p.get("type") == "array":
+        return f"array of {_schema_type(p.get('items') or {})}"
+    return str(p.get("type", "any"))
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def metrics_page() -> str:
+    from localstate.metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate.stats import StoreStats
+
+    fields = {f: _field_doc(StoreStats, f) for f in (*COUNTERS, *GAUGES)}
+    lines = ["# Metrics reference", "",
+             "Generated from `localstate/metrics.py`. Each name is prefixed with "
+             "`statsd_prefix` (default `localstate`). Off by default: set `statsd_host` for "
+             "StatsD over UDP, or `otel = true` for OpenTelemetry instruments (the `otel` "
+             "extra; each carries the attribute `triggerer_id`). A report is sampled from "
+             "`StateStore.stats()` every `metrics_interval` seconds: nothing is sent per "
+             "`set`.", "",
+             "| metric | kind | from `stats()` | meaning |", "|---|---|---|---|"]
+    for field, name in COUNTERS.items():
+        lines.append(f"| `localstate.{name}` | counter (change since the last report) | "
+                     f"`{field}` | {fields[field]} |")
+    for field, name in GAUGES.items():
+        lines.append(f"| `localstate.{name}` | gauge | `{field}` | {fields[field]} |")
+    lines.append(f"| `localstate.{TIMER}` | timer (the latest flush) | `last_flush_s` | "
+                 "how long the latest flush took |")
+    for name in PRUNE_COUNTERS:
+        what = "rows" if name.endswith("rows") else "tombstones"
+        lines.append(f"| `localstate.{name}` | counter, sent once per run | "
+                     f"`localstate db prune` | {what} deleted by one prune |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+#: the StoreStats fields whose meaning no ``#:`` comment states
+_FIELD_MEANINGS: dict[str, str] = {
+    "central_rows": "rows written to the central DB by flushes",
+    "conflicts": "flushed writes another writer's record won or settled (see the conflicts "
+                 "guide)",
+    "central_errors": "flushes or central calls that failed (retried with backoff)",
+}
+
+
+def _field_doc(cls: type, field: str) -> str:
+    """The ``#:`` comment above a dataclass field, if any."""
+    source = inspect.getsource(cls).splitlines()
+    for i, line in enumerate(source):
+        if line.strip().startswith(f"{field}:"):
+            comments = []
+            j = i - 1
+            while j >= 0 and source[j].strip().startswith("#:"):
+                comments.insert(0, source[j].strip()[2:].strip())
+                j -= 1
+            text = " ".join(comments) or _FIELD_MEANINGS.get(field, "")
+            if not text:
+                raise PluginError(f"StoreStats.{field} has no #: comment: add one")
+            return text.replace("|", "\\|")
+    raise PluginError(f"StoreStats has no field {field!r} (localstate/metrics.py names it)")
+
+
+# -- benchmarks -----------------------------------------------------------------------------
+
+
+def _dated(path: Path) -> str:
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, timeout=30,
+                             check=False).stdout.strip()
+    except OSError:
+        out = ""
+    return out or "not dated (not in git history)"
+
+
+def _machine(data: dict[str, Any]) -> str:
+    m = data.get("machine")
+    if not m:
+        return "2 shared cores (the rest of the hardware is not recorded in this file)"
+    return (f"{m.get('cpus')} shared cores, Python {m.get('python')}, SQLite {m.get('sqlite')}, "
+            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {m.get('localstate')}")
+
+
+def _f(x: Any, digits: int = 0) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and digits:
+        return f"{x:,.{digits}f}"
+    return f"{x:,.0f}" if isinstance(x, float | int) else str(x)
+
+
+def benchmarks_page(docs_dir: Path) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Every figure on this page is rendered from a JSON file in the repository's `docs/` "
+        "folder, written by the command named with it; the date is that file's last commit. "
+        "The machines are shared, so absolute rates move a lot between runs: compare the "
+        "**ratios**, each against a baseline measured in the same run. This is the only page "
+        "with measured figures; the other pages describe behaviour.",
+        "",
+        "The hardware: virtual machines with 2 shared cores and 24 GiB of memory, Python 3.11, "
+        "PostgreSQL 15 on loopback started with `fsync = off` (which flatters `direct` writes, "
+        "so the ratios against them are conservative). Reproduce any of them on your "
+        "hardware: `localstate bench --quick` (embedded SQLite, "
+        "under a minute), `localstate bench --central-url postgresql://...`, and the longer "
+        "runs in `benches/`.",
+        "",
+    ]
+    pg = json.loads((docs_dir / "bench-postgres.json").read_text())
+    lines += _bench_rows_section(
+        "Write throughput against PostgreSQL", docs_dir / "bench-postgres.json", pg,
+        "localstate bench --central-url postgresql://... --triggers 1,100,1000,10000 "
+        "--duration 3 --json docs/bench-postgres.json --plot docs/bench-postgres.png",
+        "bench-postgres.png")
+    sinks = json.loads((docs_dir / "bench-sinks-postgres.json").read_text())
+    lines += _bench_rows_section(
+        "All three sinks against PostgreSQL", docs_dir / "bench-sinks-postgres.json", sinks,
+        "localstate bench --quick --central-url postgresql://... --json "
+        "docs/bench-sinks-postgres.json --plot docs/bench-sinks-postgres.png",
+        "bench-sinks-postgres.png")
+    a = sinks.get("airflow_sink")
+    if a:
+        lines += [
+            "**`sink = airflow`** in a real `airflow triggerer`, same run: "
+            f"{a['keys']:,} dirty keys flushed in {a['seconds']:.1f} s "
+            f"({a['keys'] / a['seconds']:.1f} rows/s) with {a['commits']:,} central commits "
+            f"({a['commits'] / a['keys']:.1f} per key; {a['asets']:,} `aset` and "
+            f"{a['agets']:,} `aget` calls through Airflow's supervisor, whose deployment "
+            f"commits {a['idle_commits_per_s']:.1f}/s at rest). Each call is one request to "
+            "the triggerer's supervisor, so this sink suits modest write rates; `sql` and "
+            "`api` flush a batch in one transaction.", ""]
+    c = sinks.get("churn")
+    if c and c.get("samples"):
+        rss = [s["rss"] / 2**20 for s in c["samples"]]
+        cache = [s["cache_bytes"] / 2**20 for s in c["samples"]]
+        lines += [
+            f"**Churn**, same run: {c['owners']:,} owners passing through {c['live']:,} live "
+            f"triggers in one store capped at {c['max_keys']:,} keys in memory: RSS "
+            f"{min(rss):.1f}–{max(rss):.1f} MiB, cache file {min(cache):.2f}–{max(cache):.2f} "
+            "MiB: memory and disk follow the working set, not the history.", ""]
+    flush = json.loads((docs_dir / "bench-flush.json").read_text())
+    lines += ["## Flush against the raw batched upsert", "",
+              f"*`docs/bench-flush.json`, {_dated(docs_dir / 'bench-flush.json')}; "
+              f"{_machine(flush)}; PostgreSQL on "
+              "loopback; `python benches/bench_flush.py --rounds 5`; each figure the median of "
+              "5 steady-state flushes (rewrites of held rows) against raw upserts measured in "
+              "the same run.*", "",
+              "| dirty keys | flush | rows/s | × raw `unnest` upsert | × raw `executemany` |",
+              "|---|---|---|---|---|"]
+    for r in flush["flush"]:
+        lines.append(f"| {r['keys']:,} | {r['flush_s'] * 1000:,.0f} ms | "
+                     f"{r['flush_rows_per_s']:,.0f} | {r['x_unnest']:.2f}× | "
+                     f"{r['x_executemany']:.2f}× |")
+    lines += ["", "Central transactions per second as the set rate grows over 10,000 keys "
+              "(`flush_interval` 1 s; the extra ones above 1/s are `max_batch` spills):", "",
+              "| sets/s | central transactions/s | rows per transaction |", "|---|---|---|"]
+    for r in flush["rates"]:
+        lines.append(f"| {r['sets_per_s']:,.0f} | {r['central_txns_per_s']:.2f} | "
+                     f"{r['rows_per_txn']:,.0f} |")
+    lines.append("")
+    fleet = json.loads((docs_dir / "bench-fleet.json").read_text())
+    lines += ["## The fleet and the write budget", "",
+              f"*`docs/bench-fleet.json`, {_dated(docs_dir / 'bench-fleet.json')}; "
+              f"{_machine(fleet)}; PostgreSQL on "
+              "loopback; `localstate bench --fleet 3 --triggers 300 [--budget 500] "
+              "--central-url postgresql://... --json docs/bench-fleet.json`. Each run stops one "
+              "triggerer (SIGSTOP) and wakes it as a zombie, and kills another (SIGKILL); the "
+              "figures come from a history the database records itself.*", "",
+              "| budget | rows/s (model) | transactions/s (model) | flush interval (model) | "
+              "watermarks moved backwards | zombie writes accepted / refused | handovers |",
+              "|---|---|---|---|---|---|---|"]
+    for r in fleet["rows"]:
+        budget = _f(r.get("budget_rows_per_s")) if r.get("budget_rows_per_s") else "none"
+        model_interval = r.get("model_flush_interval_s") or r["flush_interval"]
+        lines.append(
+            f"| {budget} | {r['central_rows_per_s']:,.0f} ({r['model_rows_per_s']:,.0f}) | "
+            f"{r['central_txns_per_s']:.2f} ({r['model_txns_per_s']:.2f}) | "
+            f"{r['flush_interval_s']:.2f} s ({model_interval:.2f} s) | {r['regressions']} | "
+            f"{r['zombie_writes_accepted']} / {r['zombie_writes_refused']} | "
+            f"{r['handovers']:,} |")
+    lines += ["", "The model is described in [The fleet and the write budget]"
+              "(guides/fleet.md).", ""]
+    return "\n".join(lines)
+
+
+def _bench_rows_section(title: str, path: Path, data: dict[str, Any], command: str,
+                        chart: str) -> list[str]:
+    rows = [r for r in data["rows"] if r.get("scenario") == "distinct"]
+    lines = [f"## {title}", "",
+             f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; `{command}`. Each "
+             "row's ratio is against "
+             "`direct` (the cache off: one central transaction per `set`) in the same run.*",
+             "",
+             "| triggers | mode | sets/s | × direct | central transactions/s | flush lag p99 |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lag = f"{r['lag_p99_ms'] / 1000:.2f} s" if r.get("lag_p99_ms") else "–"
+        x = f"{r['x_direct']:,.1f}×" if r.get("x_direct") else "–"
+        lines.append(f"| {r['triggers']:,} | `{r['mode']}` | {r['sets_per_s']:,.0f} | {x} | "
+                     f"{r['central_txns_per_s']:.2f} | {lag} |")
+    lines += ["", f"![{title}]({chart})", ""]
+    return lines
+
+
+# -- the hook -------------------------------------------------------------------------------
+
+PAGES = {
+    "reference/configuration.md": configuration_page,
+    "reference/cli.md": cli_page,
+    "reference/rest-api.md": rest_page,
+    "reference/metrics.md": metrics_page,
+    "operations/troubleshooting.md": troubleshooting_page,
+}
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    docs_dir = Path(config["docs_dir"])
+    generated = {uri: make() for uri, make in PAGES.items()}
+    generated["benchmarks.md"] = benchmarks_page(docs_dir)
+    for uri, content in generated.items():
+        if files.get_file_from_path(uri) is not None:
+            raise PluginError(f"docs/{uri} is generated: delete the file of that name")
+        files.append(File.generated(config, uri, content=content))
+    return files
