@@ -78,8 +78,11 @@ ADVICE: dict[str, str] = {
     "error is the `__cause__`). Check the database's logs.",
     "CentralUnavailable": "The central DB (or the API server, with `sink = api`) could not be "
     "reached in the time allowed. Local writes go on and the worker retries with backoff; a "
-    "`central`-durability write raised this and stays in the local cache. Bring the database "
-    "or the server back; nothing else to do.",
+    "`central`-durability write raised this and stays in the local cache. It also means a row "
+    "lock or a pooled connection was not had within `central_transaction_timeout` (another "
+    "writer frozen mid-flush: the database ends its transaction within that bound), or that "
+    "the database ended this process's own idle transaction. Bring the database or the server "
+    "back; nothing else to do.",
 }
 
 
