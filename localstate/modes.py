@@ -23,6 +23,7 @@ from localstate.sync.worker import FlushReport
 
 if TYPE_CHECKING:
     from localstate.config import Settings
+    from localstate.file_lock import CacheFileLock
     from localstate.local_cache import LocalCache
     from localstate.sync.worker import SyncWorker
 
@@ -68,13 +69,24 @@ class Mode(Protocol):
 
 
 class DirectMode:
-    """Every call on the central DB, one transaction each; nothing kept in memory."""
+    """Every call on the central DB, one transaction each; nothing kept in memory.
+
+    Its writes carry the store's writer id (`writer`): the id of the store's local cache file,
+    whose lock it holds meanwhile (`lock`), so no other process can write under that id. A
+    later flush of the file then sees these rows as its own chain: one store is one writer,
+    whatever the mode it wrote in. Without the file (another live process holds it, or it
+    cannot be opened) the writes carry no id, as a writer with no cache file's do.
+    """
 
     worker: None = None
     cache: None = None
 
-    def __init__(self, parts: StoreParts) -> None:
+    def __init__(self, parts: StoreParts, lock: CacheFileLock | None = None,
+                 writer: str | None = None) -> None:
         self.parts = parts
+        #: the cache file's lock, held while this mode writes under its id (None: no file)
+        self.lock = lock if lock is not None and lock.held else None
+        self.writer = writer if self.lock is not None else None
 
     def conflicted(self) -> Container[StateKey]:
         return frozenset()
@@ -90,7 +102,8 @@ class DirectMode:
     async def set(self, k: StateKey, data: str, obj: object, durability: Durability) -> int:
         self._count_write(k)
         row = await self.parts.sink.write_direct(
-            k[0], k[1], data, updated_at=time.time(), updated_by=self.parts.triggerer_id)
+            k[0], k[1], data, updated_at=time.time(), updated_by=self.parts.triggerer_id,
+            writer=self.writer)
         return row.version
 
     async def compare_and_set(self, k: StateKey, data: str, obj: object,
@@ -99,14 +112,15 @@ class DirectMode:
         self._count_write(k)
         row = await self.parts.sink.write_if_version(
             k[0], k[1], data, expected_version, updated_by=self.parts.triggerer_id,
-            updated_at=time.time())
+            updated_at=time.time(), writer=self.writer)
         return row.version
 
     async def delete(self, k: StateKey, durability: Durability) -> bool:
         """A compare-and-delete of the value it reads."""
         self._count_write(k)
         return await self.parts.sink.delete_current(k[0], k[1],
-                                                    updated_by=self.parts.triggerer_id)
+                                                    updated_by=self.parts.triggerer_id,
+                                                    writer=self.writer)
 
     async def persist(self, k: StateKey, e: Entry, version: int, durability: Durability
                       ) -> int:
@@ -137,7 +151,9 @@ class DirectMode:
         return None
 
     async def close(self) -> None:
-        return None
+        """Let the cache file go (its lock)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _count_write(self, k: StateKey) -> None:
         """Check a direct write's names (nothing in memory checks them) and count it."""

@@ -62,18 +62,21 @@ class HeldReads:
         return await self.inner.write_batch(rows, policies, **kw)
 
     async def write_direct(self, owner: str, key: str, data: str | None, *, updated_at: float,
-                           updated_by: str) -> CentralRow:
+                           updated_by: str, writer: str | None = None) -> CentralRow:
         return await self.inner.write_direct(owner, key, data, updated_at=updated_at,
-                                             updated_by=updated_by)
+                                             updated_by=updated_by, writer=writer)
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
-        return await self.inner.delete_current(owner, key, updated_by=updated_by)
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
+        return await self.inner.delete_current(owner, key, updated_by=updated_by, writer=writer)
 
     async def write_if_version(self, owner: str, key: str, data: str | None,
                                expected_version: int, *, updated_by: str,
-                               updated_at: float | None = None) -> CentralRow:
+                               updated_at: float | None = None,
+                               writer: str | None = None) -> CentralRow:
         return await self.inner.write_if_version(owner, key, data, expected_version,
-                                                 updated_by=updated_by, updated_at=updated_at)
+                                                 updated_by=updated_by, updated_at=updated_at,
+                                                 writer=writer)
 
     async def close(self) -> None:
         await self.inner.close()
