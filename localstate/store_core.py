@@ -275,7 +275,8 @@ class StoreCore:
                 self._mode.retune(new)
                 self.settings = new
             log.info("applied %s", ", ".join(f"{n}={getattr(new, n)!r}" for n in changed))
-            if not new.enabled and isinstance(self._mode, LocalFirstMode):
+            if (not new.enabled and "enabled" in changed
+                    and isinstance(self._mode, LocalFirstMode)):
                 pending = self._turning_off or self._start_turn_off(self._mode)
                 if not await pending.wait(new.close_timeout):
                     log.warning(
@@ -304,7 +305,9 @@ class StoreCore:
         assert parts is not None
         async with self._gate.switch():
             mode = self._mode
-            if self._closed or self.settings.enabled or not isinstance(mode, LocalFirstMode):
+            if self._closed:
+                return False  # the close flushes; what it cannot stays in the file
+            if self.settings.enabled or not isinstance(mode, LocalFirstMode):
                 return True  # nothing left to switch
             self._hot = {}  # from here every set, hot path included, waits
             try:
