@@ -73,8 +73,10 @@ class LocalCache:
         local_sync: LocalSync = "full",
         memory_window: float = 0.05,
         lock: CacheFileLock | None = None,
+        new_writer_id: str | None = None,
     ) -> None:
         self.path = path
+        self._new_writer_id = new_writer_id
         self.local_sync = local_sync
         self.memory_window = memory_window
         #: the file's lock: taken at open, or handed over already held (`lock`)
@@ -112,11 +114,13 @@ class LocalCache:
         local_sync: LocalSync = "full",
         memory_window: float = 0.05,
         lock: CacheFileLock | None = None,
+        new_writer_id: str | None = None,
     ) -> LocalCache:
         """Open (or create) the cache file at `path`; `lock`: its lock, already held by the
-        caller (a store that kept it while its cache was off), taken over by this cache."""
+        caller (a store that kept it while its cache was off), taken over by this cache;
+        `new_writer_id`: the writer id a file created now gets (see `prepare`)."""
         cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window,
-                    lock=lock)
+                    lock=lock, new_writer_id=new_writer_id)
         await cache._open()  # an instance of this class, not yet returned to anyone
         return cache
 
@@ -135,7 +139,8 @@ class LocalCache:
         try:
             new_file = not self.path.exists()
             self._conn = await connect(self.path)
-            self._writer_id = await prepare(self._conn, self.path, self.local_sync)
+            self._writer_id = await prepare(self._conn, self.path, self.local_sync,
+                                            self._new_writer_id)
             if new_file:
                 # The file's name is durable only once its folder is fsynced. SQLite does that
                 # when it first syncs a new journal or WAL, unless built without it

@@ -47,12 +47,13 @@ class LocalFirstMode:
 
     @classmethod
     async def start(cls, parts: StoreParts, s: Settings, *, keep_clean: bool,
-                    lock: CacheFileLock | None = None) -> LocalFirstMode:
+                    lock: CacheFileLock | None = None, new_writer_id: str | None = None
+                    ) -> LocalFirstMode:
         """Open the local cache, load it into the table and start the sync worker.
 
         `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`. `lock`:
-        the cache file's lock, held by direct mode (`LocalCache.open`). On an error nothing is
-        left open and the table holds nothing.
+        the cache file's lock, held by direct mode; `new_writer_id`: the id a file created now
+        gets (`LocalCache.open`). On an error nothing is left open and the table holds nothing.
         """
         cache = await LocalCache.open(
             s.resolved_cache_path,
@@ -60,6 +61,7 @@ class LocalFirstMode:
             local_sync="normal" if s.local_sync == "normal" else "full",
             memory_window=s.memory_window,
             lock=lock,
+            new_writer_id=new_writer_id,
         )
         table = parts.table
         worker: SyncWorker | None = None

@@ -10,6 +10,7 @@ only compute the new ones.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -74,17 +75,24 @@ async def open_mode(
 
 
 async def direct_or_backlog(parts: StoreParts, s: Settings) -> Mode:
-    """The first mode of a store opened with the cache off: direct mode, writing under its
-    cache file's writer id (the file opened, or created, and kept locked); or local-first
-    when the file holds writes the central DB lacks (acknowledged before a restart, or by a
-    turn-off that could not finish before the last close). A file that cannot be opened
-    (another live process holds it, it is damaged) leaves direct mode without a writer id."""
+    """The first mode of a store opened with the cache off.
+
+    Without a cache file: direct mode, under a writer id of its own (a file the cache creates
+    later takes it); no file is created (a task on a worker host keeps none). With one: the
+    file is opened first. If it holds writes the central DB lacks (acknowledged before a
+    restart, or by a turn-off that could not finish before the last close), local-first, for
+    the store to turn the cache off once they are flushed; else direct mode under the file's
+    id, the file kept locked. A file that cannot be opened (another live process holds it, it
+    is damaged) is logged and left alone: direct mode under an id of its own."""
+    path = s.resolved_cache_path
+    if not await asyncio.to_thread(path.exists):
+        return DirectMode(parts)
     try:
         mode = await LocalFirstMode.start(parts, s, keep_clean=False)
     except LocalStateError as exc:
         log.log(logging.INFO if isinstance(exc, CacheLocked) else logging.WARNING,
-                "the cache is off and its file %s cannot be used (%s): direct writes carry no "
-                "writer id", s.resolved_cache_path, exc)
+                "the cache is off and its file %s cannot be used (%s): any writes it holds "
+                "are not flushed by this store", path, exc)
         return DirectMode(parts)
     if parts.table.dirty:
         log.warning("the cache is off (enabled = False), but %s holds %d writes the central DB "
@@ -109,14 +117,17 @@ async def turned_on(mode: Mode, parts: StoreParts, new: Settings) -> Mode:
     """Turn the cache on (from direct mode): open the local cache, keeping only the writes
     the central DB lacks, and start the sync worker. The cache file's lock, held by direct
     mode, passes to the cache; on an error `mode` stays in force."""
-    lock = mode.lock if isinstance(mode, DirectMode) else None
+    direct = mode if isinstance(mode, DirectMode) else None
+    lock = direct.lock if direct is not None else None
     try:
-        return await LocalFirstMode.start(parts, new, keep_clean=False, lock=lock)
+        # a file created now takes the id direct mode wrote under
+        return await LocalFirstMode.start(parts, new, keep_clean=False, lock=lock,
+                                          new_writer_id=direct.writer if direct else None)
     except BaseException:
-        if isinstance(mode, DirectMode) and lock is not None and not lock.held:
-            # the failed open let the file go: direct mode writes without its id from now on
+        if direct is not None and lock is not None and not lock.held:
+            # the failed open let the file go: take it back, or write under an id of our own
             with contextlib.suppress(LocalStateError):
                 lock.acquire()
             if not lock.held:
-                mode.lock, mode.writer = None, None
+                direct.lost_file()
         raise

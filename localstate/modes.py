@@ -12,6 +12,7 @@ Every `durability` a mode is given has been checked by the store (`check_durabil
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,11 +72,12 @@ class Mode(Protocol):
 class DirectMode:
     """Every call on the central DB, one transaction each; nothing kept in memory.
 
-    Its writes carry the store's writer id (`writer`): the id of the store's local cache file,
-    whose lock it holds meanwhile (`lock`), so no other process can write under that id. A
-    later flush of the file then sees these rows as its own chain: one store is one writer,
-    whatever the mode it wrote in. Without the file (another live process holds it, or it
-    cannot be opened) the writes carry no id, as a writer with no cache file's do.
+    Its writes carry the store's writer id (`writer`), so that a later flush of the store's
+    cache file sees these rows as its own chain: one store is one writer, whatever the mode it
+    wrote in. With a cache file, its id, and the file's lock is held meanwhile (`lock`), so no
+    other process can write under that id. Without one (none exists yet, another live process
+    holds it, it cannot be opened), a random id of this store's own, which a cache file created
+    by turning the cache on takes (`new_writer_id`).
     """
 
     worker: None = None
@@ -84,9 +86,17 @@ class DirectMode:
     def __init__(self, parts: StoreParts, lock: CacheFileLock | None = None,
                  writer: str | None = None) -> None:
         self.parts = parts
+        if lock is not None and not lock.held:  # the file's id is not this store's alone
+            lock, writer = None, None
         #: the cache file's lock, held while this mode writes under its id (None: no file)
-        self.lock = lock if lock is not None and lock.held else None
-        self.writer = writer if self.lock is not None else None
+        self.lock = lock
+        self.writer = writer or uuid.uuid4().hex
+
+    def lost_file(self) -> None:
+        """The cache file's lock went (a failed open of the cache released it): write under
+        an id of this store's own from now on."""
+        self.lock = None
+        self.writer = uuid.uuid4().hex
 
     def conflicted(self) -> Container[StateKey]:
         return frozenset()

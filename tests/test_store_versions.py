@@ -484,3 +484,26 @@ async def test_the_stores_own_direct_writes_are_never_its_conflicts(
     finally:
         await store.close()
     assert seen == []
+
+
+async def test_a_store_started_with_the_cache_off_is_one_writer_with_the_file_it_creates(
+    outage: Outage, tmp_path: Path,
+) -> None:
+    """Started with the cache off and no cache file, a store creates none (a task on a worker
+    host keeps none) and writes under an id of its own; the file created when the cache is
+    turned on takes that id, so those direct writes are the store's own chain too."""
+    seen: list[Any] = []
+    store = await outage.open_store(tmp_path, enabled=False, on_conflict=seen.append)
+    try:
+        assert not (tmp_path / "cache.db").exists()
+        assert await store.set(OWNER, "k", 1) == 1  # direct
+        await store.reconfigure(store.settings.replace(enabled=True))
+        assert (tmp_path / "cache.db").exists()
+        async with outage.down():
+            v = await store.set(OWNER, "k", 2)  # base unknown: central cannot be read
+        report = await store.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert seen == []
+    finally:
+        await store.close()
+    assert await central_record(outage.url, "k") == (2, v)
