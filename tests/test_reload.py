@@ -22,6 +22,7 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import ConfigError, Settings, StateStore
+from localstate.metrics import MetricsReporter
 from localstate.model import Durability
 from localstate.reload import ConfigWatcher
 from localstate.sync.central_store import CentralStore
@@ -311,12 +312,16 @@ async def test_turning_off_while_the_central_db_refuses_waits_serving_from_the_c
         pg_server.psql(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
         pg_server.terminate_backends(dbname)
         caplog.clear()
+        caplog.set_level(logging.INFO, logger="localstate.store")
         edit_cfg(enabled="False")
         await reloaded(watcher, lambda: store.settings.enabled is False)
         assert watcher.last_error is None  # applied: the switch is pending, not refused
         stats = store.stats()
         assert (stats.cache_enabled, stats.cache_turning_off) == (True, True)
         assert any("pending" in r.getMessage() for r in caplog.records)
+        assert stats.cache_turning_off_s > 0
+        gauges = MetricsReporter(store, interval=60).sample().gauges  # what metrics report
+        assert gauges["cache_turning_off"] > 0
         # still local-first, nothing lost: writes keep being acknowledged from the cache
         assert await store.get("o", "k") == 1
         assert await store.set("o", "k", 2) == 2
@@ -324,6 +329,8 @@ async def test_turning_off_while_the_central_db_refuses_waits_serving_from_the_c
         pg_server.psql(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
         await eventually(lambda: not store.stats().cache_enabled, timeout=20)
         assert not store.stats().cache_turning_off
+        assert MetricsReporter(store, interval=60).sample().gauges["cache_turning_off"] == 0
+        assert any("the local cache is off" in r.getMessage() for r in caplog.records)
         assert await store.get("o", "k") == 2  # now read from the central DB
         assert await store.set("o", "k", 3) == 3  # direct, on from the flushed version
     finally:
