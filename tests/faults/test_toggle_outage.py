@@ -1,7 +1,8 @@
 """The cache toggled live (airflow.cfg rewritten on disk) under concurrent writers, with the
 central DB down across one turn-off, on SQLite, PostgreSQL and MariaDB.
 
-Each seed draws a schedule: 4 to 7 flips of ``enabled`` with writes between them, a
+Each seed draws a schedule: the store starts with the cache on (or, one time in four, off:
+direct, with no cache file yet), then 4 to 7 flips of ``enabled`` with writes between them, a
 ``flush_interval`` change, an invalid edit, sometimes a restart of the store, and one turn-off
 made while the central DB is down (PostgreSQL and MariaDB stopped; SQLite's write lock held by
 another process's transaction). Six writers, each owning six keys, set, compare-and-set and delete
@@ -109,7 +110,9 @@ async def run_seed(seed: int, backend: str, request: pytest.FixtureRequest, tmp:
     central = Central(backend, request, tmp)
     policy = rng.choice(["reject", "max", "last_writer_wins"])
     flush_interval = rng.choice([0.1, 0.3, 1.0])
-    cfg: dict[str, object] = {"enabled": True, "flush_interval": flush_interval}
+    # most schedules start with the cache on; some start it off (direct, no cache file yet)
+    start_on = rng.random() < 0.75
+    cfg: dict[str, object] = {"enabled": start_on, "flush_interval": flush_interval}
     edit_cfg(**cfg)
     options: dict[str, object] = {
         "central_url": central.url, "cache_path": tmp / "cache.db", "triggerer_id": "toggler",
@@ -124,8 +127,8 @@ async def run_seed(seed: int, backend: str, request: pytest.FixtureRequest, tmp:
         return writers.store.stats()
 
     flips = rng.randint(4, 7)
-    # the turn-offs are the odd flips (the store starts on): one of them in the outage
-    outage_flip = rng.choice(range(1, flips + 1, 2))
+    # one of the turn-offs (the odd flips when the store starts on) is made in the outage
+    outage_flip = rng.choice(range(1 if start_on else 2, flips + 1, 2))
     restart_after = rng.choice([None, *range(1, flips + 1)])
     invalid_after = rng.randint(1, flips)
     toggles = toggles_in_outage = restarts = 0
@@ -145,6 +148,8 @@ async def run_seed(seed: int, backend: str, request: pytest.FixtureRequest, tmp:
 
     try:
         await writers.more(40)
+        if not start_on:
+            await check("the start, cache off")
         for flip in range(1, flips + 1):
             cfg["enabled"] = enabled = not cfg["enabled"]
             if flip == outage_flip:
@@ -208,7 +213,8 @@ async def run_seed(seed: int, backend: str, request: pytest.FixtureRequest, tmp:
             ("version regressions", h.regressions[:5]), ("behind", h.behind[:5]),
             ("errors", h.errors[:5]), ("conflicts", conflicts[:5])) if n]
     assert not problems, f"seed {seed} ({backend}, {policy}): " + "; ".join(problems)
-    return (f"seed {seed}: {policy}, {toggles} toggles ({toggles_in_outage} in the outage), "
+    return (f"seed {seed}: {policy}, started {'on' if start_on else 'off'}, {toggles} toggles "
+            f"({toggles_in_outage} in the outage), "
             f"{restarts} restarts, {h.ops} ops ({h.sets} sets, {h.compare_and_sets} CAS, "
             f"{h.deletes} deletes), {h.unavailable} CentralUnavailable in the outage, "
             f"{h.checks} central checks")
