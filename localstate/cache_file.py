@@ -100,9 +100,12 @@ async def connect(path: Path) -> aiosqlite.Connection:
         raise
 
 
-async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str) -> str:
+async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,
+                  new_writer_id: str | None = None) -> str:
     """Refuse any file that is not ours, then set the pragmas, create or migrate the
-    schema, and return the file's writer id. Never wipes anything."""
+    schema, and return the file's writer id (`new_writer_id` for a file made now, when
+    given: the id its store already wrote under with the cache off; else a random one).
+    Never wipes anything."""
     with wrap_errors(path, "open"):
         app_id = await _scalar(conn, "PRAGMA application_id")
         user_version = await _scalar(conn, "PRAGMA user_version")
@@ -158,7 +161,7 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str) -> st
                 await conn.execute(SCHEMA)
             await conn.execute(META)
             await conn.execute("INSERT INTO meta VALUES ('writer_id', ?)",
-                               (uuid.uuid4().hex,))
+                               (new_writer_id or uuid.uuid4().hex,))
             await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             await conn.commit()

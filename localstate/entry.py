@@ -40,6 +40,8 @@ UNKNOWN_BASE: Final = -1
 _MICROS: Final = 1_000_000
 
 _now = time.time
+#: the last version `unknown_base_version` gave (its versions only grow within a process)
+_last_unknown = 0
 
 
 class Entry:
@@ -107,13 +109,18 @@ def take_row(e: Entry, row: CentralRow) -> None:
 
 
 def unknown_base_version() -> int:
-    """The version of a write whose central base could not be read: the time in microseconds.
+    """The version of a write whose central base is unknown and of which this store has no
+    version to count on: the time in microseconds, and above any this process gave before.
 
     Central versions grow by one per write, so this exceeds every version the central DB can
     hold as long as the clocks of the writers agree within the number of microseconds that
-    separate this write from the last one of that kind (documented in the README).
+    separate this write from the last one of that kind; and the versions it gives within one
+    process only grow, even when the clock steps back. The flush carries it to the central DB
+    (a write goes in at or above its own version), where direct writes count on from it.
     """
-    return int(_now() * _MICROS)
+    global _last_unknown
+    _last_unknown = max(int(_now() * _MICROS), _last_unknown + 1)
+    return _last_unknown
 
 
 def purged(e: Entry) -> Entry:

@@ -30,9 +30,11 @@ Invariants:
 * An entry is dirty iff ``version != synced_version``; exactly the dirty entries are in
   ``dirty`` (`collect_dirty` drops keys that became clean).
 * ``synced_version == UNKNOWN_BASE`` marks a write based on a central record that could not
-  be read (the central DB was down). Its version comes from `entry.unknown_base_version`, above any
-  version the central DB can hold; the flush settles it like a write whose base turned out
-  stale (see `localstate.sync.fenced_write`).
+  be read (the central DB was down), or was not read (`set_reads_base`). Its version counts
+  on from 0 when this store last saw the key absent (it has shown no version of it since),
+  else from `entry.unknown_base_version` (the clock: above any version the central DB can
+  hold); the flush settles it like a write whose base turned out stale, and a central row of
+  this store's own chain is simply replaced (see `localstate.sync.fenced_write`).
 * A key the central DB lacks is never kept as an entry unless this store writes it: the
   absence is remembered for ``absent_ttl`` seconds, no longer (`AbsentKeys`).
 * Only clean entries are evicted or released, and never one the worker still needs
@@ -86,7 +88,7 @@ class EntryTable:
         #: read by the store's hot path directly (one dict lookup); changed only here
         self.entries: dict[StateKey, Entry] = {}
         self.dirty: dict[StateKey, float] = {}
-        self._absent = AbsentKeys(absent_ttl)
+        self._absent = AbsentKeys(absent_ttl, seen_cap=max_keys)
         #: the keys of `entries` by owner, and the owners' drop epochs
         self._owners = OwnerIndex()
         self.updated_by = updated_by
@@ -201,8 +203,10 @@ class EntryTable:
         if e is not None:
             return e
         if unknown:
-            return Entry(None, None, unknown_base_version() - 1, 0.0, self.updated_by,
-                         UNKNOWN_BASE)
+            # numbered from 0 when this store last saw `k` absent (it has shown no version of
+            # it since), else from the clock: above any version the central DB can hold
+            last = 0 if self._absent.seen_absent(k) else unknown_base_version() - 1
+            return Entry(None, None, last, 0.0, self.updated_by, UNKNOWN_BASE)
         if row is None:
             return Entry(None, None, 0, 0.0, self.updated_by, 0)
         return entry_from_row(row)

@@ -72,11 +72,16 @@ class LocalCache:
         owner_id: str,
         local_sync: LocalSync = "full",
         memory_window: float = 0.05,
+        lock: CacheFileLock | None = None,
+        new_writer_id: str | None = None,
     ) -> None:
         self.path = path
+        self._new_writer_id = new_writer_id
         self.local_sync = local_sync
         self.memory_window = memory_window
-        self._lock = CacheFileLock(path, owner_id=owner_id)
+        #: the file's lock: taken at open, or handed over already held (`lock`)
+        self.lock = lock if lock is not None else CacheFileLock(path, owner_id=owner_id)
+        self._lock = self.lock
         self._conn: aiosqlite.Connection | None = None
         self._staged: dict[StateKey, Entry] = {}
         self._batch: _Batch | None = None  # the next commit, once somebody waits for it
@@ -108,8 +113,14 @@ class LocalCache:
         owner_id: str,
         local_sync: LocalSync = "full",
         memory_window: float = 0.05,
+        lock: CacheFileLock | None = None,
+        new_writer_id: str | None = None,
     ) -> LocalCache:
-        cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window)
+        """Open (or create) the cache file at `path`; `lock`: its lock, already held by the
+        caller (a store that kept it while its cache was off), taken over by this cache;
+        `new_writer_id`: the writer id a file created now gets (see `prepare`)."""
+        cache = cls(path, owner_id=owner_id, local_sync=local_sync, memory_window=memory_window,
+                    lock=lock, new_writer_id=new_writer_id)
         await cache._open()  # an instance of this class, not yet returned to anyone
         return cache
 
@@ -128,7 +139,8 @@ class LocalCache:
         try:
             new_file = not self.path.exists()
             self._conn = await connect(self.path)
-            self._writer_id = await prepare(self._conn, self.path, self.local_sync)
+            self._writer_id = await prepare(self._conn, self.path, self.local_sync,
+                                            self._new_writer_id)
             if new_file:
                 # The file's name is durable only once its folder is fsynced. SQLite does that
                 # when it first syncs a new journal or WAL, unless built without it
@@ -156,8 +168,12 @@ class LocalCache:
         self._lock.release()
         self._closed = True
 
-    async def close(self) -> None:
-        """Commit what is staged, stop the writer and close the file. Safe to call twice."""
+    async def close(self, *, keep_lock: bool = False) -> None:
+        """Commit what is staged, stop the writer and close the file. Safe to call twice.
+
+        `keep_lock`: the file's lock (`lock`) stays held, for the caller to release or hand
+        to the next open: no other process can take the file, and with it this file's writer
+        id, meanwhile."""
         if self._closed:
             return
         self._closed = True
@@ -170,7 +186,8 @@ class LocalCache:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
-        self._lock.release()
+        if not keep_lock:
+            self._lock.release()
 
     @property
     def closed(self) -> bool:

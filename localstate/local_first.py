@@ -19,6 +19,7 @@ from localstate.central_reads import first_write_base, known_entry, load_owner, 
 from localstate.config import Settings
 from localstate.entry import UNKNOWN_BASE, Entry, StateKey, record_of
 from localstate.errors import CentralUnavailable, VersionConflict, WriteRejected
+from localstate.file_lock import CacheFileLock
 from localstate.local_cache import LocalCache
 from localstate.model import Durability, FlushState, Record, check_key
 from localstate.modes import Unflushed
@@ -45,18 +46,22 @@ class LocalFirstMode:
         self._settings = settings
 
     @classmethod
-    async def start(cls, parts: StoreParts, s: Settings, *, keep_clean: bool
+    async def start(cls, parts: StoreParts, s: Settings, *, keep_clean: bool,
+                    lock: CacheFileLock | None = None, new_writer_id: str | None = None
                     ) -> LocalFirstMode:
         """Open the local cache, load it into the table and start the sync worker.
 
-        `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`. On an
-        error nothing is left open and the table holds nothing.
+        `keep_clean=False` (the cache turned on at run time): see `EntryTable.fill`. `lock`:
+        the cache file's lock, held by direct mode; `new_writer_id`: the id a file created now
+        gets (`LocalCache.open`). On an error nothing is left open and the table holds nothing.
         """
         cache = await LocalCache.open(
             s.resolved_cache_path,
             owner_id=parts.triggerer_id,
             local_sync="normal" if s.local_sync == "normal" else "full",
             memory_window=s.memory_window,
+            lock=lock,
+            new_writer_id=new_writer_id,
         )
         table = parts.table
         worker: SyncWorker | None = None
@@ -91,8 +96,10 @@ class LocalFirstMode:
         """Close the local cache (after `stop`): what is staged is committed first."""
         await self.cache.close()
 
-    async def drain_and_stop(self, timeout: float) -> None:
-        """Flush every dirty key, stop, empty the table and the file (the cache turned off).
+    async def drain_and_stop(self, timeout: float) -> CacheFileLock:
+        """Flush every dirty key, stop, empty the table and the file (the cache turned off);
+        return the file's lock, still held (direct mode keeps it: the file's writer id stays
+        this store's alone).
 
         Raises `CentralUnavailable` when the flush does not finish within `timeout`; then (or
         on any other error) the mode is left running, nothing lost or changed.
@@ -109,7 +116,8 @@ class LocalFirstMode:
         # The central DB holds every row now: empty the file, so that turning the cache on
         # again (or the next start) cannot serve a value written centrally meanwhile.
         table.forget_all(purge=True)
-        await self.cache.close()
+        await self.cache.close(keep_lock=True)
+        return self.cache.lock
 
     async def _drain(self) -> None:
         while self.parts.table.dirty:

@@ -21,6 +21,8 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.released_keys   counter  entries dropped by releases of owners that left
     <prefix>.keys_in_memory  gauge    entries held in memory
     <prefix>.cache_file_bytes gauge   bytes of the local cache file and its WAL
+    <prefix>.cache_turning_off gauge  seconds a turn-off of the cache has waited for the
+                                      central DB to take its backlog (0: none pending)
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
     <prefix>.prune.tombstones counter tombstones it deleted
 
@@ -77,9 +79,11 @@ GAUGES: Final[dict[str, str]] = {
     "keys_in_memory": "keys_in_memory",
     "cache_file_bytes": "cache_file_bytes",
     "flush_interval_s": "flush_interval",
+    "cache_turning_off_s": "cache_turning_off",
 }
 TIMER: Final = "flush.duration"
-_GAUGE_UNITS: Final = {"flush_lag": "s", "flush_interval": "s", "cache_file_bytes": "By"}
+_GAUGE_UNITS: Final = {"flush_lag": "s", "flush_interval": "s", "cache_file_bytes": "By",
+                       "cache_turning_off": "s"}
 #: what `localstate db prune` deleted: counters it sends once, after its run
 PRUNE_COUNTERS: Final = ("prune.rows", "prune.tombstones")
 #: StatsD packets stay under a common path MTU: several lines per packet, never fragmented

@@ -1,14 +1,17 @@
 """Applying live settings to a running store: what changed, and the cache toggle.
 
 `open_mode` opens a store's parts and first mode. `StoreCore.reconfigure` takes its
-reconfiguring lock, asks `live_changes` what changed and,
-when ``enabled`` did, replaces its mode with `toggled` inside its `ModeGate`'s switch (no call
-in progress meanwhile). The store keeps the mode and the settings; these functions only compute
-the new ones.
+reconfiguring lock and asks `live_changes` what changed. When ``enabled`` turned on, it replaces
+its mode with `turned_on` inside its `ModeGate`'s switch (no call in progress meanwhile); when
+it turned off, a `PendingTurnOff` flushes the backlog and then replaces the mode with
+`turned_off`, inside the switch too. The store keeps the mode and the settings; these functions
+only compute the new ones.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from localstate.claims import ClaimBook
 from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
 from localstate.entry_table import EntryTable
+from localstate.errors import CacheLocked, LocalStateError
 from localstate.local_first import LocalFirstMode
 from localstate.modes import DirectMode, Mode
 from localstate.store_parts import StoreParts
@@ -23,7 +27,7 @@ from localstate.sync.conflicts import PolicyMap
 from localstate.sync.sinks import Sink
 from localstate.sync.worker import ConflictInfo
 
-__all__ = ["live_changes", "open_mode", "toggled"]
+__all__ = ["direct_or_backlog", "live_changes", "open_mode", "turned_off", "turned_on"]
 
 # the store's logger: what reconfigure logs is the store's, wherever the code lives
 log = logging.getLogger("localstate.store")
@@ -53,28 +57,77 @@ async def open_mode(
     s: Settings, *, table: EntryTable, sink: Sink | None, policies: PolicyMap,
     on_conflict: Callable[[ConflictInfo], None] | None, claims: ClaimBook,
 ) -> tuple[StoreParts, Mode]:
-    """Open a store's shared parts and its first mode (``enabled``: local-first, the cache
-    file loaded as it is); on an error nothing is left open."""
+    """Open a store's shared parts and its first mode; on an error nothing is left open.
+
+    ``enabled``: local-first, the cache file loaded as it is. Cache off: direct mode, except
+    that the cache file is opened first (`direct_or_backlog`): a file still holding writes the
+    central DB lacks starts the store local-first, for the store to turn the cache off once
+    they are flushed (a `PendingTurnOff`)."""
     parts = await StoreParts.open(s, table=table, sink=sink, policies=policies,
                                   on_conflict=on_conflict, claims=claims)
     try:
         mode: Mode = (await LocalFirstMode.start(parts, s, keep_clean=True) if s.enabled
-                      else DirectMode(parts))
+                      else await direct_or_backlog(parts, s))
     except BaseException:
         await parts.close()
         raise
     return parts, mode
 
 
-async def toggled(mode: Mode, parts: StoreParts, new: Settings) -> Mode:
-    """The mode that replaces `mode` when ``enabled`` changes to ``new.enabled``.
+async def direct_or_backlog(parts: StoreParts, s: Settings) -> Mode:
+    """The first mode of a store opened with the cache off.
 
-    Turning the cache off flushes every dirty key first, then closes the cache and empties
-    the table and file; when that fails, `mode` is left running and the error raised.
+    Without a cache file: direct mode, under a writer id of its own (a file the cache creates
+    later takes it); no file is created (a task on a worker host keeps none). With one: the
+    file is opened first. If it holds writes the central DB lacks (acknowledged before a
+    restart, or by a turn-off that could not finish before the last close), local-first, for
+    the store to turn the cache off once they are flushed; else direct mode under the file's
+    id, the file kept locked. A file that cannot be opened (another live process holds it, it
+    is damaged) is logged and left alone: direct mode under an id of its own."""
+    path = s.resolved_cache_path
+    if not await asyncio.to_thread(path.exists):
+        return DirectMode(parts)
+    try:
+        mode = await LocalFirstMode.start(parts, s, keep_clean=False)
+    except LocalStateError as exc:
+        log.log(logging.INFO if isinstance(exc, CacheLocked) else logging.WARNING,
+                "the cache is off and its file %s cannot be used (%s): any writes it holds "
+                "are not flushed by this store", path, exc)
+        return DirectMode(parts)
+    if parts.table.dirty:
+        log.warning("the cache is off (enabled = False), but %s holds %d writes the central DB "
+                    "lacks: the store serves from the local cache until they are flushed, then "
+                    "turns it off", mode.cache.path, len(parts.table.dirty))
+        return mode
+    return await turned_off(mode, parts, s.close_timeout)
+
+
+async def turned_off(mode: LocalFirstMode, parts: StoreParts, timeout: float) -> DirectMode:
+    """Turn the cache off: flush every dirty key (within `timeout` s), close the cache and
+    empty the table and file, and return the direct mode that writes under the file's id.
+
+    When that flush fails, `mode` is left running and the error raised (`CentralUnavailable`).
     """
-    if new.enabled:
-        return await LocalFirstMode.start(parts, new, keep_clean=False)
-    if not isinstance(mode, LocalFirstMode):
-        raise TypeError(f"turning the cache off from {type(mode).__name__}")
-    await mode.drain_and_stop(new.close_timeout)
-    return DirectMode(parts)
+    writer = mode.cache.writer_id
+    lock = await mode.drain_and_stop(timeout)
+    return DirectMode(parts, lock, writer)
+
+
+async def turned_on(mode: Mode, parts: StoreParts, new: Settings) -> Mode:
+    """Turn the cache on (from direct mode): open the local cache, keeping only the writes
+    the central DB lacks, and start the sync worker. The cache file's lock, held by direct
+    mode, passes to the cache; on an error `mode` stays in force."""
+    direct = mode if isinstance(mode, DirectMode) else None
+    lock = direct.lock if direct is not None else None
+    try:
+        # a file created now takes the id direct mode wrote under
+        return await LocalFirstMode.start(parts, new, keep_clean=False, lock=lock,
+                                          new_writer_id=direct.writer if direct else None)
+    except BaseException:
+        if direct is not None and lock is not None and not lock.held:
+            # the failed open let the file go: take it back, or write under an id of our own
+            with contextlib.suppress(LocalStateError):
+                lock.acquire()
+            if not lock.held:
+                direct.lost_file()
+        raise

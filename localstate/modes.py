@@ -12,6 +12,7 @@ Every `durability` a mode is given has been checked by the store (`check_durabil
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +24,7 @@ from localstate.sync.worker import FlushReport
 
 if TYPE_CHECKING:
     from localstate.config import Settings
+    from localstate.file_lock import CacheFileLock
     from localstate.local_cache import LocalCache
     from localstate.sync.worker import SyncWorker
 
@@ -68,13 +70,33 @@ class Mode(Protocol):
 
 
 class DirectMode:
-    """Every call on the central DB, one transaction each; nothing kept in memory."""
+    """Every call on the central DB, one transaction each; nothing kept in memory.
+
+    Its writes carry the store's writer id (`writer`), so that a later flush of the store's
+    cache file sees these rows as its own chain: one store is one writer, whatever the mode it
+    wrote in. With a cache file, its id, and the file's lock is held meanwhile (`lock`), so no
+    other process can write under that id. Without one (none exists yet, another live process
+    holds it, it cannot be opened), a random id of this store's own, which a cache file created
+    by turning the cache on takes (`new_writer_id`).
+    """
 
     worker: None = None
     cache: None = None
 
-    def __init__(self, parts: StoreParts) -> None:
+    def __init__(self, parts: StoreParts, lock: CacheFileLock | None = None,
+                 writer: str | None = None) -> None:
         self.parts = parts
+        if lock is not None and not lock.held:  # the file's id is not this store's alone
+            lock, writer = None, None
+        #: the cache file's lock, held while this mode writes under its id (None: no file)
+        self.lock = lock
+        self.writer = writer or uuid.uuid4().hex
+
+    def lost_file(self) -> None:
+        """The cache file's lock went (a failed open of the cache released it): write under
+        an id of this store's own from now on."""
+        self.lock = None
+        self.writer = uuid.uuid4().hex
 
     def conflicted(self) -> Container[StateKey]:
         return frozenset()
@@ -90,7 +112,8 @@ class DirectMode:
     async def set(self, k: StateKey, data: str, obj: object, durability: Durability) -> int:
         self._count_write(k)
         row = await self.parts.sink.write_direct(
-            k[0], k[1], data, updated_at=time.time(), updated_by=self.parts.triggerer_id)
+            k[0], k[1], data, updated_at=time.time(), updated_by=self.parts.triggerer_id,
+            writer=self.writer)
         return row.version
 
     async def compare_and_set(self, k: StateKey, data: str, obj: object,
@@ -99,14 +122,15 @@ class DirectMode:
         self._count_write(k)
         row = await self.parts.sink.write_if_version(
             k[0], k[1], data, expected_version, updated_by=self.parts.triggerer_id,
-            updated_at=time.time())
+            updated_at=time.time(), writer=self.writer)
         return row.version
 
     async def delete(self, k: StateKey, durability: Durability) -> bool:
         """A compare-and-delete of the value it reads."""
         self._count_write(k)
         return await self.parts.sink.delete_current(k[0], k[1],
-                                                    updated_by=self.parts.triggerer_id)
+                                                    updated_by=self.parts.triggerer_id,
+                                                    writer=self.writer)
 
     async def persist(self, k: StateKey, e: Entry, version: int, durability: Durability
                       ) -> int:
@@ -137,7 +161,9 @@ class DirectMode:
         return None
 
     async def close(self) -> None:
-        return None
+        """Let the cache file go (its lock)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _count_write(self, k: StateKey) -> None:
         """Check a direct write's names (nothing in memory checks them) and count it."""

@@ -6,16 +6,18 @@ file changes, the settings are resolved again in the usual order (the store's ow
 the environment still win over the file) and the live ones, ``enabled``, ``flush_interval``,
 ``max_batch`` and ``durability``, are applied through `StateStore.reconfigure`:
 
-* ``enabled = False`` flushes every dirty key, then sends every call to the central DB;
-  ``enabled = True`` opens the local cache and starts the sync worker;
+* ``enabled = False`` flushes every dirty key, then sends every call to the central DB; while
+  the central DB cannot take those writes the turn-off is pending: the store serves from the
+  cache until they are flushed (`localstate.pending_switch`); ``enabled = True`` opens the
+  local cache and starts the sync worker;
 * the other three take effect at once (a flush wait in progress ends early).
 
 A file edited into an invalid state (a bad value, a file that does not parse) is reported: it is
 logged at ERROR with the setting, where it came from and what is allowed, and kept in
 `last_error` (and ``store.stats().config_error``); the settings in force stay the last good
-ones. A change that cannot be applied now (turning the cache off while the central DB is down:
-the flush fails) is reported the same way and retried every `retry_interval` seconds until it
-applies or the file changes again.
+ones. A change that cannot be applied now (turning the cache on when its file cannot be opened)
+is reported the same way and retried every `retry_interval` seconds until it applies or the
+file changes again.
 
 The folder of the file is watched, not the file itself, so an editor that saves by writing a new
 file and renaming it over the old one is seen too.

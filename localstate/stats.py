@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from localstate.entry_table import EntryTable
     from localstate.local_cache import LocalCache
+    from localstate.pending_switch import PendingTurnOff
     from localstate.sync.read_through import ReadThrough
     from localstate.sync.sinks import Sink
     from localstate.sync.worker import SyncWorker
@@ -44,6 +45,7 @@ class StoreStats:
     last_error: str | None
     #: entries held in memory now (at most about max_keys_in_memory, plus the dirty ones)
     keys_in_memory: int
+    #: the local cache is in use (local-first mode); False: every call goes to the central DB
     cache_enabled: bool
     #: why the last edit of airflow.cfg was not applied (the settings in force are the last
     #: good ones); None when it was, or when the store does not watch the file
@@ -62,6 +64,11 @@ class StoreStats:
     #: a ``local`` set waits for at most the commit in flight and the one carrying it
     local_commit_p50_s: float | None = None
     local_commit_p99_s: float | None = None
+    #: ``enabled`` was turned off, but the cache's backlog is not all in the central DB yet:
+    #: the store serves from the cache and switches once it is (see `PendingTurnOff`)
+    cache_turning_off: bool = False
+    #: seconds that turn-off has been pending (0 when none is)
+    cache_turning_off_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,7 +77,7 @@ class StoreStats:
 def store_stats(
     *, table: EntryTable, worker: SyncWorker | None, cache: LocalCache | None,
     sink: Sink | None, reader: ReadThrough | None, hits: int, misses: int,
-    cache_enabled: bool, config_error: str | None,
+    cache_enabled: bool, config_error: str | None, turning_off: PendingTurnOff | None = None,
 ) -> StoreStats:
     """The figures of a store now, read from its parts (none of them is changed)."""
     w, c = worker, cache
@@ -103,6 +110,8 @@ def store_stats(
         fleet_rows_per_s=w.budget.fleet_rows_per_s if w and w.budget else None,
         local_commit_p50_s=_percentile(commit_s, 0.5),
         local_commit_p99_s=_percentile(commit_s, 0.99),
+        cache_turning_off=turning_off is not None,
+        cache_turning_off_s=turning_off.pending_s if turning_off is not None else 0.0,
     )
 
 

@@ -6,8 +6,11 @@ calls read, and is the only code that replaces any of it:
 
 * the settings in force (`settings`), replaced only by `reconfigure`;
 * the mode in force (`LocalFirstMode` or `DirectMode`, `localstate.modes`), replaced only under
-  the `ModeGate`'s switch (`reconfigure`, through `mode_switch.toggled`), and ``_hot``, the map
-  a `set` may write without the gate (the table's entries; empty while the cache turns off);
+  the `ModeGate`'s switch (`reconfigure` through `mode_switch.turned_on`, and a turn-off's
+  `_finish_turn_off` through `mode_switch.turned_off`), and ``_hot``, the map a `set` may
+  write without the gate (the table's entries; empty while the cache turns off);
+* the turn-off waiting for the central DB to take the cache's backlog (`PendingTurnOff`, None
+  when none is), started by `reconfigure` or `open` and cancelled by `reconfigure` or `close`;
 * the parts both modes share (`StoreParts`: sink, read-through, table), from open to close;
 * the config watcher and metrics reporter it starts at open and stops at close, and the
   get counters its figures (`stats`) report.
@@ -32,11 +35,13 @@ from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.local_cache import LocalCache
+from localstate.local_first import LocalFirstMode
 from localstate.metrics import MetricsReporter, start_reporter
 from localstate.mode_gate import ModeGate
-from localstate.mode_switch import live_changes, open_mode, toggled
+from localstate.mode_switch import live_changes, open_mode, turned_off, turned_on
 from localstate.model import Durability
-from localstate.modes import Mode, NotOpen
+from localstate.modes import DirectMode, Mode, NotOpen
+from localstate.pending_switch import PendingTurnOff
 from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import StoreParts
@@ -118,6 +123,8 @@ class StoreCore:
         self._gate = ModeGate()
         self._reconfiguring = asyncio.Lock()
         self._watcher: ConfigWatcher | None = None  # with watch_config
+        #: the cache turned off but its backlog not yet central (see `PendingTurnOff`)
+        self._turning_off: PendingTurnOff | None = None
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -148,6 +155,8 @@ class StoreCore:
             s, table=self._table, sink=self._given_sink, policies=self._policies,
             on_conflict=self._on_conflict, claims=self._claims)
         self._opened = True
+        if not s.enabled and isinstance(self._mode, LocalFirstMode):
+            self._start_turn_off(self._mode)  # a backlog found in the file: flush, then off
         self._metrics = start_reporter(self)
         if s.watch_config:
             self._watcher = ConfigWatcher(self, config_file_path())
@@ -166,6 +175,12 @@ class StoreCore:
         self._closed = True
         if self._watcher is not None:
             await self._watcher.stop()
+        if self._turning_off is not None:
+            await self._end_turn_off()
+            if isinstance(self._mode, LocalFirstMode):
+                log.warning("closing with the cache's turn-off still pending: the writes the "
+                            "central DB lacks stay in %s, and the next start flushes them "
+                            "before it turns the cache off", self._mode.cache.path)
         async with self._gate.exclusive():  # a mode switch in progress finishes first
             await self._mode.stop(self.settings.close_timeout if timeout is None else timeout)
             if self._metrics is not None:
@@ -228,10 +243,15 @@ class StoreCore:
 
         Live: ``enabled``, ``flush_interval``, ``max_batch``, ``durability`` (see
         `LIVE_SETTINGS`); a change of any other setting is logged and applies at the next
-        start. Turning the cache off holds new calls back, flushes every dirty key, then
-        closes the local cache and sends every call to the central DB (no write is lost or
-        overtaken: a call in progress finishes first). If that flush fails, the cache stays on
-        and the error is raised. Turning it on opens the local cache and starts the sync worker.
+        start. Turning the cache on opens the local cache and starts the sync worker.
+
+        Turning it off never leaves an acknowledged write behind: the cache's backlog is
+        flushed first, then new calls are held back, the rest flushed, the local cache closed,
+        and every call goes to the central DB (a call in progress finishes first). While the
+        central DB cannot take the backlog the turn-off is pending (`PendingTurnOff`): the
+        store keeps serving from the cache and flushing, and switches once the backlog is
+        central. This call waits for the switch up to ``close_timeout`` seconds, then returns
+        with it pending (``stats().cache_turning_off``).
         """
         if self._closed:
             raise self._closed_error()
@@ -242,23 +262,63 @@ class StoreCore:
             changed, new = live_changes(self.settings, settings)
             if not changed:
                 return ()
-            toggle = new.enabled != self.settings.enabled
-            async with self._gate.switch() if toggle else self._gate.exclusive():
+            if new.enabled and self._turning_off is not None:
+                await self._end_turn_off()  # on again before the switch: the cache stays
+            turn_on = new.enabled and isinstance(self._mode, DirectMode)
+            async with self._gate.switch() if turn_on else self._gate.exclusive():
                 if self._closed:
                     raise self._closed_error()
-                if toggle:
-                    if not new.enabled:
-                        self._hot = {}  # from here every set, hot path included, waits
-                    try:
-                        self._mode = await toggled(self._mode, parts, new)
-                    finally:
-                        self._hot = self._entries  # empty in direct mode
+                if turn_on:
+                    self._mode = await turned_on(self._mode, parts, new)
                 self._durability = new.durability
                 self._table.kick_at = new.max_batch
                 self._mode.retune(new)
                 self.settings = new
             log.info("applied %s", ", ".join(f"{n}={getattr(new, n)!r}" for n in changed))
+            if (not new.enabled and "enabled" in changed
+                    and isinstance(self._mode, LocalFirstMode)):
+                pending = self._turning_off or self._start_turn_off(self._mode)
+                if not await pending.wait(new.close_timeout):
+                    log.warning(
+                        "turning the local cache off is pending: %d writes are not in the "
+                        "central DB yet (%s); the store serves from the local cache and "
+                        "switches once they are flushed", len(self._table.dirty),
+                        pending.last_error or "the flush has not finished")
             return changed
+
+    def _start_turn_off(self, mode: LocalFirstMode) -> PendingTurnOff:
+        self._turning_off = PendingTurnOff(
+            mode, self._finish_turn_off,
+            retry_interval=max(0.1, min(1.0, self.settings.flush_interval)))
+        return self._turning_off
+
+    async def _end_turn_off(self) -> None:
+        pending, self._turning_off = self._turning_off, None
+        if pending is not None:
+            await pending.cancel()
+
+    async def _finish_turn_off(self) -> bool:
+        """The switch of a pending turn-off (its backlog just flushed): hold the calls back,
+        flush the rest within ``close_timeout``, and go direct. False: that flush failed (the
+        cache stays on, the turn-off pending)."""
+        parts = self._parts
+        assert parts is not None
+        async with self._gate.switch():
+            mode = self._mode
+            if self._closed:
+                return False  # the close flushes; what it cannot stays in the file
+            if self.settings.enabled or not isinstance(mode, LocalFirstMode):
+                return True  # nothing left to switch
+            self._hot = {}  # from here every set, hot path included, waits
+            try:
+                self._mode = await turned_off(mode, parts, self.settings.close_timeout)
+            except LocalStateError:
+                return False
+            finally:
+                self._hot = self._entries  # empty in direct mode
+            self._mode.retune(self.settings)
+        self._turning_off = None
+        return True
 
     def stats(self) -> StoreStats:
         mode = self._mode
@@ -266,6 +326,7 @@ class StoreCore:
             table=self._table, worker=mode.worker, cache=mode.cache, sink=self.sink,
             reader=self._parts.reader if self._parts is not None else None,
             hits=self._hits, misses=self._misses,
-            cache_enabled=self.settings.enabled,
+            cache_enabled=isinstance(mode, LocalFirstMode),
             config_error=self._watcher.last_error if self._watcher is not None else None,
+            turning_off=self._turning_off,
         )

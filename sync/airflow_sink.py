@@ -334,7 +334,8 @@ class AirflowSink:
         return []
 
     async def write_direct(
-        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str,
+        writer: str | None = None,
     ) -> CentralRow:
         accessors = self.registry.lookup(owner)
         if not accessors:
@@ -347,7 +348,8 @@ class AirflowSink:
             await self._put(accessor, key, data)
         return CentralRow(owner, key, data, READ_VERSION, updated_at, updated_by)
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
         """Airflow's store keeps no versions: a read, then an unconditional delete (two
         concurrent deletes may both answer True)."""
         found = (await self.read_many([(owner, key)])).get((owner, key))
@@ -358,7 +360,7 @@ class AirflowSink:
 
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
-        updated_by: str, updated_at: float | None = None,
+        updated_by: str, updated_at: float | None = None, writer: str | None = None,
     ) -> CentralRow:
         raise ConfigError(
             f"compare_and_set of {owner}/{key} with the cache off needs a central DB that keeps "

@@ -186,25 +186,28 @@ class ApiSink:
         return (rows[0] if rows else None), bool(answer.get("deleted"))
 
     async def write_direct(
-        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str,
+        writer: str | None = None,
     ) -> CentralRow:
         row, _ = await self._write({"op": "direct", "owner": owner, "key": key, "data": data,
-                                    "updated_at": updated_at, "updated_by": updated_by})
+                                    "updated_at": updated_at, "updated_by": updated_by,
+                                    "writer": writer})
         return _written(row)
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
         _, deleted = await self._write({"op": "delete_current", "owner": owner, "key": key,
-                                        "updated_by": updated_by})
+                                        "updated_by": updated_by, "writer": writer})
         return deleted
 
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
-        updated_by: str, updated_at: float | None = None,
+        updated_by: str, updated_at: float | None = None, writer: str | None = None,
     ) -> CentralRow:
         row, _ = await self._write({
             "op": "if_version", "owner": owner, "key": key, "data": data,
             "expected_version": expected_version, "updated_at": updated_at,
-            "updated_by": updated_by})
+            "updated_by": updated_by, "writer": writer})
         return _written(row)
 
     # -- claims and the fleet table, kept by the server's central DB --------------------

@@ -3,8 +3,9 @@ transaction (`CentralStore.write_if_version` owns the engine, the transaction an
 
 Invariant: the check of the expected version and the write are one statement, so no other
 writer slips in between; a record at another version is left as it is and reported by
-`VersionConflict`. A CAS write clears ``writer`` (no sync worker's chain; see
-`localstate.sync.fenced_write`).
+`VersionConflict`. A CAS write records the writer id it is given: a store's own (its cache
+file's, so a later flush of that file sees its own chain; see `localstate.sync.fenced_write`),
+or None for a writer with no file (the CLI, the REST API).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def check_expected_version(expected_version: object) -> int:
 async def compare_and_set(
     conn: AsyncConnection, sql: BatchSql, dialect: str, owner: str, key: str,
     value: str | None, expected_version: int, when: datetime, updated_by: str,
+    writer: str | None = None,
 ) -> int:
     """Write `value` (None: a tombstone) to `key` of `owner` if its central record is at
     `expected_version` (0: no value, never written or deleted); return the new version, or
@@ -54,13 +56,13 @@ async def compare_and_set(
                   else sqlite_dialect.insert)(state_variable)
         stmt = insert.values(
             owner=owner, key=key, value=value, version=1, prev_version=0, updated_at=when,
-            updated_by=updated_by,
+            updated_by=updated_by, writer=writer,
         )
         stmt = stmt.on_conflict_do_update(
             index_elements=[t.owner, t.key],
             set_={"value": stmt.excluded.value, "version": t.version + 1,
                   "prev_version": t.version, "updated_at": stmt.excluded.updated_at,
-                  "updated_by": stmt.excluded.updated_by, "writer": None},
+                  "updated_by": stmt.excluded.updated_by, "writer": stmt.excluded.writer},
             where=t.value.is_(None),
         ).returning(t.version)
     else:
@@ -69,13 +71,13 @@ async def compare_and_set(
             .where(t.owner == owner, t.key == key, t.version == expected_version,
                    t.value.is_not(None))
             .values(value=value, version=t.version + 1, prev_version=t.version,
-                    updated_at=when, updated_by=updated_by, writer=None)
+                    updated_at=when, updated_by=updated_by, writer=writer)
             .returning(t.version)
         )
     version = (
         (await conn.execute(stmt)).scalar_one_or_none() if stmt is not None
         else await _write_returning_nothing(
-            conn, sql, owner, key, value, expected_version, when, updated_by))
+            conn, sql, owner, key, value, expected_version, when, updated_by, writer))
     if version is None:
         current = (await select_rows(conn, sql, [(owner, key)], lock=False)).get((owner, key))
         actual = 0 if current is None or current.data is None else current.version
@@ -89,14 +91,14 @@ async def compare_and_set(
 
 async def _write_returning_nothing(
     conn: AsyncConnection, sql: BatchSql, owner: str, key: str, value: str | None,
-    expected_version: int, when: datetime, updated_by: str,
+    expected_version: int, when: datetime, updated_by: str, writer: str | None,
 ) -> int | None:
     """`compare_and_set`'s write without RETURNING (MySQL): the new version, None if the
     record was not at `expected_version`. The row count tells (CLIENT_FOUND_ROWS off:
     0 when the condition kept the row as it was); the row stays locked by the write, so
     the version read back is the one written."""
     params = {"owner": owner, "key": key, "value": value,
-              "at": sql.timestamp(when.timestamp()), "by": updated_by}
+              "at": sql.timestamp(when.timestamp()), "by": updated_by, "writer": writer}
     if expected_version == 0:
         assert sql.cas_insert is not None
         assert sql.direct_version is not None
@@ -109,5 +111,5 @@ async def _write_returning_nothing(
         .where(t.owner == owner, t.key == key, t.version == expected_version,
                t.value.is_not(None))
         .values(value=value, version=t.version + 1, prev_version=t.version,
-                updated_at=params["at"], updated_by=updated_by, writer=None))
+                updated_at=params["at"], updated_by=updated_by, writer=writer))
     return expected_version + 1 if result.rowcount == 1 else None

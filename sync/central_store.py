@@ -293,12 +293,14 @@ class CentralStore:
     # -- writing -------------------------------------------------------------------------
 
     async def write_direct(
-        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str,
+        writer: str | None = None,
     ) -> CentralRow:
-        """One unconditional write in its own transaction: the cache-off (direct) path."""
+        """One unconditional write in its own transaction: the cache-off (direct) path.
+        `writer`: the writing store's id, recorded with the row (`Sink.write_direct`)."""
         await self._ready()
         params = {"owner": owner, "key": key, "value": data,
-                  "at": self._sql.timestamp(updated_at), "by": updated_by}
+                  "at": self._sql.timestamp(updated_at), "by": updated_by, "writer": writer}
         async with self._errors("write"), self.engine.begin() as conn:
             result = await conn.execute(self._sql.direct_upsert, params)
             if self._sql.direct_version is not None:  # no RETURNING: read it back, locked
@@ -309,7 +311,7 @@ class CentralStore:
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)
 
     async def delete_current(self, owner: str, key: str, *, updated_by: str,
-                             tries: int = _DELETE_TRIES) -> bool:
+                             writer: str | None = None, tries: int = _DELETE_TRIES) -> bool:
         """Delete whatever value `key` of `owner` has; False when it has none.
 
         A compare-and-delete (`write_if_version`) on the version just read, repeated while other
@@ -323,7 +325,8 @@ class CentralStore:
             if row is None or row.data is None:
                 return False
             try:
-                await self.write_if_version(owner, key, None, row.version, updated_by=updated_by)
+                await self.write_if_version(owner, key, None, row.version, updated_by=updated_by,
+                                            writer=writer)
             except VersionConflict as exc:
                 if exc.actual == 0:  # deleted by another writer meanwhile
                     return False
@@ -336,7 +339,7 @@ class CentralStore:
 
     async def write_if_version(
         self, owner: str, key: str, data: str | bytes | None, expected_version: int, *,
-        updated_by: str, updated_at: float | None = None,
+        updated_by: str, updated_at: float | None = None, writer: str | None = None,
     ) -> CentralRow:
         """One conditional write in its own transaction: a compare-and-set on the central DB.
 
@@ -356,7 +359,7 @@ class CentralStore:
         await self._ready()
         async with self._errors("write"), self.engine.begin() as conn:
             version = await compare_and_set(conn, self._sql, self.dialect, owner, key, value,
-                                            expected_version, when, updated_by)
+                                            expected_version, when, updated_by, writer)
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, value, version, when.timestamp(), updated_by)

@@ -71,8 +71,11 @@ _FENCE: Final = (
     "AND {t}.version > EXCLUDED.prev_version AND {t}.version <= EXCLUDED.version)"
 )
 _COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by, writer'
-# a write with no file behind it (direct mode, compare-and-set on the central DB) clears it
-_DIRECT_COLUMNS: Final = 'owner, "key", value, version, prev_version, updated_at, updated_by'
+# a direct write (the cache off, a compare-and-set on the central DB) records the writer id it
+# is given: the store's own (its cache file's, so that a later flush of that file sees its own
+# chain), or NULL for a writer with no file (the CLI, the REST API)
+_DIRECT_COLUMNS: Final = (
+    'owner, "key", value, version, prev_version, updated_at, updated_by, writer')
 
 #: one row for the upsert: owner, key, value text, version, prev_version, updated_at, by,
 #: claim epoch
@@ -163,11 +166,11 @@ class _PostgresSql(BatchSql):
     select_keys_locked = text(_select + ' ORDER BY t.owner, t."key" FOR UPDATE OF t')
     direct_upsert = text(
         f"INSERT INTO {STATE_TABLE} AS t ({_DIRECT_COLUMNS}) "
-        "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+        "VALUES (:owner, :key, :value, 1, 0, :at, :by, :writer) "
         'ON CONFLICT (owner, "key") DO UPDATE SET value = EXCLUDED.value, '
         "version = t.version + 1, prev_version = t.version, "
-        "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by, writer = NULL "
-        "RETURNING t.version"
+        "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by, "
+        "writer = EXCLUDED.writer RETURNING t.version"
     )
     claim = text(
         f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at, writer) "
@@ -220,11 +223,11 @@ class _SqliteSql(BatchSql):
     select_keys_locked = select_keys
     direct_upsert = text(
         f"INSERT INTO {STATE_TABLE} ({_DIRECT_COLUMNS}) "
-        "VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+        "VALUES (:owner, :key, :value, 1, 0, :at, :by, :writer) "
         'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
         f"version = {STATE_TABLE}.version + 1, prev_version = {STATE_TABLE}.version, "
-        "updated_at = excluded.updated_at, updated_by = excluded.updated_by, writer = NULL "
-        "RETURNING version"
+        "updated_at = excluded.updated_at, updated_by = excluded.updated_by, "
+        "writer = excluded.writer RETURNING version"
     )
 
     def timestamp(self, ts: float) -> str:
@@ -320,9 +323,10 @@ class _MysqlSql(BatchSql):
         self.select_keys_locked = text(select + " FOR UPDATE")
         # prev_version takes the old version before version moves on (left to right)
         self.direct_upsert = text(
-            f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            f"INSERT INTO {t} ({columns}, writer) "
+            "VALUES (:owner, :key, :value, 1, 0, :at, :by, :writer) "
             "ON DUPLICATE KEY UPDATE value = :value, prev_version = version, "
-            "version = version + 1, updated_at = :at, updated_by = :by, writer = NULL"
+            "version = version + 1, updated_at = :at, updated_by = :by, writer = :writer"
         )
         self.direct_version = text(
             f"SELECT version FROM {t} WHERE owner = :owner AND `key` = :key")
@@ -333,12 +337,13 @@ class _MysqlSql(BatchSql):
         self.claim_epoch = text(f"SELECT epoch FROM {CLAIM_TABLE} WHERE owner = :owner")
         # a write over a tombstone only; `value` is read by every condition: set last
         self.cas_insert = text(
-            f"INSERT INTO {t} ({columns}) VALUES (:owner, :key, :value, 1, 0, :at, :by) "
+            f"INSERT INTO {t} ({columns}, writer) "
+            "VALUES (:owner, :key, :value, 1, 0, :at, :by, :writer) "
             "ON DUPLICATE KEY UPDATE prev_version = IF(value IS NULL, version, prev_version), "
             "version = IF(value IS NULL, version + 1, version), "
             "updated_at = IF(value IS NULL, :at, updated_at), "
             "updated_by = IF(value IS NULL, :by, updated_by), "
-            "writer = IF(value IS NULL, NULL, writer), "
+            "writer = IF(value IS NULL, :writer, writer), "
             "value = IF(value IS NULL, :value, value)"
         )
 

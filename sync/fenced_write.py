@@ -3,11 +3,16 @@ and the dialect's `BatchSql`; `CentralStore.write_batch` owns the engine, the tr
 the counters and calls `write_fenced`.
 
 How a flush tells a replay from a stale write. Each row a sync worker writes carries the id of
-its local cache file (``writer``, `LocalCache.writer_id`); every other write (direct mode, a
-compare-and-set on the central DB) clears it. Invariants:
+its local cache file (``writer``, `LocalCache.writer_id`). The same store's writes with the
+cache off (direct mode) carry that id too, the file's lock held meanwhile (or, before the
+store has a file, an id of its own that the file it creates takes); writes of no store (the
+CLI, the REST API) carry none. Invariants:
 
 1. One live process per cache file (its file lock). So a central row carrying my file's id was
-   written by me, or by an earlier process on my file, which has ended: my own chain.
+   written by me, or by an earlier process on my file, which has ended: my own chain. That
+   includes my direct-mode writes, and a store never writes directly while its file still
+   holds writes the central DB lacks (`localstate.pending_switch`), so those rows are never
+   below a base my file's entries hold.
 2. Central versions of a key only grow: every write goes in above the record it replaces.
 3. In a running store an entry's base (``synced_version``) never goes backwards and, once a
    flush's outcome for a write is recorded, is at least that write's central version

@@ -85,21 +85,25 @@ class ThreadedSink:
         return await self._call(self.inner.read_owner(owner))
 
     async def write_direct(
-        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str,
+        writer: str | None = None,
     ) -> CentralRow:
         return await self._call(self.inner.write_direct(
-            owner, key, data, updated_at=updated_at, updated_by=updated_by,
+            owner, key, data, updated_at=updated_at, updated_by=updated_by, writer=writer,
         ))
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
-        return await self._call(self.inner.delete_current(owner, key, updated_by=updated_by))
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
+        return await self._call(self.inner.delete_current(owner, key, updated_by=updated_by,
+                                                          writer=writer))
 
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
-        updated_by: str, updated_at: float | None = None,
+        updated_by: str, updated_at: float | None = None, writer: str | None = None,
     ) -> CentralRow:
         return await self._call(self.inner.write_if_version(
             owner, key, data, expected_version, updated_by=updated_by, updated_at=updated_at,
+            writer=writer,
         ))
 
     async def claim(self, owner: str, *, claimant: str, writer: str | None = None,

@@ -47,17 +47,21 @@ class Sink(Protocol):
         """Every central record of `owner`, deletions included."""
 
     async def write_direct(
-        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str
+        self, owner: str, key: str, data: str | None, *, updated_at: float, updated_by: str,
+        writer: str | None = None,
     ) -> CentralRow:
-        """One write in its own transaction (the cache-off path)."""
+        """One write in its own transaction (the cache-off path). `writer`: the writing
+        store's id (its cache file's), recorded with the row so that the store's later flushes
+        see it as their own chain; None for a writer with no cache file."""
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
         """Delete the key's committed value in its own transaction (the cache-off path);
         False when it has none. Of two deletes of one value, one answers True."""
 
     async def write_if_version(
         self, owner: str, key: str, data: str | None, expected_version: int, *,
-        updated_by: str, updated_at: float | None = None,
+        updated_by: str, updated_at: float | None = None, writer: str | None = None,
     ) -> CentralRow:
         """One conditional write in its own transaction (a compare-and-set with the cache off):
         written only if the central record is at `expected_version` (0: it has no value),

@@ -666,6 +666,7 @@ async def test_status_reports_the_serving_store(api: Api) -> None:
     s = r.json()
     assert s["triggerer_id"] == "api-server"
     assert s["cache_enabled"] is True
+    assert (s["cache_turning_off"], s["cache_turning_off_s"]) == (False, 0.0)
     assert s["dirty_keys"] == 2
     assert s["flush_lag_s"] > 0
     assert s["last_flush_at"] is None

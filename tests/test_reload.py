@@ -22,6 +22,7 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import ConfigError, Settings, StateStore
+from localstate.metrics import MetricsReporter
 from localstate.model import Durability
 from localstate.reload import ConfigWatcher
 from localstate.sync.central_store import CentralStore
@@ -150,8 +151,10 @@ async def test_toggle_flipped_both_ways_under_writers_loses_no_write(
         await loop.more(300)
         for enabled in (False, True, False, True):
             edit_cfg(enabled=enabled, flush_interval=0.2)
-            await reloaded(watcher, lambda e=enabled: store.settings.enabled is e)  # type: ignore[misc]
-            assert store.stats().cache_enabled is enabled
+            # the setting applies at once; the switch, once the cache's backlog is central
+            await reloaded(watcher, lambda e=enabled: (  # type: ignore[misc]
+                store.settings.enabled is e and store.stats().cache_enabled is e))
+            assert not store.stats().cache_turning_off
             assert watcher.last_error is None
             if not enabled:
                 # turning the cache off flushed everything first: every write acknowledged
@@ -294,36 +297,84 @@ async def test_reconfigure_without_a_watcher(central_url: str, tmp_path: Path,
 
 
 @pytest.mark.postgres
-async def test_turning_off_while_the_central_db_refuses_is_retried_until_it_applies(
-    pg_server: PostgresServer, tmp_path: Path
+async def test_turning_off_while_the_central_db_refuses_waits_serving_from_the_cache(
+    pg_server: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     dbname = f"reload_{uuid.uuid4().hex[:12]}"
     url = pg_server.create_database(dbname)
     edit_cfg(enabled="True")
     store = await StateStore.open(central_url=url, cache_path=tmp_path / "down.db",
-                                  triggerer_id="down", flush_interval=60, close_timeout=3)
+                                  triggerer_id="down", flush_interval=60, close_timeout=1)
     watcher = ConfigWatcher(store, cfg_path(), retry_interval=0.2)
     await watcher.start()
     try:
         await store.set("o", "k", 1)
         pg_server.psql(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
         pg_server.terminate_backends(dbname)
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="localstate.store")
         edit_cfg(enabled="False")
-        await reloaded(watcher, lambda: watcher.last_error is not None)
-        assert "could not apply" in (watcher.last_error or "")
-        assert store.stats().cache_enabled is True  # still local-first, nothing lost
+        await reloaded(watcher, lambda: store.settings.enabled is False)
+        assert watcher.last_error is None  # applied: the switch is pending, not refused
+        stats = store.stats()
+        assert (stats.cache_enabled, stats.cache_turning_off) == (True, True)
+        assert any("pending" in r.getMessage() for r in caplog.records)
+        assert stats.cache_turning_off_s > 0
+        gauges = MetricsReporter(store, interval=60).sample().gauges  # what metrics report
+        assert gauges["cache_turning_off"] > 0
+        # still local-first, nothing lost: writes keep being acknowledged from the cache
         assert await store.get("o", "k") == 1
+        assert await store.set("o", "k", 2) == 2
         assert store.stats().dirty_keys == 1
         pg_server.psql(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
-        await reloaded(watcher, lambda: store.settings.enabled is False)  # the retry
-        assert watcher.last_error is None
-        assert await store.get("o", "k") == 1  # now read from the central DB
+        await eventually(lambda: not store.stats().cache_enabled, timeout=20)
+        assert not store.stats().cache_turning_off
+        assert MetricsReporter(store, interval=60).sample().gauges["cache_turning_off"] == 0
+        assert any("the local cache is off" in r.getMessage() for r in caplog.records)
+        assert await store.get("o", "k") == 2  # now read from the central DB
+        assert await store.set("o", "k", 3) == 3  # direct, on from the flushed version
     finally:
         await watcher.stop()
         await store.close()
     c = await CentralStore.open(url)
     try:
-        assert await central_values(c, [("o", "k")]) == {("o", "k"): 1}
+        assert await central_values(c, [("o", "k")]) == {("o", "k"): 3}
+    finally:
+        await c.close()
+
+
+@pytest.mark.postgres
+async def test_a_turn_off_pending_at_close_is_finished_by_the_next_start(
+    pg_server: PostgresServer, tmp_path: Path
+) -> None:
+    dbname = f"reload_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(dbname)
+    options: dict[str, object] = {
+        "central_url": url, "cache_path": tmp_path / "left.db", "triggerer_id": "left",
+        "flush_interval": 60, "close_timeout": 1}
+    store = await StateStore.open(**options)
+    await store.set("o", "k", 1)
+    await asyncio.to_thread(pg_server.stop, "fast")
+    try:
+        await store.reconfigure(Settings.resolve({**options, "enabled": False}))
+        assert store.stats().cache_turning_off
+        await store.close()  # the backlog cannot be flushed: it stays in the file
+        # the next start, with the cache off, serves from the file until it is central
+        store = await StateStore.open(**options, enabled=False)
+        stats = store.stats()
+        assert (stats.cache_enabled, stats.cache_turning_off, stats.dirty_keys) == (
+            True, True, 1)
+        assert await store.get("o", "k") == 1
+    finally:
+        await asyncio.to_thread(pg_server.start)
+    try:
+        await eventually(lambda: not store.stats().cache_enabled, timeout=20)
+        assert await store.set("o", "k", 2) == 2
+    finally:
+        await store.close()
+    c = await CentralStore.open(url)
+    try:
+        assert await central_values(c, [("o", "k")]) == {("o", "k"): 2}
     finally:
         await c.close()
 

@@ -62,18 +62,21 @@ class HeldReads:
         return await self.inner.write_batch(rows, policies, **kw)
 
     async def write_direct(self, owner: str, key: str, data: str | None, *, updated_at: float,
-                           updated_by: str) -> CentralRow:
+                           updated_by: str, writer: str | None = None) -> CentralRow:
         return await self.inner.write_direct(owner, key, data, updated_at=updated_at,
-                                             updated_by=updated_by)
+                                             updated_by=updated_by, writer=writer)
 
-    async def delete_current(self, owner: str, key: str, *, updated_by: str) -> bool:
-        return await self.inner.delete_current(owner, key, updated_by=updated_by)
+    async def delete_current(self, owner: str, key: str, *, updated_by: str,
+                             writer: str | None = None) -> bool:
+        return await self.inner.delete_current(owner, key, updated_by=updated_by, writer=writer)
 
     async def write_if_version(self, owner: str, key: str, data: str | None,
                                expected_version: int, *, updated_by: str,
-                               updated_at: float | None = None) -> CentralRow:
+                               updated_at: float | None = None,
+                               writer: str | None = None) -> CentralRow:
         return await self.inner.write_if_version(owner, key, data, expected_version,
-                                                 updated_by=updated_by, updated_at=updated_at)
+                                                 updated_by=updated_by, updated_at=updated_at,
+                                                 writer=writer)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -415,3 +418,92 @@ async def test_a_central_insert_if_absent_over_another_stores_tombstone_succeeds
                                       durability="central")
     assert version == 5
     assert await central_record(central_url, "k") == ("mine", 5)
+
+
+# -- one store, one writer, versions forward across modes (#32) -------------------------------
+
+
+async def test_a_first_write_long_after_a_miss_counts_from_one_with_the_central_db_up(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """A watcher's first `get` finds nothing; its first `set` comes after `absent_ttl`. With
+    `max` and `local` durability that set does not read its base (it never waits for a read):
+    it used to get a clock version (1.8e15). The store last saw the key absent and has shown
+    no version of it since, so it counts from 0."""
+    store = await open_store(conflict_policy="max", absent_ttl=0.01)
+    assert await store.get(OWNER, "fresh") is None
+    await asyncio.sleep(0.05)  # past absent_ttl: the key is no longer known to be absent
+    assert not store.entry_table.is_absent((OWNER, "fresh"))
+    assert await store.set(OWNER, "fresh", 10) == 1
+    assert await store.set(OWNER, "fresh", 11) == 2
+    report = await store.flush()
+    assert (report.written, report.conflicts) == (1, 0)
+    assert await central_record(central_url, "fresh") == (11, 2)
+    # a key this store never read still gets a clock version: above any the DB can hold
+    assert await store.set(OWNER, "never-read", 1) > 10**15
+
+
+def test_clock_versions_only_grow_within_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localstate import entry
+
+    first = entry.unknown_base_version()
+    monkeypatch.setattr(entry, "_now", lambda: 1.0)  # the clock stepped back
+    assert entry.unknown_base_version() == first + 1
+    assert entry.unknown_base_version() == first + 2
+
+
+@pytest.mark.parametrize("policy", ["reject", "max", "last_writer_wins"])
+async def test_the_stores_own_direct_writes_are_never_its_conflicts(
+    outage: Outage, tmp_path: Path, policy: str,
+) -> None:
+    """Direct-mode writes carry the store's writer id (its cache file's): a write made later
+    with the cache on, on a base it could not read (central down), replaces them as the
+    store's own chain, under every policy, and its version stays above theirs."""
+    seen: list[Any] = []
+    store = await outage.open_store(tmp_path, conflict_policy=policy, on_conflict=seen.append)
+    try:
+        assert await store.set(OWNER, "k", 100, durability="central") == 1
+        await store.reconfigure(store.settings.replace(enabled=False))
+        assert store.stats().cache_enabled is False
+        assert await store.set(OWNER, "k", 200) == 2  # direct
+        assert await store.compare_and_set(OWNER, "k", 300, expected_version=2) == 3
+        await store.reconfigure(store.settings.replace(enabled=True))
+        assert store.stats().keys_in_memory == 0
+        async with outage.down():
+            v = await store.set(OWNER, "k", 5)  # lower than 300: max must still take it
+            assert v > 3
+        report = await store.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert seen == []
+        assert await store.get(OWNER, "k") == 5
+        # off again: the direct path counts on from the (clock) version the flush carried
+        await store.reconfigure(store.settings.replace(enabled=False))
+        assert await store.set(OWNER, "k", 6) == v + 1
+        assert await store.compare_and_set(OWNER, "k", 7, expected_version=v + 1) == v + 2
+        assert await store.delete(OWNER, "k") is True
+    finally:
+        await store.close()
+    assert seen == []
+
+
+async def test_a_store_started_with_the_cache_off_is_one_writer_with_the_file_it_creates(
+    outage: Outage, tmp_path: Path,
+) -> None:
+    """Started with the cache off and no cache file, a store creates none (a task on a worker
+    host keeps none) and writes under an id of its own; the file created when the cache is
+    turned on takes that id, so those direct writes are the store's own chain too."""
+    seen: list[Any] = []
+    store = await outage.open_store(tmp_path, enabled=False, on_conflict=seen.append)
+    try:
+        assert not (tmp_path / "cache.db").exists()
+        assert await store.set(OWNER, "k", 1) == 1  # direct
+        await store.reconfigure(store.settings.replace(enabled=True))
+        assert (tmp_path / "cache.db").exists()
+        async with outage.down():
+            v = await store.set(OWNER, "k", 2)  # base unknown: central cannot be read
+        report = await store.flush()
+        assert (report.written, report.conflicts) == (1, 0)
+        assert seen == []
+    finally:
+        await store.close()
+    assert await central_record(outage.url, "k") == (2, v)

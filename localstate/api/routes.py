@@ -229,6 +229,7 @@ def build_router(store: StateStore, auth: Authorizer,
         sink = central()
         return Status(
             triggerer_id=store.triggerer_id, cache_enabled=s.cache_enabled,
+            cache_turning_off=s.cache_turning_off, cache_turning_off_s=s.cache_turning_off_s,
             central_url=sink.url if sink is not None else "(not open)",
             dirty_keys=s.dirty_keys, flush_lag_s=s.oldest_unflushed_s,
             flush_lag_p50_s=s.flush_lag_p50_s, flush_lag_p99_s=s.flush_lag_p99_s,

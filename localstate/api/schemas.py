@@ -71,6 +71,10 @@ class Status(BaseModel):
 
     triggerer_id: str
     cache_enabled: bool
+    cache_turning_off: bool = Field(
+        False, description="enabled was turned off, and the store serves from the local cache "
+        "until the writes the central DB lacks are flushed; then it switches")
+    cache_turning_off_s: float = Field(0.0, description="seconds that turn-off has waited")
     central_url: str = Field(description="the central DB, password hidden")
     dirty_keys: int
     flush_lag_s: float = Field(description="age of the oldest write the central DB lacks")

@@ -271,6 +271,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         at = body.get("updated_at")
         if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
             raise WireError("'updated_at' must be a number of seconds or null")
+        writer = _writer(body.get("writer"))
         require_open(store)
         c = central_or_503(central)
         row: CentralRow | None = None
@@ -278,15 +279,17 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         if op == "direct":
             if at is None:
                 raise WireError("a direct write needs 'updated_at'")
-            row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by)
+            row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by,
+                                       writer=writer)
         elif op == "if_version":
             expected = body.get("expected_version")
             if isinstance(expected, bool) or not isinstance(expected, int):
                 raise WireError("'expected_version' must be an integer")
             row = await c.write_if_version(owner, key, data, expected, updated_by=by,
-                                           updated_at=None if at is None else float(at))
+                                           updated_at=None if at is None else float(at),
+                                           writer=writer)
         elif op == "delete_current":
-            deleted = await c.delete_current(owner, key, updated_by=by)
+            deleted = await c.delete_current(owner, key, updated_by=by, writer=writer)
         else:
             raise WireError("'op' must be direct, if_version or delete_current")
         return _json({"fields": central_header,
