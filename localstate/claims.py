@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from localstate.entry import StateKey
-from localstate.errors import ConfigError, OwnerLost
+from localstate.errors import CentralError, ConfigError, OwnerLost
+from localstate.sync.failure_log import FailureLog
 from localstate.sync.rows import DirtyRow
 from localstate.sync.sinks import ClaimingSink, Sink
 
@@ -55,6 +56,9 @@ class ClaimBook:
         self.lost: dict[str, int] = {}
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0
+        #: claims failing through an outage: logged at its start, a minute, its end
+        self.failure_log = FailureLog(
+            log, "claiming owners in the central DB (triggers run unclaimed meanwhile)")
 
     def begin(self) -> float:
         """The time a claim begins: call before asking the central DB for the epoch."""
@@ -135,7 +139,12 @@ async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claima
     since = book.begin()
     if flush is not None and any(k[0] == owner for k in dirty):
         await flush()
-    epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+    try:
+        epoch = await sink.claim(owner, claimant=claimant, writer=writer)
+    except CentralError as exc:
+        book.failure_log.failed(f"{owner!r}: {exc}")
+        raise
+    book.failure_log.succeeded()
     book.took(owner, epoch, since)
     if load is not None:
         await load(owner)

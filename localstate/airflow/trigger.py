@@ -266,7 +266,8 @@ class StateEnabledTrigger:
             except CentralUnavailable as exc:
                 # local-first: the trigger runs from its cache; unclaimed, its writes are
                 # refused (OwnerLost) only if another triggerer claims the owner meanwhile
-                log.warning("could not claim %s (%s); running unclaimed", self.state_owner, exc)
+                # the store's claim FailureLog says so (once per outage, not per trigger)
+                log.debug("could not claim %s (%s); running unclaimed", self.state_owner, exc)
         self._localstate_store = store
         if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
             freeze_startup_heap()  # and full collections skip the start-up heap
