@@ -299,9 +299,11 @@ class SyncWorker:
         if isinstance(self.sink, FleetReporting):
             host, pid = this_host()
             table = self.table
+            # the backlog: keys still waiting once the batch carrying this row commits (the
+            # keys the flush writes are not waiting; a steady triggerer shows 0)
             self.sink.note_fleet(FleetStatus(
-                table.updated_by, host, pid, now, len(table.dirty), table.oldest_dirty(),
-                self.rows_per_s, self.interval))
+                table.updated_by, host, pid, now, max(0, len(table.dirty) - self.max_batch),
+                table.oldest_dirty(), self.rows_per_s, self.interval))
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""

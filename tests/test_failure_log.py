@@ -36,7 +36,8 @@ def test_a_failure_retried_every_second_for_150_s_logs_three_warnings_and_one_in
     # the start, then a summary at 60 s and at 120 s
     assert len(warnings) == 3
     assert warnings[0].startswith("flush to http://api failed, retrying in 1.00 s: refused")
-    assert warnings[1] == "flush to http://api still failing: 61 failures in 60 s, the last: refused"
+    assert warnings[1] == ("flush to http://api still failing: 61 failures in 60 s, the last: "
+                           "refused")
     assert "121 failures in 120 s" in warnings[2]
     assert len(lines(caplog, logging.DEBUG)) == 151 - 3
     fl.succeeded()
