@@ -124,4 +124,9 @@ def test_sink_api_without_api_url_and_sink_airflow_without_central_url_say_what_
     down = cli(tmp_path, api_env("http://127.0.0.1:9"), "ls")
     assert down.returncode == 1
     assert "did not answer" in down.stderr
+    # the commands that only a central DB can answer refuse rather than create one
+    for args in (["db", "upgrade"], ["db", "prune", "--older-than", "7d", "--dry-run"]):
+        refused = cli(tmp_path, api_env("http://127.0.0.1:9"), *args)
+        assert refused.returncode == 1, refused.stderr
+        assert "give --central-url" in refused.stderr
     assert not list(tmp_path.rglob("*.db"))
