@@ -92,7 +92,8 @@ async def first_write_base(table: EntryTable, reader: ReadThrough, k: StateKey, 
             row = await reader.fetch(k)
         except CentralError as exc:
             unknown = True
-            log.warning("cannot read %s/%s from the central DB before writing it (%s); the "
+            # the reader's FailureLog tells of the outage; this key's fallback is detail
+            log.debug("cannot read %s/%s from the central DB before writing it (%s); the "
                         "write is based on an unknown central version and settled by the "
                         "conflict policy at the flush", k[0], k[1], exc)
             break

@@ -29,8 +29,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from localstate.entry import StateKey
-from localstate.errors import CentralUnavailable, ConfigError, OwnerLost
+from localstate.errors import CentralError, CentralUnavailable, ConfigError, OwnerLost
 from localstate.sync.backoff import Backoff
+from localstate.sync.failure_log import FailureLog
 from localstate.sync.rows import DirtyRow
 from localstate.sync.sinks import ClaimingSink, Sink
 
@@ -57,6 +58,9 @@ class ClaimBook:
         self.lost: dict[str, int] = {}
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0
+        #: claims failing through an outage: logged at its start, a minute, its end
+        self.failure_log = FailureLog(
+            log, "claiming owners in the central DB (triggers run unclaimed meanwhile)")
 
     def begin(self) -> float:
         """The time a claim begins: call before asking the central DB for the epoch."""
@@ -161,11 +165,16 @@ async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claima
         except OwnerLost as exc:  # a newer claim stands: this store's writes of it are refused
             book.outclaimed(owner, exc.current)
             raise
-        except CentralUnavailable:
+        except CentralUnavailable as exc:
             delay = backoff.next_delay()
             if time.monotonic() + delay > deadline:
+                book.failure_log.failed(f"{owner!r}: {exc}")
                 raise
             await asyncio.sleep(delay)
+        except CentralError as exc:
+            book.failure_log.failed(f"{owner!r}: {exc}")
+            raise
+    book.failure_log.succeeded()
     book.took(owner, epoch, since)
     if load is not None:
         await load(owner)

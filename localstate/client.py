@@ -258,6 +258,12 @@ class StateClient:
         assert body is not None
         return body
 
+    def fleet(self) -> dict[str, Any]:
+        """Every triggerer's lag, backlog and state, from the fleet table."""
+        body = self._request("GET", f"{_API}/fleet")
+        assert body is not None
+        return body
+
     def close(self) -> None:
         self._http.close()
 
@@ -329,6 +335,12 @@ class AsyncStateClient:
 
     async def status(self) -> dict[str, Any]:
         body = await self._request("GET", f"{_API}/status")
+        assert body is not None
+        return body
+
+    async def fleet(self) -> dict[str, Any]:
+        """Every triggerer's lag, backlog and state, from the fleet table."""
+        body = await self._request("GET", f"{_API}/fleet")
         assert body is not None
         return body
 

@@ -8,8 +8,12 @@ the dirty keys it carries, the time of the oldest write among them (its lag is t
 minus that), the rows per second it has been writing, its flush interval.
 
 Readers (`CentralStore.read_fleet`) get `FleetRow`s; `lag_and_backlog` turns them into the
-view the API, the CLI and the UI show, flagging a triggerer whose last flush is older than
-`STALE_INTERVALS` of its flush intervals.
+view the API, the CLI and the UI show. The backlog a row records is the keys still waiting
+once its flush's first batch commits (the keys it carries are not a backlog). A triggerer
+whose last flush is older than `STALE_INTERVALS` of its flush intervals is **idle** when that
+flush left nothing waiting (it had nothing to write since: a triggerer flushes only what is
+dirty) and **stalled** when it left keys waiting (they should have gone out by now);
+``stale`` flags the stalled ones only.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from localstate.sync.schema import FLEET_TABLE
 
 __all__ = [
     "STALE_INTERVALS", "FleetRow", "FleetStatus", "fleet_params", "fleet_statement",
-    "fleet_total_rate", "lag_and_backlog", "this_host", "upsert_with_fleet",
+    "fleet_summary", "fleet_total_rate", "lag_and_backlog", "this_host", "upsert_with_fleet",
 ]
 
 #: a triggerer whose last flush is older than this many of its flush intervals is flagged
@@ -112,19 +116,37 @@ def fleet_total_rate(rows: Sequence[FleetRow], now: float) -> float:
                if now - r.flushed_at <= STALE_INTERVALS * max(r.flush_interval, 0.001))
 
 
+def flush_state(since_last_flush: float, backlog: int, flush_interval: float) -> str:
+    """"flushing" (a flush within `STALE_INTERVALS` intervals), "idle" (none since, and the
+    last one left nothing waiting) or "stalled" (none since, with keys left waiting)."""
+    if since_last_flush <= STALE_INTERVALS * flush_interval:
+        return "flushing"
+    return "stalled" if backlog else "idle"
+
+
 def lag_and_backlog(rows: Sequence[FleetRow], now: float) -> list[dict[str, Any]]:
     """The fleet view: each triggerer's figures, its lag at its last flush (seconds from its
-    oldest unflushed write to that flush), how long since that flush, and whether that is
-    more than `STALE_INTERVALS` flush intervals (``stale``)."""
+    oldest unflushed write to that flush), how long since that flush, its ``state``
+    (`flush_state`) and ``stale``: whether it is stalled."""
     out = []
     for r in sorted(rows, key=lambda r: r.triggerer):
         since = max(0.0, now - r.flushed_at)
         lag = 0.0 if r.oldest_unflushed is None else max(0.0, r.flushed_at - r.oldest_unflushed)
+        state = flush_state(since, r.dirty_keys, r.flush_interval)
         out.append({
             "triggerer": r.triggerer, "host": r.host, "pid": r.pid,
             "last_flush_at": r.flushed_at, "since_last_flush_s": since,
             "dirty_keys": r.dirty_keys, "oldest_unflushed_at": r.oldest_unflushed,
             "lag_s": lag, "rows_per_s": r.rows_per_s, "flush_interval": r.flush_interval,
-            "stale": since > STALE_INTERVALS * r.flush_interval,
+            "state": state, "stale": state == "stalled",
         })
     return out
+
+
+def fleet_summary(rows: Sequence[FleetRow], now: float) -> dict[str, Any]:
+    """The whole view: ``triggerers`` (`lag_and_backlog`), ``central_rows_per_s``, and how
+    many are ``stale`` (stalled) and ``idle``; what ``/api/v1/fleet`` answers."""
+    members = lag_and_backlog(rows, now)
+    return {"triggerers": members, "central_rows_per_s": fleet_total_rate(rows, now),
+            "stale": sum(1 for m in members if m["stale"]),
+            "idle": sum(1 for m in members if m["state"] == "idle")}

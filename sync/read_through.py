@@ -1,20 +1,26 @@
 """`ReadThrough`: cache misses read from the central DB, many misses per query.
 
 Misses that arrive while a read is in flight wait for the next one, which carries all of them:
-a thousand triggers starting at once cost a handful of queries, not a thousand.
+a thousand triggers starting at once cost a handful of queries, not a thousand. A read that
+fails is logged through a `FailureLog`: once when reads start failing, a summary a minute, once
+when they work again (each caller gets the error itself).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from localstate.entry import StateKey
+from localstate.sync.failure_log import FailureLog
 from localstate.sync.futures import mark_retrieved
 from localstate.sync.rows import CentralRow
 from localstate.sync.sinks import Sink
 
 __all__ = ["ReadThrough"]
+
+log = logging.getLogger(__name__)
 
 
 class ReadThrough:
@@ -24,6 +30,7 @@ class ReadThrough:
         self._inflight: dict[StateKey, asyncio.Future[CentralRow | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.queries = 0
+        self.failure_log = FailureLog(log, f"read-through from {sink.url}")
 
     async def fetch(self, key: StateKey) -> CentralRow | None:
         """The central record of `key`, or None; raises the sink's error on failure."""
@@ -45,6 +52,8 @@ class ReadThrough:
             try:
                 rows = await self._sink.read_many(list(batch))
             except BaseException as exc:
+                if isinstance(exc, Exception):
+                    self.failure_log.failed(exc)
                 for fut in batch.values():
                     if not fut.done():
                         fut.set_exception(exc)
@@ -52,6 +61,7 @@ class ReadThrough:
                 if not isinstance(exc, Exception):
                     raise
             else:
+                self.failure_log.succeeded()
                 for key, fut in batch.items():
                     if not fut.done():
                         fut.set_result(rows.get(key))

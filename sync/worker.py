@@ -34,6 +34,7 @@ from localstate.local_cache import LocalCache
 from localstate.sync.backoff import Backoff
 from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
+from localstate.sync.failure_log import FailureLog
 from localstate.sync.fleet import FleetStatus, this_host
 from localstate.sync.rows import DirtyRow, FlushOutcome
 from localstate.sync.settle import ConflictInfo, FlushReport, Settler
@@ -89,6 +90,9 @@ class SyncWorker:
         self._waiters = FlushWaiters()  # central-durability calls waiting for a flush
         # capped at one flush interval: after an outage the lag recovers within two intervals
         self._backoff = Backoff(base=min(0.1, flush_interval / 4), cap=flush_interval)
+        #: the log lines of a flush failing through an outage: one at its start, a summary a
+        #: minute, one at recovery
+        self.failure_log = FailureLog(log, f"flush to {sink.url}")
         # figures for stats()
         self.flushes = 0
         self.central_errors = 0
@@ -242,8 +246,8 @@ class SyncWorker:
             except Exception as exc:  # the loop must outlive any one failed flush
                 retry_in = self._backoff.next_delay()
                 self._retry_wake.clear()
-                log.warning("flush to %s failed, retrying in %.2f s: %s", self.sink.url,
-                            retry_in, exc, exc_info=not isinstance(exc, LocalStateError))
+                self.failure_log.failed(exc, retry_in=retry_in,
+                                        exc_info=not isinstance(exc, LocalStateError))
             else:
                 self._backoff.reset()
                 retry_in = None
@@ -282,6 +286,7 @@ class SyncWorker:
             self.last_flush_at = time.time()
             self.last_flush = dataclasses.replace(report, outcomes=[])  # counts only
             self.last_error = None
+            self.failure_log.succeeded()
             self._retry_wake.set()
             return report
 
@@ -294,9 +299,11 @@ class SyncWorker:
         if isinstance(self.sink, FleetReporting):
             host, pid = this_host()
             table = self.table
+            # the backlog: keys still waiting once the batch carrying this row commits (the
+            # keys the flush writes are not waiting; a steady triggerer shows 0)
             self.sink.note_fleet(FleetStatus(
-                table.updated_by, host, pid, now, len(table.dirty), table.oldest_dirty(),
-                self.rows_per_s, self.interval))
+                table.updated_by, host, pid, now, max(0, len(table.dirty) - self.max_batch),
+                table.oldest_dirty(), self.rows_per_s, self.interval))
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""

@@ -16,6 +16,7 @@ import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import asyncpg
@@ -28,6 +29,7 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor
 from airflow_api_server import (
     MACHINE_PREFIX,
     MACHINE_TOKEN,
+    USERS,
     ApiServer,
     api_server,
     migrate,
@@ -588,3 +590,118 @@ async def test_the_state_page_in_airflows_ui_in_chromium(
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert await central_value(db, owner, "watermark") == (42, 2)
     assert await central_value(db, owner, "cursor") == (8, 2)
+
+
+async def _page_as(browser: Any, server: ApiServer, user: str, password: str
+                   ) -> tuple[Any, list[tuple[int, str]], list[str], int]:
+    """A fresh context logged in as `user`, on Browse → State variables; every response it
+    gets is recorded (status, method and URL), the first `anonymous` before the login."""
+    from playwright.async_api import Response
+
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    responses: list[tuple[int, str]] = []
+    errors: list[str] = []
+
+    def seen(r: Response) -> None:
+        responses.append((r.status, f"{r.request.method} {r.url}"))
+
+    page.on("response", seen)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(server.url + "/", timeout=120_000)
+    await page.locator("input[name=username]").fill(user)
+    await page.locator("input[name=password]").fill(password)
+    # before the login Airflow's UI asks for /ui/config without a session, and is answered
+    # 401 (that is how it knows to show its login form): recorded, but not ours to judge
+    anonymous = len(responses)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("button", name="Browse").click(timeout=120_000)
+    await page.get_by_role("menuitem", name="State variables").click()
+    assert all(status < 400 or url.endswith("/ui/config") for status, url in
+               responses[:anonymous]), responses[:anonymous]
+    return page, responses, errors, anonymous
+
+
+async def test_the_page_in_airflow_shows_the_fleet_to_admin_and_viewer_with_no_failed_request(
+        server: ApiServer, tmp_path: Path) -> None:
+    """Two triggerers flush through the plugin's sink = api routes (real `ApiSink`s): one
+    keeps writing (flushing), one wrote once and then nothing (idle, not stalled). As admin and
+    as viewer the page shows them under the plugin's prefix, the header gives the fleet's
+    health (not the API server's own idle store), only the admin gets Edit controls, and not
+    one response of the whole session (Airflow's UI included) is a 4xx or 5xx."""
+    from playwright.async_api import async_playwright, expect
+    from test_ui_browser import ARGS, CHROMIUM
+
+    owner = f"{MACHINE_PREFIX}ui-fleet"
+
+    def triggerer(name: str) -> StateStore:
+        return StateStore(sink="api", api_url=f"{server.url}/localstate",
+                          api_token=MACHINE_TOKEN, triggerer_id=name, flush_interval=0.5,
+                          cache_path=tmp_path / f"{name}.db")
+
+    async with triggerer("ui-busy") as busy, triggerer("ui-idle") as quiet:
+        await quiet.set(owner, "idle-watermark", 1)
+        await quiet.flush()
+
+        async def keep_writing() -> None:
+            n = 0
+            while True:
+                n += 1
+                await busy.set(owner, "busy-watermark", n)
+                await asyncio.sleep(0.2)
+
+        writer = asyncio.get_running_loop().create_task(keep_writing())
+        try:
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+                try:
+                    seen: dict[str, int] = {}
+                    for user in ("admin", "viewer"):
+                        page, responses, errors, anonymous = await _page_as(
+                            browser, server, user, USERS[user][1])
+                        frame = page.frame_locator("iframe")
+                        rows = frame.locator("#fleet-rows tr")
+                        busy_row = frame.locator('#fleet-rows tr[data-triggerer="ui-busy"]')
+                        idle_row = frame.locator('#fleet-rows tr[data-triggerer="ui-idle"]')
+                        await expect(busy_row.locator(".badge")).to_have_text(
+                            "flushing", timeout=60_000)
+                        await expect(idle_row.locator(".badge")).to_have_text(
+                            "idle", timeout=30_000)
+                        await expect(idle_row.locator("td.backlog")).to_have_text("0")
+                        assert await rows.count() >= 2
+                        header = frame.locator("#st-triggerers")
+                        await expect(header).to_contain_text("1 idle")
+                        await expect(header).to_contain_text("0 stalled")
+                        await expect(frame.locator("#st-last-flush")).to_contain_text("ago")
+                        await expect(frame.locator("#st-stalled")).to_have_text("0")
+                        # the state table, and what this user may do with it
+                        await frame.locator("#owner-filter").fill(owner)
+                        await frame.locator("#filter-apply").click()
+                        await expect(frame.locator("#rows tr")).to_have_count(2)
+                        edits = frame.locator("#rows button.edit")
+                        if user == "admin":
+                            await expect(edits).to_have_count(2)
+                            await expect(frame.locator("#me")).to_contain_text("may edit")
+                        else:
+                            await expect(frame.locator("#me")).to_contain_text("read only")
+                            await expect(edits).to_have_count(0)
+                        # a few polls of the fleet and status, all answered
+                        await expect(frame.locator("#st-updated")).to_have_attribute(
+                            "data-polls", re.compile(r"^([3-9]|\d\d+)$"), timeout=20_000)
+                        await page.screenshot(path=str(tmp_path / f"page-{user}.png"),
+                                              full_page=True)
+                        await page.context.close()
+                        # every response from the login on, Airflow's UI included
+                        failed = [r for r in responses[anonymous:] if r[0] >= 400]
+                        assert failed == [], failed
+                        assert errors == [], errors
+                        ours = [u for _, u in responses if "/localstate/" in u]
+                        assert any(u.endswith("/localstate/api/v1/fleet") for u in ours), ours
+                        seen[user] = len(responses) - anonymous
+                finally:
+                    await browser.close()
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+    print(f"responses recorded, none 4xx/5xx: {seen}")

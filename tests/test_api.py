@@ -639,6 +639,7 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
     doc = r.json()
     assert set(doc["paths"]) == {"/api/v1/state", "/api/v1/state/{owner}/{key}",
                                  "/api/v1/status", "/api/v1/fleet", "/api/v1/health",
+                                 "/api/v1/me",
                                  # the batched endpoints of sink = api
                                  "/api/v1/flush", "/api/v1/read", "/api/v1/write",
                                  "/api/v1/claim"}
@@ -744,3 +745,13 @@ async def test_the_ui_page_and_its_assets(api: Api) -> None:
     assert "expected_version" in js.text
     assert "innerHTML" not in js.text  # values go in as text only
     assert (await api.client.get("/ui/style.css")).status_code == 200
+
+
+async def test_me_says_what_the_caller_may_do(api: Api) -> None:
+    """The page draws Edit controls only for a caller /api/v1/me says may write."""
+    r = await api.client.get("/api/v1/me", headers=auth(RW_DAG))
+    assert r.status_code == 200, r.text
+    assert (r.json()["can_write"], r.json()["owners"]) == (True, ["dag:"])
+    r = await api.client.get("/api/v1/me", headers=auth(RO_ASSET))
+    assert (r.json()["can_write"], r.json()["owners"]) == (False, ["asset_watcher:"])
+    assert (await api.client.get("/api/v1/me")).status_code == 401

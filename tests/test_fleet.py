@@ -21,7 +21,7 @@ from localstate.api import create_app
 from localstate.sync.budget import FlushBudget
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import STALE_INTERVALS, FleetStatus, lag_and_backlog
+from localstate.sync.fleet import STALE_INTERVALS, FleetStatus, fleet_summary, lag_and_backlog
 from localstate.sync.rows import DirtyRow
 
 
@@ -56,7 +56,8 @@ async def test_each_flush_records_its_triggerer_in_the_same_transaction(
     assert len(writes) == (1 if central_url.startswith("postgresql") else 2)
     assert len(log.of_kind("INSERT")) == 1  # the state's upsert, as before
     [row] = await central.read_fleet()
-    assert (row.triggerer, row.pid, row.dirty_keys) == ("fleet-a", os.getpid(), 50)
+    # the 50 keys go out in this flush: nothing is left waiting behind them
+    assert (row.triggerer, row.pid, row.dirty_keys) == ("fleet-a", os.getpid(), 0)
     assert row.host
     assert before <= row.flushed_at <= time.time()
     assert row.oldest_unflushed is not None
@@ -66,17 +67,25 @@ async def test_each_flush_records_its_triggerer_in_the_same_transaction(
     await store.set("asset_watcher:f", "k0", -1)
     await store.flush()
     [row] = await central.read_fleet()
-    assert row.dirty_keys == 1
+    assert row.dirty_keys == 0
     assert row.rows_per_s > 0  # the first flush's 50 rows over the time to the second
 
 
-def test_the_view_flags_a_triggerer_whose_last_flush_is_old() -> None:
+def test_the_view_tells_idle_from_stalled() -> None:
+    """An old last flush that left nothing waiting is idle (it had nothing to write); one that
+    left keys waiting is stalled, the only kind flagged."""
     now = 1000.0
+    old = now - 1.0 - STALE_INTERVALS * 2.0
     rows = [FleetStatus("fresh", "h", 1, now - 1.0, 3, now - 1.5, 10.0, 1.0),
-            FleetStatus("old", "h", 2, now - 1.0 - STALE_INTERVALS * 2.0, 0, None, 0.0, 2.0)]
-    fresh, old = lag_and_backlog(rows, now)
-    assert (fresh["triggerer"], fresh["stale"], fresh["lag_s"]) == ("fresh", False, 0.5)
-    assert (old["triggerer"], old["stale"], old["lag_s"]) == ("old", True, 0.0)
+            FleetStatus("idle", "h", 2, old, 0, None, 0.0, 2.0),
+            FleetStatus("stuck", "h", 3, old, 5, old - 1.0, 0.0, 2.0)]
+    fresh, idle, stuck = lag_and_backlog(rows, now)
+    assert (fresh["triggerer"], fresh["state"], fresh["stale"], fresh["lag_s"]) == (
+        "fresh", "flushing", False, 0.5)
+    assert (idle["state"], idle["stale"], idle["lag_s"]) == ("idle", False, 0.0)
+    assert (stuck["state"], stuck["stale"], stuck["dirty_keys"]) == ("stalled", True, 5)
+    summary = fleet_summary(rows, now)
+    assert (summary["stale"], summary["idle"]) == (1, 1)
 
 
 async def test_the_api_and_the_cli_show_the_fleet(
@@ -97,9 +106,10 @@ async def test_the_api_and_the_cli_show_the_fleet(
     # the CLI, a process of its own
     text = ok(run("status", "--fleet", url=central_url)).stdout
     assert "2 triggerers" in text
-    assert "1 stale" in text
+    assert "1 stalled" in text
     [stuck_line] = [line for line in text.splitlines() if line.startswith("fleet-stuck")]
-    assert "STALE" in stuck_line
+    assert "STALLED" in stuck_line
+    assert " stalled " in stuck_line
     assert "elsewhere:4242" in stuck_line
     data = json.loads(ok(run("status", "--fleet", "--json", url=central_url)).stdout)
     assert [m["stale"] for m in data["fleet"]["triggerers"]] == [False, True]

@@ -89,12 +89,15 @@ async def test_list_filter_edit_and_conflict_in_chromium(
             await expect(page.locator('#rows tr[data-owner="dag:etl/load"] td.value')
                          ).to_have_text('{"offset":10}')
 
-            # the status header fills in and refreshes by itself
-            await expect(page.locator("#st-id")).to_have_text("ui-api")
+            # the header shows the fleet's flush health and refreshes by itself
+            await expect(page.locator("#st-triggerers")).to_have_text(
+                "1 (1 flushing · 0 idle · 0 stalled)")
             await expect(page.locator("#st-updated")).to_have_attribute(
                 "data-polls", re.compile(r"^([3-9]|\d\d+)$"), timeout=20_000)
-            await expect(page.locator("#st-throughput")).to_contain_text("sets/s")
-            await expect(page.locator("#st-lag")).not_to_have_text("…")
+            await expect(page.locator("#st-backlog")).to_have_text("0")
+            await expect(page.locator("#st-last-flush")).to_contain_text("ago")
+            await expect(page.locator("#st-server")).to_contain_text("served by ui-api")
+            await expect(page.locator("#me")).to_contain_text("may edit")
 
             # filter by owner prefix
             await page.fill("#owner-filter", "asset_watcher:")
@@ -229,11 +232,12 @@ async def test_a_listing_answered_late_never_replaces_a_newer_filters(
             await browser.close()
 
 
-async def test_the_fleet_view_shows_lag_and_backlog_and_flags_a_stale_triggerer(
+async def test_the_fleet_view_shows_lag_and_backlog_and_tells_idle_from_stalled(
     live_url: str, open_store: StoreFactory, central_url: str
 ) -> None:
-    """Two triggerers in the fleet table: one that just flushed, one whose last flush is
-    ten minutes old (its row written as its flush would have, with a 1 s interval)."""
+    """Three triggerers in the fleet table: one that just flushed, and two whose last flush
+    is ten minutes old (rows written as their flushes would have, with a 1 s interval): one
+    left 17 keys waiting (stalled), one left none (idle: nothing to write since)."""
     triggerer = await open_store(triggerer_id="triggerer-live")
     await triggerer.set("dag:a", "k", 1)
     await triggerer.flush()
@@ -243,6 +247,10 @@ async def test_the_fleet_view_shows_lag_and_backlog_and_flags_a_stale_triggerer(
         central.note_fleet(FleetStatus("triggerer-stuck", "far-host", 4242, at, 17, at - 2.5,
                                        3.5, 1.0))
         await central.write_batch([DirtyRow("dag:b", "k", "1", 1, 0, at, "triggerer-stuck")],
+                                  PolicyMap())
+        central.note_fleet(FleetStatus("triggerer-idle", "far-host", 4343, at, 0, None,
+                                       0.0, 1.0))
+        await central.write_batch([DirtyRow("dag:c", "k", "1", 1, 0, at, "triggerer-idle")],
                                   PolicyMap())
     finally:
         await central.close()
@@ -254,20 +262,29 @@ async def test_the_fleet_view_shows_lag_and_backlog_and_flags_a_stale_triggerer(
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             await page.goto(f"{live_url}/?token={TOKEN}")
             fleet = page.locator("#fleet-rows tr")
-            await expect(fleet).to_have_count(2)
+            await expect(fleet).to_have_count(3)
             live = page.locator('#fleet-rows tr[data-triggerer="triggerer-live"]')
             stuck = page.locator('#fleet-rows tr[data-triggerer="triggerer-stuck"]')
-            await expect(live.locator("td.backlog")).to_have_text("1")
-            await expect(live.locator(".badge.stale")).to_have_count(0)
-            await expect(stuck).to_have_class(re.compile(r"\bstale\b"))
-            await expect(stuck.locator(".badge.stale")).to_have_text("stale")
+            idle = page.locator('#fleet-rows tr[data-triggerer="triggerer-idle"]')
+            # its flush carried its one key: nothing is waiting
+            await expect(live.locator("td.backlog")).to_have_text("0")
+            await expect(live.locator(".badge")).to_have_text("flushing")
+            await expect(idle.locator(".badge")).to_have_text("idle")
+            await expect(idle).not_to_have_class(re.compile(r"\bstalled\b"))
+            await expect(stuck).to_have_class(re.compile(r"\bstalled\b"))
+            await expect(stuck.locator(".badge.stalled")).to_have_text("stalled")
             await expect(stuck.locator("td.host")).to_have_text("far-host:4242")
             await expect(stuck.locator("td.backlog")).to_have_text("17")
             await expect(stuck.locator("td.lag")).to_have_text("2.5 s")
             await expect(stuck.locator("td.since")).to_have_text("10 min ago")
             await expect(page.locator("#fleet-summary")).to_contain_text(
-                "2 triggerers")
-            await expect(page.locator("#fleet-summary")).to_contain_text("1 stale")
+                "3 triggerers")
+            await expect(page.locator("#fleet-summary")).to_contain_text("1 stalled · 1 idle")
+            # the header sums the fleet: 17 keys waiting, one stalled
+            await expect(page.locator("#st-backlog")).to_have_text("17")
+            await expect(page.locator("#st-stalled")).to_have_text("1")
+            await expect(page.locator("#st-triggerers")).to_have_text(
+                "3 (1 flushing · 1 idle · 1 stalled)")
             assert not errors, errors
         finally:
             await browser.close()

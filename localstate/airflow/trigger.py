@@ -276,9 +276,10 @@ class StateEnabledTrigger:
             try:
                 await store.claim(self.state_owner)
             except CentralUnavailable as exc:
-                # local-first: the trigger runs from its cache and claims in the background
-                log.warning("could not claim %s (%s); running from the local cache and "
-                            "claiming again in the background", self.state_owner, reason(exc))
+                # local-first: the trigger runs from its cache and claims in the background;
+                # the store's claim FailureLog says so (once per outage, not per trigger)
+                log.debug("could not claim %s (%s); running from the local cache and claiming "
+                          "again in the background", self.state_owner, reason(exc))
                 self._localstate_claiming = asyncio.create_task(
                     self._claim_later(store, started), name=f"claim {self.state_owner}")
         self._localstate_store = store
@@ -303,7 +304,7 @@ class StateEnabledTrigger:
             except LocalStateError as exc:  # closed meanwhile, or a setting changed
                 log.warning("gave up claiming %s: %s", self.state_owner, reason(exc))
                 return
-            log.info("claimed %s (epoch %d) after %d tries", self.state_owner, epoch,
+            log.debug("claimed %s (epoch %d) after %d tries", self.state_owner, epoch,
                      backoff.failures)
             return
 
@@ -336,14 +337,14 @@ class StateEnabledTrigger:
             try:
                 value = await store.get(self.state_owner, self.watermark_key, default)
             except CentralUnavailable as exc:
-                if not backoff.failures:
-                    log.warning("cannot read %s's watermark (%s); waiting for the central DB",
-                                self.state_owner, reason(exc))
+                if not backoff.failures:  # the read-through's FailureLog warns, once an outage
+                    log.debug("cannot read %s's watermark (%s); waiting for the central DB",
+                              self.state_owner, reason(exc))
                 await asyncio.sleep(backoff.next_delay())
                 continue
             if backoff.failures:
-                log.info("read %s's watermark after %d tries", self.state_owner,
-                         backoff.failures)
+                log.debug("read %s's watermark after %d tries", self.state_owner,
+                          backoff.failures)
             return value
 
     async def forget_state(self) -> int:

@@ -33,6 +33,7 @@ from localstate.api.schemas import (
     Fleet,
     FleetMember,
     Health,
+    Me,
     PutBody,
     StateItem,
     StateList,
@@ -46,7 +47,7 @@ from localstate.entry import StateKey
 from localstate.model import FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
-from localstate.sync.fleet import fleet_total_rate, lag_and_backlog
+from localstate.sync.fleet import fleet_summary
 
 __all__ = ["RateMeter", "build_router", "caller_of", "central_or_503"]
 
@@ -244,15 +245,18 @@ def build_router(store: StateStore, auth: Authorizer,
     @router.get("/fleet", response_model=Fleet, responses=_ERRORS,
                 summary="Every triggerer's lag and backlog, from the fleet table")
     async def fleet(_caller: Caller) -> Fleet:
-        now = time.time()
-        rows = await require_central().read_fleet()
+        view = fleet_summary(await require_central().read_fleet(), time.time())
         members = [FleetMember(**{
             **m, "last_flush_at": epoch_to_datetime(m["last_flush_at"]),
             "oldest_unflushed_at": None if m["oldest_unflushed_at"] is None
             else epoch_to_datetime(m["oldest_unflushed_at"]),
-        }) for m in lag_and_backlog(rows, now)]
-        return Fleet(triggerers=members, central_rows_per_s=fleet_total_rate(rows, now),
-                     stale=sum(m.stale for m in members))
+        }) for m in view["triggerers"]]
+        return Fleet(**{**view, "triggerers": members})
+
+    @router.get("/me", response_model=Me, responses=_ERRORS,
+                summary="Who the caller is and what it may do (the page hides what it may not)")
+    async def me(caller: Caller) -> Me:
+        return Me(name=caller.name, can_write=caller.can_write, owners=list(caller.owners))
 
     @router.get("/health", response_model=Health, summary="Liveness (no token needed)",
                 responses={503: {"model": Health, "description": "the store is closed"}})

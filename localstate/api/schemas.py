@@ -12,6 +12,7 @@ __all__ = [
     "ErrorBody",
     "FlushStateName",
     "Health",
+    "Me",
     "PutBody",
     "StateItem",
     "StateList",
@@ -102,12 +103,17 @@ class FleetMember(BaseModel):
     pid: int
     last_flush_at: datetime
     since_last_flush_s: float = Field(description="seconds since that flush")
-    dirty_keys: int = Field(description="the keys that flush carried (its backlog)")
+    dirty_keys: int = Field(description="its backlog: the keys still waiting once that "
+                            "flush's first batch committed (0: it was caught up)")
     oldest_unflushed_at: datetime | None
     lag_s: float = Field(description="from the oldest write it carried to the flush")
     rows_per_s: float
     flush_interval: float = Field(description="seconds between its flushes (budget included)")
-    stale: bool = Field(description="its last flush is older than a few flush intervals")
+    state: Literal["flushing", "idle", "stalled"] = Field(
+        description="flushing: a flush within a few flush intervals; idle: none since, and "
+                    "the last one left nothing waiting (nothing to write); stalled: none since, "
+                    "with keys left waiting")
+    stale: bool = Field(description="whether it is stalled")
 
 
 class Fleet(BaseModel):
@@ -115,7 +121,16 @@ class Fleet(BaseModel):
 
     triggerers: list[FleetMember]
     central_rows_per_s: float = Field(description="the live triggerers' rows/s together")
-    stale: int = Field(description="triggerers flagged stale")
+    stale: int = Field(description="triggerers stalled")
+    idle: int = Field(description="triggerers idle (caught up, nothing to write)")
+
+
+class Me(BaseModel):
+    """The caller as the API knows it."""
+
+    name: str = Field(description="the token's label, or the Airflow user")
+    can_write: bool = Field(description="whether it may write (set, delete)")
+    owners: list[str] = Field(description="the owner prefixes it may touch ('' is every owner)")
 
 
 class Health(BaseModel):

@@ -19,7 +19,9 @@ Exit codes: 0 success, 1 an error (the message says what to do), 2 bad usage (a 
 value included), 3 not found, 4 a version conflict.
 
 The CLI is not a triggerer: their cache files are locked by the processes that own them. So
-get, set, delete and ls work on the central DB directly (every triggerer flushes there):
+get, set, delete, ls and ``status --fleet`` work where every triggerer flushes: the central DB
+(``sink = sql``), or the API at ``api_url`` with ``api_token`` (``sink = api``: no database is
+opened, none created). ``config`` says which (`localstate.cli._state_backend`):
 
 * ``set`` without ``--expected-version`` is an unconditional write, as Airflow's
   ``Variable.set``; with it, one conditional statement (`CentralStore.write_if_version`):
@@ -147,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--central-url", help="default: the configured central_url")
     pr.set_defaults(handler=cmd_db_prune)
 
-    cfg = sub.add_parser("config", help="print the resolved settings and where each came from")
+    cfg = sub.add_parser("config", help="print the resolved settings, their sources, "
+                                                  "where state goes")
     cfg.set_defaults(handler=cmd_config)
 
     def central_url(p: argparse.ArgumentParser) -> None:
@@ -157,13 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("owner", metavar="OWNER", help="e.g. asset_watcher:orders")
         p.add_argument("key", metavar="KEY", help="e.g. watermark")
 
-    get = sub.add_parser("get", help="print one state variable from the central DB")
+    get = sub.add_parser("get", help="print one state variable (central DB, or the API "
+                                     "under sink = api)")
     name_args(get)
     get.add_argument("--json", action="store_true", help="as JSON, for scripts")
     central_url(get)
     get.set_defaults(handler=cmd_get)
 
-    put = sub.add_parser("set", help="write one state variable to the central DB")
+    put = sub.add_parser("set", help="write one state variable (central DB, or the API)")
     name_args(put)
     put.add_argument("value", metavar="JSON", help="the value as JSON ('-': read stdin)")
     put.add_argument("--expected-version", type=version_number, metavar="N",
@@ -173,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     central_url(put)
     put.set_defaults(handler=cmd_set)
 
-    rm = sub.add_parser("delete", help="delete one state variable in the central DB")
+    rm = sub.add_parser("delete", help="delete one state variable (central DB, or the API)")
     name_args(rm)
     rm.add_argument("--expected-version", type=version_number, metavar="N",
                     help="delete only if the central record is at version N; else exit 4")
@@ -181,14 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     central_url(rm)
     rm.set_defaults(handler=cmd_delete)
 
-    ls = sub.add_parser("ls", help="list state variables in the central DB")
+    ls = sub.add_parser("ls", help="list state variables (central DB, or the API)")
     ls.add_argument("--owner", metavar="PREFIX", help="only owners starting with PREFIX")
     ls.add_argument("--limit", type=positive_count, metavar="N", help="at most N rows")
     ls.add_argument("--json", action="store_true", help="a JSON list, for scripts")
     central_url(ls)
     ls.set_defaults(handler=cmd_ls)
 
-    st = sub.add_parser("status", help="the central DB and this host's cache files")
+    st = sub.add_parser("status", help="where state goes and this host's cache files")
     st.add_argument("--json", action="store_true")
     st.add_argument("--fleet", action="store_true",
                     help="every triggerer's lag and backlog (the fleet table)")

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from localstate.config import Settings
+from localstate.errors import ConfigError
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
 
-__all__ = ["open_central", "settings_for"]
+__all__ = ["central_url_for", "open_central", "settings_for"]
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -21,11 +22,24 @@ def settings_for(args: argparse.Namespace) -> Settings:
     return Settings.resolve({"central_url": url} if url else None)
 
 
+def central_url_for(settings: Settings) -> str:
+    """The central DB a command opens: `central_url`; with none, the default SQLite file only
+    under ``sink = sql``, whose triggerers flush there. Under another sink that file would be
+    an empty DB standing in for the deployment's (`ConfigError` instead)."""
+    if settings.central_url is None and settings.sink != "sql":
+        raise ConfigError(
+            f"sink = {settings.sink}: this machine names no central DB (central_url is not "
+            "set), so this command has none to open; give --central-url (or set "
+            "central_url)" + (", or use the commands that go through api_url (get, set, "
+            "delete, ls, status)" if settings.sink == "api" else ""))
+    return settings.resolved_central_url
+
+
 @contextlib.asynccontextmanager
 async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
     from localstate.sync.central_store import CentralStore
 
-    central = await CentralStore.open(settings.resolved_central_url,
+    central = await CentralStore.open(central_url_for(settings),
                                       upgrade_schema=settings.upgrade_schema,
                                       transaction_timeout=settings.central_transaction_timeout)
     try:

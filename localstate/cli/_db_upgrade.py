@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from localstate.config import Settings
+from localstate.cli._central import central_url_for, settings_for
 from localstate.errors import LocalStateError
 
 __all__ = ["cmd_db_upgrade"]
@@ -15,7 +15,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from localstate.sync.engine import make_engine
     from localstate.sync.schema import LATEST_VERSION, upgrade
 
-    url = args.central_url or Settings.resolve().resolved_central_url
+    url = central_url_for(settings_for(args))
 
     async def go() -> list[str]:
         engine = make_engine(url)

@@ -1,4 +1,5 @@
-"""get, set, delete and ls: the state commands, which work on the central DB directly (a
+"""get, set, delete and ls: the state commands, which work where the configured sink puts the
+state (`localstate.cli._state_backend`: the central DB, or the API under ``sink = api``; a
 triggerer's cache file is locked by the process that owns it), and how they print a record."""
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ import getpass
 import json
 import socket
 import sys
-import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from localstate.cli._central import open_central, settings_for
+from localstate.cli._central import settings_for
 from localstate.cli._exit_codes import NotFound
 from localstate.cli._printing import human_time, json_text, print_json
+from localstate.cli._state_backend import open_backend
 from localstate.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -73,8 +74,8 @@ def cmd_get(args: argparse.Namespace) -> int:
     settings = settings_for(args)
 
     async def go() -> CentralRow | None:
-        async with open_central(settings) as central:
-            return (await central.read_many([(owner, key)])).get((owner, key))
+        async with open_backend(settings) as backend:
+            return await backend.read(owner, key)
 
     row = asyncio.run(go())
     if row is None or row.data is None:
@@ -118,15 +119,13 @@ def cmd_set(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     data = encode(_read_value(args.value), settings.max_value_bytes)
 
-    async def go() -> CentralRow:
-        async with open_central(settings) as central:
-            if args.expected_version is None:
-                return await central.write_direct(owner, key, data, updated_at=time.time(),
-                                                  updated_by=_cli_id())
-            return await central.write_if_version(owner, key, data, args.expected_version,
-                                                  updated_by=_cli_id())
+    async def go() -> CentralRow | None:
+        async with open_backend(settings) as backend:
+            return await backend.write(owner, key, data, expected_version=args.expected_version,
+                                       updated_by=_cli_id())
 
     row = asyncio.run(go())
+    assert row is not None  # a write (not a delete) always says what it wrote
     if args.json:
         print_json(_row_dict(row))
     else:
@@ -138,22 +137,19 @@ def cmd_delete(args: argparse.Namespace) -> int:
     owner, key = _checked_names(args)
     settings = settings_for(args)
 
-    async def go() -> CentralRow:
-        async with open_central(settings) as central:
-            if args.expected_version is not None:
-                return await central.write_if_version(owner, key, None, args.expected_version,
-                                                      updated_by=_cli_id())
-            current = (await central.read_many([(owner, key)])).get((owner, key))
-            if current is None or current.data is None:
-                raise NotFound(f"{_named(owner, key)} has no value to delete")
-            return await central.write_direct(owner, key, None, updated_at=time.time(),
-                                              updated_by=_cli_id())
+    async def go() -> CentralRow | None:
+        async with open_backend(settings) as backend:
+            return await backend.write(owner, key, None, expected_version=args.expected_version,
+                                       updated_by=_cli_id())
 
     row = asyncio.run(go())
+    version = None if row is None else row.version  # the API does not say it
     if args.json:
-        print_json({"owner": owner, "key": key, "deleted": True, "version": row.version})
+        print_json({"owner": owner, "key": key, "deleted": True, "version": version})
+    elif version is None:
+        print(f"deleted {_named(owner, key)}")
     else:
-        print(f"deleted {_named(owner, key)} (version {row.version} is its tombstone)")
+        print(f"deleted {_named(owner, key)} (version {version} is its tombstone)")
     return 0
 
 
@@ -163,6 +159,22 @@ def _cut(text: str, width: int) -> str:
 
 _LS_COLUMNS = (("OWNER", 40), ("KEY", 30), ("VERSION", 8), ("UPDATED_AT", 23),
                ("UPDATED_BY", 24), ("VALUE", 60))
+
+
+def _print_rows(rows: list[CentralRow], widths: list[int] | None) -> list[int]:
+    """One page of the table; the column widths come from the first page, each within its
+    cap (the header printed with it)."""
+    cells = [[r.owner, r.key, str(r.version), human_time(r.updated_at), r.updated_by,
+              r.data or "null"] for r in rows]
+    if widths is None:
+        widths = [min(cap, max(len(name), *(len(c[i]) for c in cells)))
+                  for i, (name, cap) in enumerate(_LS_COLUMNS)]
+        print("  ".join(f"{name:<{w}}" for (name, _), w in
+                        zip(_LS_COLUMNS, widths, strict=True)).rstrip())
+    for c in cells:
+        print("  ".join(f"{_cut(text, w):<{w}}" for text, w in
+                        zip(c, widths, strict=True)).rstrip())
+    return widths
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -180,33 +192,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
         widths: list[int] | None = None
         if args.json:
             sys.stdout.write("[")
-        async with open_central(settings) as central:
-            after: tuple[str, str] | None = None
-            while args.limit is None or shown < args.limit:
-                want = page_size if args.limit is None else min(page_size, args.limit - shown)
-                rows = await central.list_rows(owner_prefix=prefix, after=after, limit=want)
-                if not rows:
-                    break
-                after = (rows[-1].owner, rows[-1].key)
+        async with open_backend(settings) as backend:
+            page: list[CentralRow] = []
+            async for row in backend.rows(prefix, args.limit):
                 if args.json:
-                    for row in rows:
-                        sys.stdout.write(("\n  " if not shown else ",\n  ")
-                                         + json_text(_row_dict(row)))
-                        shown += 1
+                    sys.stdout.write(("\n  " if not shown else ",\n  ")
+                                     + json_text(_row_dict(row)))
+                    shown += 1
                     continue
-                cells = [[r.owner, r.key, str(r.version), human_time(r.updated_at),
-                          r.updated_by, r.data or "null"] for r in rows]
-                if widths is None:  # from the first page, each within its cap
-                    widths = [min(cap, max(len(name), *(len(c[i]) for c in cells)))
-                              for i, (name, cap) in enumerate(_LS_COLUMNS)]
-                    print("  ".join(f"{name:<{w}}" for (name, _), w in
-                                    zip(_LS_COLUMNS, widths, strict=True)).rstrip())
-                for c in cells:
-                    print("  ".join(f"{_cut(text, w):<{w}}" for text, w in
-                                    zip(c, widths, strict=True)).rstrip())
-                shown += len(rows)
-                if len(rows) < want:
-                    break
+                page.append(row)
+                if len(page) == page_size:
+                    widths = _print_rows(page, widths)
+                    shown += len(page)
+                    page = []
+            if page:
+                _print_rows(page, widths)
+                shown += len(page)
         if args.json:
             sys.stdout.write("\n]\n" if shown else "]\n")
         else:

@@ -1,5 +1,7 @@
-"""status: the central DB (rows, writers, last writes) and the cache files on this host (rows
-not yet flushed, the oldest unflushed write, who holds each)."""
+"""status: where state goes (the central DB: rows, writers, last writes; or, under ``sink =
+api``, the API server's own status) and the cache files on this host (rows not yet flushed,
+the oldest unflushed write, who holds each); ``--fleet``: every triggerer's lag, backlog and
+state, through the same backend."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import open_central, settings_for
 from localstate.cli._printing import human_time, print_json
+from localstate.cli._state_backend import describe_backend, open_backend
 from localstate.errors import CentralError
-from localstate.sync.fleet import STALE_INTERVALS, fleet_total_rate, lag_and_backlog
+from localstate.sync.fleet import STALE_INTERVALS
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
@@ -71,42 +74,68 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     }
 
 
-def _print_fleet(fleet: dict[str, Any]) -> None:
+def _print_fleet(fleet: dict[str, Any], where: str) -> None:
     members = fleet["triggerers"]
-    print(f"fleet         {len(members)} triggerers, {fleet['central_rows_per_s']:.1f} rows/s "
-          f"to the central DB, {fleet['stale']} stale")
+    print(f"fleet         {len(members)} triggerers ({where}), "
+          f"{fleet['central_rows_per_s']:.1f} rows/s to the central DB, "
+          f"{fleet['stale']} stalled, {fleet.get('idle', 0)} idle")
     if not members:
         return
     width = max(10, *(len(m["triggerer"]) for m in members))
-    print(f"{'TRIGGERER':<{width}}  {'HOST:PID':<20}  {'LAST FLUSH':<14}  {'BACKLOG':>7}  "
-          f"{'LAG':>8}  {'ROWS/S':>8}  {'INTERVAL':>8}")
+    print(f"{'TRIGGERER':<{width}}  {'HOST:PID':<20}  {'STATE':<8}  {'LAST FLUSH':<14}  "
+          f"{'BACKLOG':>7}  {'LAG':>8}  {'ROWS/S':>8}  {'INTERVAL':>8}")
     for m in members:
-        flag = f"  STALE: no flush for over {STALE_INTERVALS:g} intervals" if m["stale"] else ""
+        flag = (f"  STALLED: keys waiting, no flush for over {STALE_INTERVALS:g} intervals"
+                if m["stale"] else "")
         print(f"{m['triggerer']:<{width}}  {m['host'] + ':' + str(m['pid']):<20}  "
-              f"{_ago(m['last_flush_at']):<14}  {m['dirty_keys']:>7}  {m['lag_s']:>7.2f}s  "
+              f"{m.get('state', '-'):<8}  {_ago(m['last_flush_at']):<14}  "
+              f"{m['dirty_keys']:>7}  {m['lag_s']:>7.2f}s  "
               f"{m['rows_per_s']:>8.1f}  {m['flush_interval']:>7.2f}s{flag}")
 
 
-async def _fleet(central: CentralStore) -> dict[str, Any]:
-    now = time.time()
-    rows = await central.read_fleet()
-    members = lag_and_backlog(rows, now)
-    return {"triggerers": members, "central_rows_per_s": fleet_total_rate(rows, now),
-            "stale": sum(1 for m in members if m["stale"])}
+async def _api_status(settings: Any) -> dict[str, Any]:
+    from localstate.client import AsyncStateClient
+
+    async with AsyncStateClient(settings.api_url, token=settings.api_token,
+                                timeout=settings.central_timeout) as client:
+        return await client.status()
+
+
+def _print_api(url: str, server: dict[str, Any]) -> None:
+    print(f"API           {url} (sink = api: no database opened here)")
+    print(f"its store     {server['triggerer_id']} on {server['central_url']}")
+    last = _epoch(server.get("last_flush_at"))
+    print(f"its flushes   {server['flushes']} (last {_ago(last)}), "
+          f"{server['central_errors']} central errors, {server['conflicts']} conflicts")
+    if server.get("last_error"):
+        print(f"last error    {server['last_error']}")
+    print("the fleet     `localstate status --fleet`")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_for(args)
+    kind, url = describe_backend(settings)
     if args.fleet:
-        async def fleet() -> dict[str, Any]:
-            async with open_central(settings) as central:
-                return await _fleet(central)
+        async def fleet() -> tuple[str, dict[str, Any]]:
+            async with open_backend(settings) as backend:
+                return backend.where, await backend.fleet()
 
-        view = asyncio.run(fleet())
+        where, view = asyncio.run(fleet())
         if args.json:
-            print_json({"fleet": view})
+            print_json({"fleet": view, "source": where})
         else:
-            _print_fleet(view)
+            _print_fleet(view, where)
+        return 0
+
+    if kind == "api":
+        server = asyncio.run(_api_status(settings))
+        caches = [cache_summary(p) for p in cache_files(settings)]
+        if args.json:
+            print_json({"api": {"url": url, "status": server},
+                        "cache_folder": str(cache_folder(settings)), "caches": caches})
+            return 0
+        _print_api(url, server)
+        _print_caches(settings, caches)
         return 0
 
     async def go() -> dict[str, Any]:
@@ -132,11 +161,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             at = w["last_write_at"]
             print(f"{w['updated_by']:<{width}}  {w['rows']:>8}  "
                   f"{human_time(at) if at else '-'} ({_ago(at)})")
+    _print_caches(settings, caches)
+    return 0
+
+
+def _print_caches(settings: Any, caches: list[dict[str, Any]]) -> None:
     print()
     print(f"cache files in {cache_folder(settings)}")
     if not caches:
         print("  (none)")
-        return 0
+        return
     width = max(10, *(len(Path(c["path"]).name) for c in caches))
     print(f"{'FILE':<{width}}  {'ROWS':>8}  {'UNFLUSHED':>9}  {'OLDEST UNFLUSHED':<18}  HELD BY")
     for c in caches:
@@ -151,4 +185,3 @@ def cmd_status(args: argparse.Namespace) -> int:
             held += " (running)"
         oldest = _ago(c["oldest_unflushed_at"]) if c["dirty"] else "-"
         print(f"{name:<{width}}  {c['rows']:>8}  {c['dirty']:>9}  {oldest:<18}  {held}")
-    return 0

@@ -1,5 +1,6 @@
-// localstate web UI: lists state variables, shows the serving store's status, edits a value
-// with a confirmation and the version it was read at. Plain JS against api/v1; every value
+// localstate web UI: lists state variables, shows the fleet's flush health (from the fleet
+// table every triggerer's flushes write), edits a value with a confirmation and the version
+// it was read at (only for a caller who may write: api/v1/me says). Plain JS against api/v1; every value
 // goes into the page as text (textContent), never as HTML. URLs are relative to the page, so
 // the same page works at `localstate serve`'s / and mounted in Airflow's API server at
 // /localstate/ (where it is shown in a sandboxed iframe of Airflow's UI: no window.confirm
@@ -17,6 +18,7 @@
   // the listing the table shows: a reset starts a new one, and only the newest listing's
   // pages reach the table (an answer to an older request is dropped)
   let listing = 0;
+  let canWrite = false; // whether the caller may write (api/v1/me); no Edit control if not
   let editing = null; // the item being edited
   let pendingValue; // the value waiting for its confirmation (undefined: none)
 
@@ -91,48 +93,72 @@
     return isNaN(d) ? iso : d.toLocaleString();
   }
 
-  // -- status header ---------------------------------------------------------------------
+  // -- who the caller is ------------------------------------------------------------------
+
+  async function loadMe() {
+    try {
+      const me = await api("api/v1/me");
+      canWrite = Boolean(me.can_write);
+      $("me").textContent = canWrite ? `${me.name} · may edit` : `${me.name} · read only`;
+    } catch (e) {
+      canWrite = false;
+      if (e.status === 401) $("token-form").hidden = false;
+    }
+    document.body.dataset.canWrite = String(canWrite);
+  }
+
+  // -- the API server's own health (a quiet line: the header is the fleet's) ----------------
 
   async function loadStatus() {
     try {
       const s = await api("api/v1/status");
-      $("st-id").textContent = `${s.triggerer_id}${s.cache_enabled ? "" : " (direct)"}`;
-      $("st-dirty").textContent = String(s.dirty_keys);
-      $("st-lag").textContent = seconds(s.flush_lag_s);
-      $("st-p99").textContent = seconds(s.flush_lag_p99_s);
-      $("st-last-flush").textContent = s.last_flush_at
-        ? `${seconds((Date.now() - new Date(s.last_flush_at)) / 1000)} ago` : "none yet";
-      $("st-throughput").textContent = s.throughput
-        ? `${s.throughput.sets_per_s.toFixed(1)} sets/s · ` +
-          `${s.throughput.central_rows_per_s.toFixed(1)} rows/s`
-        : "measuring…";
-      $("st-conflicts").textContent = String(s.conflicts);
-      $("st-errors").textContent = String(s.central_errors);
+      $("st-server").textContent = `served by ${s.triggerer_id} · ` +
+        `${s.central_errors} central errors · ${s.conflicts} conflicts`;
       const err = $("st-last-error");
       err.hidden = !s.last_error;
-      err.textContent = s.last_error ? `last error: ${s.last_error}` : "";
-      $("st-updated").textContent = `status at ${new Date().toLocaleTimeString()}`;
-      $("st-updated").dataset.polls = String(Number($("st-updated").dataset.polls || 0) + 1);
+      err.textContent = s.last_error ? `API server's last error: ${s.last_error}` : "";
     } catch (e) {
-      if (e.status === 401) $("token-form").hidden = false;
-      $("st-updated").textContent = e.status === 401 || e.status === 403
-        ? "status: enter a valid token" : `status unavailable: ${e.message}`;
+      $("st-server").textContent = e.status === 401 || e.status === 403
+        ? "" : `API server status unavailable: ${e.message}`;
     }
   }
 
-  // -- the fleet ---------------------------------------------------------------------------
+  // -- the fleet: the header and the panel ---------------------------------------------------
 
-  // Every triggerer's lag and backlog as its last flush recorded them; one whose last flush
-  // is older than a few of its flush intervals is flagged stale.
+  // Every triggerer's figures as its last flush recorded them. Backlog: the keys it had
+  // waiting once that flush went out (0: caught up). State: flushing (a flush within a few
+  // of its intervals), idle (none since, and nothing was left waiting: a triggerer flushes
+  // only what changed) or stalled (none since, with keys left waiting).
+  function fillHeader(f) {
+    const members = f.triggerers;
+    const count = (state) => members.filter((m) => m.state === state).length;
+    $("st-triggerers").textContent = members.length
+      ? `${members.length} (${count("flushing")} flushing · ${count("idle")} idle · ` +
+        `${count("stalled")} stalled)`
+      : "none has flushed yet";
+    const newest = members.reduce((best, m) =>
+      best === null || m.since_last_flush_s < best ? m.since_last_flush_s : best, null);
+    $("st-last-flush").textContent = newest === null ? "none yet" : `${seconds(newest)} ago`;
+    $("st-backlog").textContent = String(members.reduce((n, m) => n + m.dirty_keys, 0));
+    const lags = members.filter((m) => m.state !== "idle").map((m) => m.lag_s);
+    $("st-lag").textContent = lags.length ? seconds(Math.max(...lags)) : "–";
+    $("st-rate").textContent = f.central_rows_per_s.toFixed(1);
+    $("st-stalled").textContent = String(f.stale);
+    $("status").dataset.health = f.stale ? "stalled" : "ok";
+    $("st-updated").textContent = `fleet at ${new Date().toLocaleTimeString()}`;
+    $("st-updated").dataset.polls = String(Number($("st-updated").dataset.polls || 0) + 1);
+  }
+
   async function loadFleet() {
     try {
-      const f = await api("/api/v1/fleet");
+      const f = await api("api/v1/fleet");
+      fillHeader(f);
       const body = $("fleet-rows");
       body.replaceChildren();
       for (const m of f.triggerers) {
         const tr = document.createElement("tr");
         tr.dataset.triggerer = m.triggerer;
-        tr.className = m.stale ? "stale" : "";
+        tr.className = m.state;
         cell(tr, "triggerer", m.triggerer);
         cell(tr, "host", `${m.host}:${m.pid}`);
         cell(tr, "since", `${seconds(m.since_last_flush_s)} ago`);
@@ -141,20 +167,20 @@
         cell(tr, "rate", m.rows_per_s.toFixed(1));
         cell(tr, "interval", seconds(m.flush_interval));
         const flag = cell(tr, "flag", "");
-        if (m.stale) {
-          const badge = document.createElement("span");
-          badge.className = "badge stale";
-          badge.textContent = "stale";
-          flag.appendChild(badge);
-        }
+        const badge = document.createElement("span");
+        badge.className = `badge ${m.state}`;
+        badge.textContent = m.state;
+        flag.appendChild(badge);
         body.appendChild(tr);
       }
       $("fleet-summary").textContent =
         `${f.triggerers.length} triggerers · ${f.central_rows_per_s.toFixed(1)} rows/s · ` +
-        `${f.stale} stale`;
+        `${f.stale} stalled · ${f.idle} idle`;
     } catch (e) {
-      $("fleet-summary").textContent = e.status === 401 || e.status === 403
+      const text = e.status === 401 || e.status === 403
         ? "enter a valid token" : `unavailable: ${e.message}`;
+      $("fleet-summary").textContent = text;
+      $("st-updated").textContent = `fleet ${text}`;
     }
   }
 
@@ -187,12 +213,14 @@
     badge.textContent = item.flush_state;
     fs.appendChild(badge);
     const actions = cell(tr, "actions", "");
-    const edit = document.createElement("button");
-    edit.type = "button";
-    edit.className = "edit";
-    edit.textContent = "Edit";
-    edit.addEventListener("click", () => openEditor(item));
-    actions.appendChild(edit);
+    if (canWrite) {
+      const edit = document.createElement("button");
+      edit.type = "button";
+      edit.className = "edit";
+      edit.textContent = "Edit";
+      edit.addEventListener("click", () => openEditor(item));
+      actions.appendChild(edit);
+    }
     tr.item = item;
   }
 
@@ -338,7 +366,7 @@
       $("token").value = "";
       loadStatus();
       loadFleet();
-      loadRows(true);
+      loadMe().then(() => loadRows(true));
     });
     $("token-clear").addEventListener("click", () => {
       sessionStorage.removeItem(TOKEN_KEY);
@@ -350,6 +378,7 @@
     loadFleet();
     setInterval(loadStatus, STATUS_EVERY_MS);
     setInterval(loadFleet, STATUS_EVERY_MS);
+    await loadMe();  // before the rows: they show an Edit control only to a writer
     loadRows(true);
   }
 
