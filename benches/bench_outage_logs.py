@@ -123,6 +123,9 @@ async def run(outage: float, watchers: int, base: Path) -> dict[str, object]:
 
                 await wait_for("the triggerer's recovery line", recovered, d, 180)
                 await asyncio.sleep(2)
+                # the triggerer stops before the API server does: its lines end here
+                stop(triggerer)
+                triggerer = None
             lines = log.read_bytes()[mark:].decode(errors="replace").splitlines()
         finally:
             if triggerer is not None:
