@@ -38,6 +38,7 @@ __all__ = [
     "CentralError",
     "CentralUnavailable",
     "ConfigError",
+    "EventsUnsupported",
     "InvalidInput",
     "InvalidName",
     "LocalStateError",
@@ -75,6 +76,13 @@ class ValueTooLarge(InvalidInput):
         super().__init__(message)
         self.size = size
         self.limit = limit
+
+
+class EventsUnsupported(LocalStateError):
+    """`emit` was called where an event cannot commit with its watermark in one transaction:
+    the ``airflow`` sink (Airflow's state store and its event path are two transactions), the
+    cache turned off (direct mode), or a central DB without Airflow's tables for an asset's
+    event. Nothing was written; the message says what to use instead."""
 
 
 class ConfigError(LocalStateError, ValueError):
