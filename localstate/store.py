@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from localstate.claims import claim_owner, claiming_sink
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.entry import NOT_DECODED, StateKey, entry_from_row, record_of
-from localstate.errors import EventsUnsupported, InvalidInput
+from localstate.errors import CentralUnavailable, EventsUnsupported, InvalidInput
 from localstate.model import (
     Durability,
     Record,
@@ -29,8 +29,9 @@ from localstate.modes import Unflushed
 from localstate.outbox import OwnerEvents
 from localstate.release import ReleaseReport, release_owner
 from localstate.store_core import StoreCore
-from localstate.sync.asset_events import airflow_importable
+from localstate.sync.asset_events import NO_ASSET_EVENTS
 from localstate.sync.asset_mirror import asset_name
+from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import ClaimingSink, carries_events
 from localstate.sync.worker import FlushReport
 
@@ -259,13 +260,13 @@ class StateStore(StoreCore):
         encode(watermark, self._max_value_bytes)  # refused before the event is staged
         key = event_key(watermark) if key is None else check_name("key", key)
         check_name("watermark_key", watermark_key)
+        await self._require_event_sink(owner)
         worker = self._mode.worker
         if worker is None:
             raise EventsUnsupported(
                 "emit needs the local cache (enabled = true): with the cache off there is no "
                 "outbox to commit the event with its watermark; turn the cache on, or yield a "
                 "TriggerEvent and set the watermark (at least once)")
-        self._require_event_sink(owner)
         # Staged before the watermark's write: the cache file commits the event in the same
         # transaction as the watermark or an earlier one, never after it (see Outbox).
         worker.outbox.add(owner, key, data)
@@ -274,7 +275,10 @@ class StateStore(StoreCore):
             worker.kick()
         return version
 
-    def _require_event_sink(self, owner: str) -> None:
+    #: the central DB takes asset events (checked once, by the first emit of an asset)
+    _asset_events_ready = False
+
+    async def _require_event_sink(self, owner: str) -> None:
         sink = self.sink
         if sink is None or not carries_events(sink):
             raise EventsUnsupported(
@@ -285,12 +289,20 @@ class StateStore(StoreCore):
                 "plugin in Airflow's API server) or sink = sql with central_url set to "
                 "Airflow's metadata DB; or, for at-least-once, yield a TriggerEvent and then "
                 "set the watermark")
-        if (self.central_store is not None and asset_name(owner) is not None
-                and not airflow_importable()):
+        central = self.central_store
+        if central is None or asset_name(owner) is None or self._asset_events_ready:
+            return
+        check = central.asset_events_ready()
+        try:
+            ready = await (sink.call(check) if isinstance(sink, ThreadedSink) else check)
+        except CentralUnavailable:
+            return  # not known now: the emit goes on (the flush logs if none can be made)
+        if not ready:
             raise EventsUnsupported(
-                f"{owner}'s events become Airflow asset events, and with sink = sql that needs "
-                "Airflow importable in this process and central_url set to Airflow's metadata "
-                "DB; use sink = api (localstate's plugin in Airflow's API server) instead")
+                f"{NO_ASSET_EVENTS}, and {owner}'s central DB {central.url} is not (or Airflow "
+                "is not importable here); use sink = api (localstate's plugin in Airflow's API "
+                "server), or set central_url to Airflow's metadata DB")
+        self._asset_events_ready = True
 
     def event_figures(self) -> dict[str, OwnerEvents]:
         """Each owner's events since the store opened: emitted, pending (in the outbox now),

@@ -12,8 +12,8 @@ Airflow's listener hooks (``on_asset_changed``, ``on_asset_event_emitted``) run 
 commit (`run_callbacks`), never for a transaction that rolled back.
 
 An owner that names no active asset gets no asset event (its event is still recorded and
-de-duplicated). A central DB without Airflow's tables records events only; `EventsUnsupported`
-is raised for an asset's event there (see `require_airflow`).
+de-duplicated). A central DB without Airflow's tables records events only (logged once);
+`StateStore.emit` refuses an asset's event up front where it can tell (`ready`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, inspect, text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from localstate.errors import EventsUnsupported
 from localstate.sync.asset_mirror import ACTIVE_ASSETS, asset_name
 from localstate.sync.rows import EventRow
 
-__all__ = ["AssetEvents", "airflow_importable", "run_callbacks"]
+__all__ = ["NO_ASSET_EVENTS", "AssetEvents", "airflow_importable", "run_callbacks"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,12 @@ def _has_asset_tables(conn: Connection) -> bool:
     return {"asset", "asset_active", "asset_event"} <= names
 
 
+#: why no asset event can be made (the start of `EventsUnsupported`'s message and of the log)
+NO_ASSET_EVENTS = ("an asset watcher's event becomes an Airflow asset event only where the "
+                   "process that flushes may write Airflow's tables: the central DB is "
+                   "Airflow's metadata DB and Airflow is importable there")
+
+
 class AssetEvents:
     """Registers the asset events of a flush's new events (see the module docstring)."""
 
@@ -57,6 +62,13 @@ class AssetEvents:
         self._tables: bool | None = None
         #: asset events written so far (for tests and stats)
         self.written = 0
+
+    async def ready(self, engine: AsyncEngine) -> bool:
+        """Whether asset events can be made on the DB of `engine` (checked once)."""
+        if self._tables is None:
+            async with engine.connect() as conn:
+                self._tables = await conn.run_sync(_has_asset_tables) and airflow_importable()
+        return self._tables
 
     async def apply(self, conn: AsyncConnection, events: Sequence[EventRow]
                     ) -> tuple[list[int], list[Callable[[], None]]]:
@@ -70,11 +82,12 @@ class AssetEvents:
             return counts, []
         if self._tables is None:
             self._tables = await conn.run_sync(_has_asset_tables) and airflow_importable()
+            if not self._tables:
+                log.warning(
+                    "%s; asset watchers' events are recorded and de-duplicated, but no asset "
+                    "event is made", NO_ASSET_EVENTS)
         if not self._tables:
-            raise EventsUnsupported(
-                "an asset watcher's event needs Airflow's asset tables in the central DB and "
-                "Airflow importable in the process that flushes (sink = api: localstate's app in "
-                "Airflow's API server; sink = sql: central_url is Airflow's metadata DB)")
+            return counts, []
         callbacks: list[Callable[[], None]] = []
 
         def register(sync_conn: Connection) -> None:
@@ -100,7 +113,10 @@ class AssetEvents:
                         session=session, callback_sink=callbacks)
                     if made is not None:
                         counts[i] += 1
-                session.flush()
+                # releases the session's SAVEPOINT: the rows stay in the flush's transaction,
+                # which commits (or rolls back) them with the rest; closing without this would
+                # roll the savepoint back
+                session.commit()
 
         await conn.run_sync(register)
         self.written += sum(counts)

@@ -387,12 +387,25 @@ class CentralStore:
             if self.asset_mirror is not None and outcomes:
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
             statuses, callbacks = await write_events(
-                conn, events, writer, self.asset_events, datetime.now(timezone.utc))
+                conn, events, writer, self.asset_events, self._now_column())
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         self.events_committed += statuses.count("committed")
         run_callbacks(callbacks)
         return outcomes, statuses
+
+
+    async def asset_events_ready(self) -> bool:
+        """Whether this DB (Airflow's metadata DB, Airflow importable here) takes asset events
+        (`localstate.sync.asset_events`); checked once."""
+        await self._ready()
+        async with self._errors("read"):
+            return await self.asset_events.ready(self.engine)
+
+    def _now_column(self) -> datetime:
+        """Now, as a timestamp column takes it: UTC, naive where the dialect keeps no offset."""
+        moment = datetime.now(timezone.utc)
+        return moment if self.dialect == "postgresql" else moment.replace(tzinfo=None)
 
 
 class _Opening:

@@ -64,6 +64,10 @@ class ThreadedSink:
     async def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
+    async def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run `coro` (a call on the wrapped sink) on the sink's own loop and thread."""
+        return await self._call(coro)
+
     # the counters the store's stats and the benchmark read
     @property
     def transactions(self) -> int:

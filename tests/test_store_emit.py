@@ -188,6 +188,20 @@ async def test_emit_through_airflows_state_store_is_refused(tmp_path: Path) -> N
         await store.close(timeout=0)
 
 
+async def test_an_asset_event_on_a_db_without_airflows_tables_is_refused(
+    open_store: StoreFactory,
+) -> None:
+    """``sink = sql`` on localstate's own DB: an asset watcher's event could never become an
+    asset event there, so emit says so up front and writes nothing."""
+    store = await open_store()
+    owner = "asset_watcher:orders"
+    with pytest.raises(EventsUnsupported, match="Airflow's metadata DB"):
+        await store.emit(owner, 1, watermark=1)
+    assert await store.get(owner, "watermark") is None
+    assert store.event_figures() == {}
+    await store.emit(OWNER, 1, watermark=1)  # a trigger's own owner is fine there
+
+
 async def test_the_outbox_survives_a_restart_and_flushes_once(
     open_store: StoreFactory, central_url: str, tmp_path: Path,
 ) -> None:
