@@ -173,3 +173,37 @@ async def test_sink_sql_on_airflows_metadata_db_commits_asset_events_too(
     assert await asset_events(db, asset_id) == [{"from_trigger": True,
                                                   "payload": {"refund": 1}}]
     assert await queued(db, asset_id) == [f"{CONSUMER}_refunds"]
+
+
+async def test_a_trigger_watching_two_assets_emits_to_each_once(
+    migrated: Deployment, server: ApiServer, db: asyncpg.Connection, tmp_path: Path,
+) -> None:
+    """`StateEnabledTrigger.emit` with two watched assets: one asset event per item on each,
+    then the trigger's own watermark; re-running it from that watermark adds nothing."""
+    import greenback
+    from airflow.sdk import Asset
+    from airflow.sdk.execution_time.context import AssetStateStoreAccessors
+    from test_airflow_trigger import EmittingTrigger, drive
+
+    from localstate.variable import StateVariable
+
+    ids = [await watched_asset(db, name) for name in ("eu-orders", "us-orders")]
+    store = await StateStore.open(
+        central_url=central_url_of(migrated.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
+        cache_path=tmp_path / "two.db", triggerer_id="two-assets", flush_interval=60)
+    StateVariable.configure(store)
+    try:
+        await greenback.ensure_portal()
+        for last in (3, 3, 4):  # the second run starts at its watermark: nothing to emit
+            trigger = EmittingTrigger(source="orders-two", last=last)
+            trigger.asset_state_store = AssetStateStoreAccessors(
+                inlets=[Asset(name="eu-orders"), Asset(name="us-orders")])
+            await drive(trigger, 1)
+            await store.flush()
+        assert await store.get(trigger.state_owner, "watermark") == 4
+    finally:
+        StateVariable.configure(None)
+        await store.close()
+    for asset_id in ids:
+        assert [e["payload"] for e in await asset_events(db, asset_id)] == [
+            {"item": i} for i in range(1, 5)]
