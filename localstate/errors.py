@@ -10,6 +10,7 @@
     ├── VersionConflict                `compare_and_set` saw another version
     ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
     ├── OwnerLost                      another writer claimed the owner (a higher claim epoch)
+    ├── EventsUnsupported              emit where an event cannot commit with its watermark
     ├── CacheError                     the local cache file
     │   ├── CacheLocked                another live process holds the file
     │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache

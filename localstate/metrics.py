@@ -25,6 +25,7 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.events.committed counter events the central DB committed (new keys)
     <prefix>.events.duplicate counter events whose key it held already (replays)
     <prefix>.events.refused  counter  events of owners this store lost (a zombie's)
+    <prefix>.events.rejected counter  events the central side refused as malformed (dropped)
     <prefix>.events.pending  gauge    events in the outbox, not yet in the central DB
     <prefix>.events.oldest_pending gauge seconds: age of the oldest of those
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
@@ -79,6 +80,7 @@ COUNTERS: Final[dict[str, str]] = {
     "events_committed": "events.committed",
     "events_duplicate": "events.duplicate",
     "events_refused": "events.refused",
+    "events_rejected": "events.rejected",
 }
 #: StoreStats field -> gauge name: reported as it stands
 GAUGES: Final[dict[str, str]] = {

@@ -32,6 +32,9 @@ class OwnerEvents:
     committed: int = 0
     duplicates: int = 0
     refused: int = 0
+    #: events the central side refused as malformed (its limits are stricter than this
+    #: store's): dropped from the outbox, each logged as an error, so the rest goes on
+    rejected: int = 0
     #: POSIX time of the oldest pending event (None: none pending)
     oldest_pending_at: float | None = None
 
@@ -87,6 +90,15 @@ class Outbox:
                 figures.refused += 1
         self.cache.drop_events([e.seq for e in events])
 
+    def reject(self, event: EventRow) -> None:
+        """Drop `event`, which the central side refused as malformed, from the outbox."""
+        if self._pending.pop(event.seq, None) is None:
+            return
+        figures = self._figures(event.owner)
+        figures.pending -= 1
+        figures.rejected += 1
+        self.cache.drop_events([event.seq])
+
     def oldest_pending_at(self) -> float | None:
         """POSIX time of the oldest pending event (None: none)."""
         first = next(iter(self._pending.values()), None)
@@ -98,5 +110,5 @@ class Outbox:
         for e in self._pending.values():
             oldest.setdefault(e.owner, e.created_at)
         return {o: OwnerEvents(f.emitted, f.pending, f.committed, f.duplicates, f.refused,
-                               oldest.get(o))
+                               f.rejected, oldest.get(o))
                 for o, f in self._owners.items()}

@@ -70,10 +70,12 @@ class StoreStats:
     events_committed: int = 0
     events_duplicate: int = 0
     events_refused: int = 0
+    #: events the central side refused as malformed (dropped from the outbox, logged)
+    events_rejected: int = 0
     #: age in seconds of the oldest pending event (0 when none)
     oldest_pending_event_s: float = 0.0
     #: the same figures per owner: {owner: {"emitted", "pending", "committed", "duplicates",
-    #: "refused", "oldest_pending_at"}}
+    #: "refused", "rejected", "oldest_pending_at"}}
     events_by_owner: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def _event_figures(w: SyncWorker | None, now: float) -> dict[str, Any]:
 
     return {"events_emitted": total("emitted"), "events_pending": total("pending"),
             "events_committed": total("committed"), "events_duplicate": total("duplicates"),
-            "events_refused": total("refused"),
+            "events_refused": total("refused"), "events_rejected": total("rejected"),
             "oldest_pending_event_s": 0.0 if oldest is None else max(0.0, now - oldest),
             "events_by_owner": owners}
 

@@ -29,7 +29,7 @@ from typing import Final
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
-from localstate.errors import CentralUnavailable, LocalStateError, reason
+from localstate.errors import CentralUnavailable, InvalidInput, LocalStateError, reason
 from localstate.local_cache import LocalCache
 from localstate.outbox import Outbox
 from localstate.sync.backoff import Backoff
@@ -277,10 +277,21 @@ class SyncWorker:
                     if not rows and not events:
                         continue
                     if events:
-                        outcomes, statuses = await self.write_with_events(rows, events)
-                        self.outbox.settle(events, statuses)
-                        report.events += len(events)
-                        events = []
+                        try:
+                            outcomes, statuses = await self.write_with_events(rows, events)
+                        except InvalidInput as exc:
+                            # the central side refuses some event for good: find it, drop
+                            # it (logged), commit the others; then the rows alone
+                            await self.settle_rejected(events, exc)
+                            report.events += len(events)
+                            events = []
+                            if not rows:
+                                continue
+                            outcomes = await self.write_batch(rows)
+                        else:
+                            self.outbox.settle(events, statuses)
+                            report.events += len(events)
+                            events = []
                     else:
                         outcomes = await self.write_batch(rows)
                     self.mark_clean(outcomes, report)
@@ -358,6 +369,28 @@ class SyncWorker:
                 f"the central DB {self.sink.url} did not answer a flush of {len(rows)} rows and "
                 f"{len(events)} events within {self.flush_timeout:g} s (flush_timeout); they "
                 "stay in the local cache and are retried") from None
+
+    async def settle_rejected(self, events: Sequence[EventRow], error: InvalidInput) -> None:
+        """`events` were refused as malformed (`error`): commit them in halves, without any
+        state row (an event committed before its watermark is safe: a re-emit is a duplicate),
+        down to the single events the central side refuses, which are dropped from the outbox
+        with an error logged. Never a stuck outbox: the flush goes on."""
+        if len(events) == 1:
+            e = events[0]
+            log.error("the central side refused the event %s/%s (seq %d) for good: %s; it is "
+                      "dropped from the outbox of %s (its watermark goes on). Check that "
+                      "max_value_bytes there is not below this triggerer's", e.owner, e.key,
+                      e.seq, error, self.cache.path)
+            self.outbox.reject(e)
+            return
+        half = len(events) // 2
+        for part in (events[:half], events[half:]):
+            try:
+                _outcomes, statuses = await self.write_with_events([], part)
+            except InvalidInput as exc:
+                await self.settle_rejected(part, exc)
+            else:
+                self.outbox.settle(part, statuses)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:

@@ -5,6 +5,7 @@ by (owner, key), fenced by claim epochs, in emit order. Each test runs on every 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,22 @@ def test_the_default_key_is_the_watermarks_string_form() -> None:
     assert event_key("2026-12-05T10:00:00") == "2026-12-05T10:00:00"
     assert event_key(42) == "42"
     assert event_key({"id": 7}) == '{"id":7}'
+
+
+async def test_flush_true_and_central_durability_commit_without_waiting_for_the_interval(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(flush_interval=60, central_timeout=30)
+    # central durability: returns once the central DB holds the watermark, and so the event
+    await store.emit(OWNER, "a", watermark=1, durability="central")
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == ["1"]
+    # flush=True: a flush starts now, not in 60 s
+    await store.emit(OWNER, "b", watermark=2, flush=True)
+    for _ in range(400):
+        if store.stats().events_committed == 2:
+            break
+        await asyncio.sleep(0.025)
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == ["1", "2"]
+    stats = store.stats()
+    assert (stats.events_emitted, stats.events_pending, stats.events_committed) == (2, 0, 2)
+    assert stats.events_by_owner[OWNER]["committed"] == 2
