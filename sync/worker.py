@@ -272,6 +272,12 @@ class SyncWorker:
                 # a watermark write among `keys` is here, and goes in the first batch, so the
                 # central DB never holds a watermark without the events emitted with it.
                 events = self.outbox.pending()
+                if len(events) > self.max_batch:
+                    # a backlog (after an outage): `max_batch` events per flush, and the
+                    # state of the owners with events left over waits for them
+                    waiting = {e.owner for e in events[self.max_batch:]}
+                    events = events[:self.max_batch]
+                    keys = [k for k in keys if k[0] not in waiting]
                 for start in range(0, max(len(keys), 1), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
                     if not rows and not events:
@@ -302,6 +308,8 @@ class SyncWorker:
                 raise
             report.duration = time.monotonic() - started
             report.still_dirty = len(self.table.dirty)
+            if len(self.outbox):  # more events than one flush takes: the next one at once
+                self._kick.set()
             self._last_rows = report.written
             self.flushes += 1
             self.last_flush_at = time.time()

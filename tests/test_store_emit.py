@@ -243,3 +243,26 @@ async def test_flush_true_and_central_durability_commit_without_waiting_for_the_
     stats = store.stats()
     assert (stats.events_emitted, stats.events_pending, stats.events_committed) == (2, 0, 2)
     assert stats.events_by_owner[OWNER]["committed"] == 2
+
+
+async def test_a_backlog_of_events_goes_max_batch_at_a_time_never_behind_its_watermark(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(max_batch=10)
+    for i in range(1, 26):
+        await store.emit(OWNER, i, watermark=i)
+    await store.set("trigger:plain", "k", 1)
+    report = await store.flush()
+    assert report.events == 10
+    # the owner's watermark waited for its events; other owners' state went
+    assert [(o.row.owner, o.row.key) for o in report.outcomes] == [("trigger:plain", "k")]
+    # the rest follows at once (the worker kicks itself), in order
+    for _ in range(400):
+        if store.stats().events_pending == 0 and not store.unflushed():
+            break
+        await asyncio.sleep(0.025)
+    assert [int(k) for _o, k, _s, _e in await committed_events(central_url)] == list(
+        range(1, 26))
+    record = await store.read_committed(OWNER, "watermark")
+    assert record is not None
+    assert record.value == 25
