@@ -8,6 +8,10 @@ the writer turns all the entries staged while the previous commit ran into one t
 carried its write. A ``memory`` write only asks the writer to commit within `memory_window`.
 The writer reads each entry as it stands when the batch is taken, so a later write can never be
 overwritten by an older one.
+
+The same commits carry the outbox (`localstate.outbox`): events staged with `stage_event`
+before the watermark entry they go with commit in the same transaction as it, or an earlier
+one; `drop_events` removes the ones the central DB has.
 """
 
 from __future__ import annotations
