@@ -16,6 +16,14 @@ Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = 
         PRIMARY KEY (owner, key)
     ) WITHOUT ROWID;
 
+    CREATE TABLE outbox (                 -- events emitted, not yet committed centrally
+        seq        INTEGER PRIMARY KEY,   -- emit order within this file
+        owner      TEXT    NOT NULL,
+        key        TEXT    NOT NULL,      -- the idempotency key
+        payload    TEXT    NOT NULL,      -- JSON text
+        created_at REAL    NOT NULL       -- POSIX seconds
+    );
+
 `prepare` refuses a file that is not a localstate cache (`application_id`) or has a newer schema
 (`user_version`), never wiping either; it creates or migrates the schema in one transaction.
 `wrap_errors` turns an sqlite3 error into localstate's, naming the file and what to do.
@@ -48,15 +56,15 @@ from localstate.errors import (
 )
 
 __all__ = [
-    "APPLICATION_ID", "KEPT", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "connect", "file_in_the_way",
-    "fsync_folder", "make_folder", "prepare", "translate", "wrap_errors",
+    "APPLICATION_ID", "KEPT", "OUTBOX", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "connect",
+    "file_in_the_way", "fsync_folder", "make_folder", "prepare", "translate", "wrap_errors",
 ]
 
 log = logging.getLogger(__name__)
 
 #: "LSt1": marks a SQLite file as a localstate cache, so a stranger's database is never touched.
 APPLICATION_ID: Final = 0x4C537431
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 SCHEMA: Final = """
 CREATE TABLE state (
@@ -69,6 +77,16 @@ CREATE TABLE state (
     synced_version INTEGER NOT NULL,
     PRIMARY KEY (owner, key)
 ) WITHOUT ROWID
+"""
+#: version 3 adds it: events emitted with their watermark (`StateStore.emit`), until flushed
+OUTBOX: Final = """
+CREATE TABLE outbox (
+    seq        INTEGER PRIMARY KEY,
+    owner      TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    payload    TEXT    NOT NULL,
+    created_at REAL    NOT NULL
+)
 """
 #: version 2 adds it: one row, the file's writer id
 META: Final = "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
@@ -159,9 +177,11 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,
             await conn.execute("BEGIN IMMEDIATE")
             if app_id == 0:
                 await conn.execute(SCHEMA)
-            await conn.execute(META)
-            await conn.execute("INSERT INTO meta VALUES ('writer_id', ?)",
-                               (new_writer_id or uuid.uuid4().hex,))
+            if app_id == 0 or user_version < 2:
+                await conn.execute(META)
+                await conn.execute("INSERT INTO meta VALUES ('writer_id', ?)",
+                                   (new_writer_id or uuid.uuid4().hex,))
+            await conn.execute(OUTBOX)
             await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             await conn.commit()

@@ -10,6 +10,7 @@
     ├── VersionConflict                `compare_and_set` saw another version
     ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
     ├── OwnerLost                      another writer claimed the owner (a higher claim epoch)
+    ├── EventsUnsupported              emit where an event cannot commit with its watermark
     ├── CacheError                     the local cache file
     │   ├── CacheLocked                another live process holds the file
     │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache
@@ -38,6 +39,7 @@ __all__ = [
     "CentralError",
     "CentralUnavailable",
     "ConfigError",
+    "EventsUnsupported",
     "InvalidInput",
     "InvalidName",
     "LocalStateError",
@@ -75,6 +77,13 @@ class ValueTooLarge(InvalidInput):
         super().__init__(message)
         self.size = size
         self.limit = limit
+
+
+class EventsUnsupported(LocalStateError):
+    """`emit` was called where an event cannot commit with its watermark in one transaction:
+    the ``airflow`` sink (Airflow's state store and its event path are two transactions), the
+    cache turned off (direct mode), or a central DB without Airflow's tables for an asset's
+    event. Nothing was written; the message says what to use instead."""
 
 
 class ConfigError(LocalStateError, ValueError):

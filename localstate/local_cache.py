@@ -8,6 +8,10 @@ the writer turns all the entries staged while the previous commit ran into one t
 carried its write. A ``memory`` write only asks the writer to commit within `memory_window`.
 The writer reads each entry as it stands when the batch is taken, so a later write can never be
 overwritten by an older one.
+
+The same commits carry the outbox (`localstate.outbox`): events staged with `stage_event`
+before the watermark entry they go with commit in the same transaction as it, or an earlier
+one; `drop_events` removes the ones the central DB has.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 from localstate.file_lock import CacheFileLock
+from localstate.sync.rows import EventRow
 
 __all__ = ["APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "LocalCache", "LocalSync"]
 
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 
 LocalSync = Literal["full", "normal"]
 _PURGE: Final = "DELETE FROM state WHERE owner = ? AND key = ?"
+_OUTBOX_ADD: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?)"
+_OUTBOX_DROP: Final = "DELETE FROM outbox WHERE seq = ?"
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
 
@@ -84,6 +91,9 @@ class LocalCache:
         self._lock = self.lock
         self._conn: aiosqlite.Connection | None = None
         self._staged: dict[StateKey, Entry] = {}
+        # outbox changes for the next commit: events to add, seqs to drop (flushed)
+        self._staged_events: list[EventRow] = []
+        self._dropped_events: list[int] = []
         self._batch: _Batch | None = None  # the next commit, once somebody waits for it
         self._inflight: _Batch | None = None  # the commit running now
         self._pending = asyncio.Event()  # something is staged
@@ -231,7 +241,30 @@ class LocalCache:
                     )
         return entries
 
+    async def load_outbox(self) -> list[EventRow]:
+        """The events of the outbox, in emit order (those the central DB does not hold yet)."""
+        conn = self._require()
+        with wrap_errors(self.path, "read"):
+            async with conn.execute(
+                "SELECT seq, owner, key, payload, created_at FROM outbox ORDER BY seq"
+            ) as cursor:
+                return [EventRow(int(s), o, k, p, float(t)) async for s, o, k, p, t in cursor]
+
     # -- writing ---------------------------------------------------------------------------
+
+    def stage_event(self, event: EventRow) -> None:
+        """Have the next commit add `event` to the outbox. Staged before the watermark entry it
+        goes with, it commits in the same transaction or an earlier one: never after it."""
+        self._staged_events.append(event)
+        if not self._pending.is_set():
+            self._pending.set()
+
+    def drop_events(self, seqs: list[int]) -> None:
+        """Have the next commit remove these events from the outbox (the central DB has them)."""
+        if seqs:
+            self._dropped_events.extend(seqs)
+            if not self._pending.is_set():
+                self._pending.set()
 
     def stage(self, key: StateKey, entry: Entry) -> None:
         """Have the writer commit `entry` within `memory_window` (a `memory` write)."""
@@ -254,7 +287,7 @@ class LocalCache:
 
     async def sync_now(self) -> None:
         """Wait until everything staged or being committed now is committed."""
-        if self._staged:
+        if self._staged or self._staged_events or self._dropped_events:
             self._require_writer()
             await self._next_commit()  # runs after the commit in flight, if any
             return
@@ -289,15 +322,18 @@ class LocalCache:
             self._pending.clear()
             self._urgent.clear()
             staged, self._staged = self._staged, {}
+            events, self._staged_events = self._staged_events, []
+            dropped, self._dropped_events = self._dropped_events, []
             # every commit gets a batch, waited on or not, so that sync_now() can wait for the
             # one in flight too
             batch = self._batch or _Batch()
             self._batch = None
             self._inflight = batch
             started = time.monotonic()
-            error = await self._commit_batch(staged) if staged else None
+            busy = bool(staged or events or dropped)
+            error = await self._commit_batch(staged, events, dropped) if busy else None
             self._inflight = None
-            if staged and error is None:
+            if busy and error is None:
                 ended = time.monotonic()
                 self.recent_commits.append((ended, ended - started))
             batch.error = error
@@ -306,13 +342,17 @@ class LocalCache:
                 # keep what failed, under anything staged since, and try again shortly
                 for key, entry in staged.items():
                     self._staged.setdefault(key, entry)
+                self._staged_events[:0] = events
+                self._dropped_events[:0] = dropped
                 self._pending.set()
                 if not self._stopping:
                     await asyncio.sleep(_RETRY_DELAY)
-            if self._stopping and (not self._staged or error is not None):
+            if self._stopping and (not (self._staged or self._staged_events
+                                        or self._dropped_events) or error is not None):
                 return
 
-    async def _commit_batch(self, staged: dict[StateKey, Entry]) -> CacheError | None:
+    async def _commit_batch(self, staged: dict[StateKey, Entry], events: list[EventRow],
+                            dropped: list[int]) -> CacheError | None:
         upserts: list[tuple[Any, ...]] = []
         purges: list[tuple[str, str]] = []
         for (owner, key), e in staged.items():
@@ -330,6 +370,10 @@ class LocalCache:
                         await conn.executemany(UPSERT, upserts)
                     if purges:
                         await conn.executemany(_PURGE, purges)
+                    if events:
+                        await conn.executemany(_OUTBOX_ADD, [e[:5] for e in events])
+                    if dropped:
+                        await conn.executemany(_OUTBOX_DROP, [(s,) for s in dropped])
                     await conn.commit()
                 except BaseException:
                     with contextlib.suppress(sqlite3.Error):

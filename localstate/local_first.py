@@ -23,6 +23,7 @@ from localstate.file_lock import CacheFileLock
 from localstate.local_cache import LocalCache
 from localstate.model import Durability, FlushState, Record, check_key
 from localstate.modes import Unflushed
+from localstate.outbox import Outbox
 from localstate.store_parts import StoreParts
 from localstate.sync.rows import CentralRow
 from localstate.sync.worker import FlushReport, SyncWorker
@@ -67,11 +68,13 @@ class LocalFirstMode:
         worker: SyncWorker | None = None
         try:
             entries = await cache.load()
+            outbox = Outbox(cache, await cache.load_outbox())
             worker = SyncWorker(
                 table=table, cache=cache, sink=parts.sink, policies=parts.policies,
                 flush_interval=s.flush_interval, max_batch=s.max_batch,
                 on_conflict=parts.on_conflict, claims=parts.claims,
                 budget_rows_per_s=s.central_budget_rows_per_s, flush_timeout=s.flush_timeout,
+                outbox=outbox,
             )
             table.fill(cache, entries, keep_clean=keep_clean, on_full=worker.kick,
                        pinned=worker.holds)
@@ -82,9 +85,9 @@ class LocalFirstMode:
                 await worker.stop(0)
             await cache.close()
             raise
-        if table.dirty:
-            log.info("%d writes not yet in the central DB found in %s; flushing",
-                     len(table.dirty), cache.path)
+        if table.dirty or len(outbox):
+            log.info("%d writes and %d events not yet in the central DB found in %s; flushing",
+                     len(table.dirty), len(outbox), cache.path)
             worker.kick()
         return cls(parts, cache, worker, s)
 

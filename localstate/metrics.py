@@ -23,6 +23,13 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.cache_file_bytes gauge   bytes of the local cache file and its WAL
     <prefix>.cache_turning_off gauge  seconds a turn-off of the cache has waited for the
                                       central DB to take its backlog (0: none pending)
+    <prefix>.events.emitted  counter  events emitted with watermarks (`StateStore.emit`)
+    <prefix>.events.committed counter events the central DB committed (new keys)
+    <prefix>.events.duplicate counter events whose key it held already (replays)
+    <prefix>.events.refused  counter  events of owners this store lost (a zombie's)
+    <prefix>.events.rejected counter  events the central side refused as malformed (dropped)
+    <prefix>.events.pending  gauge    events in the outbox, not yet in the central DB
+    <prefix>.events.oldest_pending gauge seconds: age of the oldest of those
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
     <prefix>.prune.tombstones counter tombstones it deleted
 
@@ -71,6 +78,11 @@ COUNTERS: Final[dict[str, str]] = {
     "central_errors": "central_errors",
     "evictions": "evictions",
     "released_keys": "released_keys",
+    "events_emitted": "events.emitted",
+    "events_committed": "events.committed",
+    "events_duplicate": "events.duplicate",
+    "events_refused": "events.refused",
+    "events_rejected": "events.rejected",
 }
 #: StoreStats field -> gauge name: reported as it stands
 GAUGES: Final[dict[str, str]] = {
@@ -80,10 +92,12 @@ GAUGES: Final[dict[str, str]] = {
     "cache_file_bytes": "cache_file_bytes",
     "flush_interval_s": "flush_interval",
     "cache_turning_off_s": "cache_turning_off",
+    "events_pending": "events.pending",
+    "oldest_pending_event_s": "events.oldest_pending",
 }
 TIMER: Final = "flush.duration"
-_GAUGE_UNITS: Final = {"flush_lag": "s", "flush_interval": "s", "cache_file_bytes": "By",
-                       "cache_turning_off": "s"}
+_GAUGE_UNITS: Final = {"events.oldest_pending": "s", "flush_lag": "s", "flush_interval": "s",
+                       "cache_file_bytes": "By", "cache_turning_off": "s"}
 #: what `localstate db prune` deleted: counters it sends once, after its run
 PRUNE_COUNTERS: Final = ("prune.rows", "prune.tombstones")
 #: StatsD packets stay under a common path MTU: several lines per packet, never fragmented

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,6 +69,21 @@ class StoreStats:
     cache_turning_off: bool = False
     #: seconds that turn-off has been pending (0 when none is)
     cache_turning_off_s: float = 0.0
+    #: events emitted with watermarks (`StateStore.emit`) since the store opened; pending: in
+    #: the outbox now (the central DB does not hold them yet); committed: new events the
+    #: central DB took; duplicates: keys it had already; refused: a lost owner's (a zombie's)
+    events_emitted: int = 0
+    events_pending: int = 0
+    events_committed: int = 0
+    events_duplicate: int = 0
+    events_refused: int = 0
+    #: events the central side refused as malformed (dropped from the outbox, logged)
+    events_rejected: int = 0
+    #: age in seconds of the oldest pending event (0 when none)
+    oldest_pending_event_s: float = 0.0
+    #: the same figures per owner: {owner: {"emitted", "pending", "committed", "duplicates",
+    #: "refused", "rejected", "oldest_pending_at"}}
+    events_by_owner: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +127,24 @@ def store_stats(
         local_commit_p99_s=_percentile(commit_s, 0.99),
         cache_turning_off=turning_off is not None,
         cache_turning_off_s=turning_off.pending_s if turning_off is not None else 0.0,
+        **_event_figures(w, now),
     )
+
+
+def _event_figures(w: SyncWorker | None, now: float) -> dict[str, Any]:
+    if w is None:
+        return {}
+    owners = {o: asdict(f) for o, f in w.outbox.by_owner().items()}
+    oldest = w.outbox.oldest_pending_at()
+
+    def total(name: str) -> int:
+        return sum(int(f[name]) for f in owners.values())
+
+    return {"events_emitted": total("emitted"), "events_pending": total("pending"),
+            "events_committed": total("committed"), "events_duplicate": total("duplicates"),
+            "events_refused": total("refused"), "events_rejected": total("rejected"),
+            "oldest_pending_event_s": 0.0 if oldest is None else max(0.0, now - oldest),
+            "events_by_owner": owners}
 
 
 def _percentile(values: list[float], q: float) -> float | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from localstate.claims import claim_owner, claiming_sink
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.entry import NOT_DECODED, StateKey, entry_from_row, record_of
-from localstate.errors import InvalidInput
+from localstate.errors import CentralUnavailable, EventsUnsupported, InvalidInput
 from localstate.model import (
     Durability,
     Record,
@@ -26,15 +26,28 @@ from localstate.model import (
     refuse_unhashable_names,
 )
 from localstate.modes import Unflushed
+from localstate.outbox import OwnerEvents
 from localstate.release import ReleaseReport, release_owner
 from localstate.store_core import StoreCore
-from localstate.sync.sinks import ClaimingSink
+from localstate.sync.asset_events import NO_ASSET_EVENTS
+from localstate.sync.asset_mirror import asset_name
+from localstate.sync.sink_thread import ThreadedSink
+from localstate.sync.sinks import ClaimingSink, carries_events
 from localstate.sync.worker import FlushReport
 
 if TYPE_CHECKING:
     from localstate.variable import StateVariable
 
-__all__ = ["StateStore"]
+__all__ = ["WATERMARK_KEY", "StateStore", "event_key"]
+
+#: the key a watermark is kept under by default (`StateEnabledTrigger.watermark_key`'s too)
+WATERMARK_KEY = "watermark"
+
+
+def event_key(watermark: Any) -> str:
+    """The default idempotency key of an event emitted with `watermark`: the string itself,
+    or the JSON text of any other value (``42`` -> ``"42"``, ``{"id": 7}`` -> ``'{"id":7}'``)."""
+    return check_name("key", watermark if isinstance(watermark, str) else encode(watermark))
 
 
 class StateStore(StoreCore):
@@ -212,6 +225,90 @@ class StateStore(StoreCore):
         mode = self._durability if durability is None else check_durability(durability)
         async with self._gate.call():
             return await self._mode.delete((owner, key), mode)
+
+    # -- events --------------------------------------------------------------------------
+
+    async def emit(
+        self, owner: str, payload: Any, *, watermark: Any, key: str | None = None,
+        watermark_key: str = WATERMARK_KEY, durability: Durability | None = None,
+        flush: bool = False,
+    ) -> int:
+        """Emit an event with `payload` and advance ``(owner, watermark_key)`` to `watermark`,
+        as one: the central DB commits the event with the watermark in one transaction, once
+        per `key` (default: `watermark`'s string form, see `event_key`). Returns the
+        watermark's new version once `durability` holds (as `set`).
+
+        The event and the watermark are one local commit (the outbox of the cache file). A
+        flush carries the outbox with the dirty state; the central DB de-duplicates by
+        ``(owner, key)`` (a replay is a no-op) and refuses the events of an owner this store
+        lost (a zombie). For an asset's owner (``asset_watcher:<name>``) the event becomes
+        Airflow asset events, as a yielded ``TriggerEvent`` does. Events of one owner reach
+        the central DB in emit order. `flush`: start a flush now rather than within
+        ``flush_interval``.
+
+        Raises `ValueEncodingError` / `ValueTooLarge` for a payload that is not JSON or is
+        larger than ``max_value_bytes``, `InvalidName` for a bad owner or key, and
+        `EventsUnsupported` where the event cannot commit with its watermark (``sink =
+        airflow``, the cache turned off): nothing is written then.
+        """
+        if self._closed:
+            raise self._closed_error()
+        check_name("owner", owner)
+        if self._lost:
+            self._claims.check(owner)
+        data = encode(payload, self._max_value_bytes)
+        encode(watermark, self._max_value_bytes)  # refused before the event is staged
+        key = event_key(watermark) if key is None else check_name("key", key)
+        check_name("watermark_key", watermark_key)
+        await self._require_event_sink(owner)
+        worker = self._mode.worker
+        if worker is None:
+            raise EventsUnsupported(
+                "emit needs the local cache (enabled = true): with the cache off there is no "
+                "outbox to commit the event with its watermark; turn the cache on, or yield a "
+                "TriggerEvent and set the watermark (at least once)")
+        # Staged before the watermark's write: the cache file commits the event in the same
+        # transaction as the watermark or an earlier one, never after it (see Outbox).
+        worker.outbox.add(owner, key, data)
+        version = await self.set(owner, watermark_key, watermark, durability=durability)
+        if flush:
+            worker.kick()
+        return version
+
+    #: the central DB takes asset events (checked once, by the first emit of an asset)
+    _asset_events_ready = False
+
+    async def _require_event_sink(self, owner: str) -> None:
+        sink = self.sink
+        if sink is None or not carries_events(sink):
+            raise EventsUnsupported(
+                "emit cannot commit an event with its watermark through the sink "
+                f"{self.settings.sink!r}: "
+                "Airflow's state store and Airflow's event path are two transactions, so a "
+                "crash between them loses or repeats the event. Use sink = api (localstate's "
+                "plugin in Airflow's API server) or sink = sql with central_url set to "
+                "Airflow's metadata DB; or, for at-least-once, yield a TriggerEvent and then "
+                "set the watermark")
+        central = self.central_store
+        if central is None or asset_name(owner) is None or self._asset_events_ready:
+            return
+        check = central.asset_events_ready()
+        try:
+            ready = await (sink.call(check) if isinstance(sink, ThreadedSink) else check)
+        except CentralUnavailable:
+            return  # not known now: the emit goes on (the flush logs if none can be made)
+        if not ready:
+            raise EventsUnsupported(
+                f"{NO_ASSET_EVENTS}, and {owner}'s central DB {central.url} is not (or Airflow "
+                "is not importable here); use sink = api (localstate's plugin in Airflow's API "
+                "server), or set central_url to Airflow's metadata DB")
+        self._asset_events_ready = True
+
+    def event_figures(self) -> dict[str, OwnerEvents]:
+        """Each owner's events since the store opened: emitted, pending (in the outbox now),
+        committed, duplicates, refused, and the oldest pending event's time."""
+        worker = self._mode.worker
+        return {} if worker is None else worker.outbox.by_owner()
 
     # -- claims --------------------------------------------------------------------------
 

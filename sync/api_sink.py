@@ -27,7 +27,7 @@ other 4xx, 5xx                                    as `localstate.client` maps th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import httpx
 
@@ -43,7 +43,7 @@ from localstate.errors import (
 )
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.wire import (
     MAX_BATCH_BODY,
     WireError,
@@ -62,6 +62,7 @@ _API: Final = "/api/v1"
 _READ_CHUNK: Final = 50_000
 _DIRTY_HEADER: Final = field_header(DirtyRow)
 _FLEET_HEADER: Final = field_header(FleetStatus)
+_EVENT_HEADER: Final = field_header(EventRow)
 #: answers that mean "the API server is not there right now" (a proxy in front of it)
 _GATEWAY: Final = frozenset({502, 503, 504})
 
@@ -162,6 +163,38 @@ class ApiSink:
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
 
+    async def write_with_events(
+        self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
+        writer: str | None = None,
+    ) -> tuple[list[FlushOutcome], list[EventStatus]]:
+        """`write_batch` of `rows` with `events`, in ONE transaction of the server's
+        (`EventSink`): a request too large for one body goes as the events with the first
+        part of the rows, then the rest of the rows (the events' watermarks are never
+        committed before them)."""
+        request: dict[str, Any] = {"fields": _DIRTY_HEADER, "writer": writer,
+                                   "policies": policies.spec, "rows": encode_rows(rows),
+                                   "event_fields": _EVENT_HEADER,
+                                   "events": encode_rows(events)}
+        status, self._fleet_next = self._fleet_next, None
+        if status is not None:
+            request["fleet_fields"] = _FLEET_HEADER
+            request["fleet"] = encode_rows([status])[0]
+        body = encode_body(request)
+        if len(body) > MAX_BATCH_BODY and len(rows) > 1:
+            half = len(rows) // 2
+            self._fleet_next = status
+            first, statuses = await self.write_with_events(rows[:half], events, policies,
+                                                           writer=writer)
+            return [*first, *await self.write_batch(rows[half:], policies, writer=writer)
+                    ], statuses
+        answer = await self._post("/flush", body)
+        outcomes = decode_outcomes(answer.get("fields"), answer.get("written"),
+                                   answer.get("outcomes"), rows) if rows else []
+        statuses = _event_statuses(answer.get("event_statuses"), len(events))
+        self.transactions += 1
+        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        return outcomes, statuses
+
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         found: dict[StateKey, CentralRow] = {}
         for start in range(0, len(keys), _READ_CHUNK):
@@ -241,6 +274,15 @@ class ApiSink:
     async def close(self) -> None:
         """Close the connection pool. Safe twice."""
         await self._http.aclose()
+
+
+def _event_statuses(raw: Any, count: int) -> list[EventStatus]:
+    """The server's status of each event sent, checked (`WireError` for anything else)."""
+    if (not isinstance(raw, list) or len(raw) != count
+            or any(s not in ("committed", "duplicate", "refused") for s in raw)):
+        raise WireError(f"the server answered no status for each of the {count} events sent "
+                        "(an older localstate plugin? upgrade it in Airflow's API server)")
+    return cast(list[EventStatus], raw)
 
 
 def _written(row: CentralRow | None) -> CentralRow:

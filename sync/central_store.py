@@ -35,15 +35,25 @@ from localstate.errors import (
     VersionConflict,
     WriteRejected,
 )
+from localstate.sync.asset_events import AssetEvents, run_callbacks
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.cas_write import check_expected_version, compare_and_set
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
+from localstate.sync.event_write import write_events
 from localstate.sync.fenced_write import select_rows, write_fenced
 from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row, posix_time
+from localstate.sync.rows import (
+    CentralRow,
+    DirtyRow,
+    EventRow,
+    EventStatus,
+    FlushOutcome,
+    central_row,
+    posix_time,
+)
 from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
@@ -73,6 +83,10 @@ class CentralStore:
         #: committed write transactions and the rows they wrote (for stats and the benchmark)
         self.transactions = 0
         self.rows_written = 0
+        #: events committed by `write_with_events` (new keys: no duplicate, no refusal)
+        self.events_committed = 0
+        #: registers an asset watcher's events as Airflow asset events (Airflow's DB only)
+        self.asset_events = AssetEvents()
         #: the fleet row the next flush records (`note_fleet`), taken by it
         self._fleet_next: FleetStatus | None = None
         #: whether the schema is known to be current; None: checked (and upgraded when this
@@ -386,6 +400,43 @@ class CentralStore:
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         return outcomes
+
+    async def write_with_events(
+        self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
+        writer: str | None = None,
+    ) -> tuple[list[FlushOutcome], list[EventStatus]]:
+        """`write_batch` of `rows` and `events` in ONE transaction (`EventSink`): the fenced
+        state rows, then each event's claim fence, de-duplication row and, for an asset's
+        owner on Airflow's metadata DB, its asset events (`localstate.sync.event_write`).
+        Airflow's listeners hear of the asset events once the transaction has committed."""
+        status, self._fleet_next = self._fleet_next, None
+        await self._ready()
+        async with self._errors("flush"), self.engine.begin() as conn:
+            outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
+                                          status)
+            if self.asset_mirror is not None and outcomes:
+                await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
+            statuses, callbacks = await write_events(
+                conn, events, writer, self.asset_events, self._now_column())
+        self.transactions += 1
+        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        self.events_committed += statuses.count("committed")
+        run_callbacks(callbacks)
+        return outcomes, statuses
+
+
+    async def asset_events_ready(self) -> bool:
+        """Whether this DB (Airflow's metadata DB, Airflow importable here) takes asset events
+        (`localstate.sync.asset_events`); checked once."""
+        await self._ready()
+        async with self._errors("read"):
+            return await self.asset_events.ready(self.engine)
+
+    def _now_column(self) -> datetime:
+        """Now, as a timestamp column takes it: UTC, naive where the dialect keeps no offset."""
+        moment = datetime.now(timezone.utc)
+        return moment if self.dialect == "postgresql" else moment.replace(tzinfo=None)
+
 
 class _Opening:
     """`CentralStore.open(...)`: awaitable (the open store) and an async context manager

@@ -11,7 +11,14 @@ What goes (at ``now``):
   version, a conflict instead of bringing the key back unseen, so it must outlive every write
   that can still arrive based on it. The horizon (default 30 days, at least one day) is far
   longer than any flush, backoff or handover window;
-* nothing of an owner whose rule says ``never``.
+* nothing of an owner whose rule says ``never``;
+* an event's de-duplication row (`localstate.sync.event_write`) older than the *event
+  horizon* (default 7 days, at least one hour) once its owner's state was written after it:
+  that later write is the watermark at or past the event's key, from which a trigger that
+  takes over resumes, so the key is never emitted again. The horizon covers the other replay,
+  a flush whose answer was lost, sent again from the outbox when the central DB answers (an
+  outage longer than the horizon could then repeat such a batch's events). ``never`` rules
+  keep their owners' event rows too.
 
 A store that still holds a pruned row in memory keeps serving it and writes it again on its
 next write (the upsert inserts it anew); a pruned tombstone can be written over by a writer
@@ -43,15 +50,19 @@ from localstate.errors import InvalidInput
 from localstate.sync.central_store import CentralStore
 from localstate.sync.dialects import prefix_upper_bound
 from localstate.sync.retention_rules import DAY, RetentionRule, parse_retention
-from localstate.sync.schema import state_variable
+from localstate.sync.schema import event, state_variable
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_TOMBSTONE_HORIZON", "MIN_TOMBSTONE_HORIZON", "PruneReport",
-           "prune"]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_EVENT_HORIZON", "DEFAULT_TOMBSTONE_HORIZON",
+           "MIN_EVENT_HORIZON", "MIN_TOMBSTONE_HORIZON", "PruneReport", "prune"]
 
 #: how long a tombstone stays by default: 30 days
 DEFAULT_TOMBSTONE_HORIZON: Final = 30 * DAY
 #: the shortest tombstone horizon accepted
 MIN_TOMBSTONE_HORIZON: Final = DAY
+#: how long an event's de-duplication row stays by default: 7 days
+DEFAULT_EVENT_HORIZON: Final = 7 * DAY
+#: the shortest event horizon accepted
+MIN_EVENT_HORIZON: Final = 3600.0
 #: rows per read and per delete transaction
 DEFAULT_BATCH: Final = 500
 _MAX_BATCH: Final = 10_000
@@ -67,6 +78,8 @@ class PruneReport:
     scanned: int = 0
     batches: int = 0
     dry_run: bool = False
+    #: events' de-duplication rows deleted
+    event_keys: int = 0
 
     @property
     def deleted(self) -> int:
@@ -78,10 +91,14 @@ async def prune(
     retention: str | Sequence[RetentionRule] | None = None,
     tombstone_horizon: float = DEFAULT_TOMBSTONE_HORIZON, dry_run: bool = False,
     batch_size: int = DEFAULT_BATCH, now: float | None = None,
+    event_horizon: float = DEFAULT_EVENT_HORIZON,
 ) -> PruneReport:
     """Delete the central rows retention says are due (see the module docstring)."""
     rules = parse_retention(retention)
     _check(older_than, tombstone_horizon, batch_size, owner_prefix)
+    if not event_horizon >= MIN_EVENT_HORIZON:
+        raise InvalidInput(f"the event horizon must be at least {MIN_EVENT_HORIZON:g} s (far "
+                           f"longer than any flush retry), not {event_horizon:g} s")
     now = datetime.now(timezone.utc).timestamp() if now is None else now
     ages = [r.older_than for r in rules if r.older_than is not None]
     if older_than is not None:
@@ -147,8 +164,51 @@ async def prune(
             tombstones += due_tombstones
         if len(found) < batch_size:
             break
-    return PruneReport(rows=rows, tombstones=tombstones, scanned=scanned, batches=batches,
-                       dry_run=dry_run)
+    never = [r.pattern for r in rules if r.older_than is None]
+    event_keys, event_batches = await _prune_event_keys(
+        central, cutoff=now - event_horizon, owner_prefix=owner_prefix, never=never,
+        dry_run=dry_run, batch_size=batch_size)
+    return PruneReport(rows=rows, tombstones=tombstones, scanned=scanned,
+                       batches=batches + event_batches, dry_run=dry_run, event_keys=event_keys)
+
+
+async def _prune_event_keys(
+    central: CentralStore, *, cutoff: float, owner_prefix: str, never: Sequence[str],
+    dry_run: bool, batch_size: int,
+) -> tuple[int, int]:
+    """Delete the de-duplication rows due (see the module docstring), `batch_size` per
+    transaction; (rows, transactions)."""
+    e, v = event.c, state_variable.c
+    later = (select(v.owner).where(v.owner == e.owner, v.updated_at > e.committed_at)
+             .exists())
+    deleted = batches = 0
+    after: tuple[str, str] | None = None
+    bound = prefix_upper_bound(owner_prefix) if owner_prefix else None
+    while True:
+        query = select(e.owner, e.key).where(e.committed_at < _timestamp(central, cutoff),
+                                             later)
+        if owner_prefix:
+            query = query.where(central.bytewise(e.owner) >= owner_prefix)
+            if bound is not None:
+                query = query.where(central.bytewise(e.owner) < bound)
+        if after is not None:
+            query = query.where(tuple_(e.owner, e.key) > tuple_(*after))
+        found = await central.run_read(query.order_by(e.owner, e.key).limit(batch_size),
+                                       "read event keys to prune")
+        if not found:
+            break
+        after = (found[-1][0], found[-1][1])
+        due = [(o, k) for o, k in found
+               if not any(fnmatch.fnmatchcase(o, pattern) for pattern in never)]
+        if due and not dry_run:
+            deleted += await central.run_write(
+                delete(event).where(tuple_(e.owner, e.key).in_(due)), "prune event keys")
+            batches += 1
+        else:
+            deleted += len(due)
+        if len(found) < batch_size:
+            break
+    return deleted, batches
 
 
 def _check(older_than: float | None, horizon: float, batch_size: int, owner_prefix: str

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["CentralRow", "DirtyRow", "FlushOutcome", "Resolution", "central_row", "posix_time"]
+__all__ = [
+    "CentralRow", "DirtyRow", "EventRow", "EventStatus", "FlushOutcome", "Resolution",
+    "central_row", "posix_time",
+]
 
 
 class DirtyRow(NamedTuple):
@@ -29,6 +32,27 @@ class DirtyRow(NamedTuple):
     #: the claim epoch its writer held on the owner (`StateStore.claim`); 0: no claim. The
     #: flush refuses it when the owner's central epoch is higher (another writer claimed it)
     epoch: int = 0
+
+
+class EventRow(NamedTuple):
+    """An event emitted with a watermark (`StateStore.emit`), as the outbox holds it."""
+
+    #: its place in the emit order of its local cache file
+    seq: int
+    owner: str
+    #: the idempotency key: the central DB takes one event per (owner, key)
+    key: str
+    #: JSON text
+    payload: str
+    created_at: float
+    #: the claim epoch its writer held on the owner at the flush (0: none), as `DirtyRow.epoch`
+    epoch: int = 0
+
+
+#: What a flush did with one event: "committed" (new, with its asset events), "duplicate"
+#: (its key was committed before: nothing written), "refused" (the owner's claim epoch is
+#: higher: a zombie's event, nothing written).
+EventStatus = Literal["committed", "duplicate", "refused"]
 
 
 class CentralRow(NamedTuple):

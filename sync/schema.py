@@ -62,6 +62,7 @@ from localstate.errors import SchemaError
 
 __all__ = [
     "CLAIM_TABLE",
+    "EVENT_TABLE",
     "FILLFACTOR",
     "FLEET_TABLE",
     "LATEST_VERSION",
@@ -73,6 +74,7 @@ __all__ = [
     "announce",
     "apply_step",
     "current_version",
+    "event",
     "fleet",
     "metadata",
     "name_collation",
@@ -88,6 +90,8 @@ log = logging.getLogger(__name__)
 STATE_TABLE: Final = "localstate_state_variable"
 CLAIM_TABLE: Final = "localstate_owner_claim"
 FLEET_TABLE: Final = "localstate_fleet"
+#: one row per event committed (`StateStore.emit`): its (owner, key) de-duplicates replays
+EVENT_TABLE: Final = "localstate_event"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -180,6 +184,24 @@ def _fleet_table(meta: MetaData, names: str | None) -> Table:
 
 fleet = _fleet_table(metadata, None)
 
+
+def _event_table(meta: MetaData, names: str | None) -> Table:
+    return Table(
+        EVENT_TABLE,
+        meta,
+        Column("owner", _name(names), primary_key=True),
+        Column("key", _name(names), primary_key=True),
+        Column("seq", BigInteger, nullable=False),  # its place in its cache file's emit order
+        Column("writer", String(64), nullable=True),  # that cache file (`LocalCache.writer_id`)
+        Column("epoch", BigInteger, nullable=False),  # the claim epoch it was committed under
+        Column("asset_events", Integer, nullable=False),  # the asset events it made
+        Column("committed_at", _timestamp(), nullable=False, index=True),
+        **_MYSQL_TABLE,
+    )
+
+
+event = _event_table(metadata, None)
+
 schema_table = Table(
     "localstate_schema",
     metadata,
@@ -270,12 +292,18 @@ def _v5_create_fleet(conn: Connection) -> None:
     _fleet_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
 
 
+def _v6_create_event(conn: Connection) -> None:
+    # Pinned here, where the model is still this one; checkfirst as in v5.
+    _event_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
     Migration(3, "state table writer column", _v3_state_variable_writer),
     Migration(4, "owner claim epochs", _v4_create_owner_claim),
     Migration(5, "fleet of triggerers", _v5_create_fleet),
+    Migration(6, "events committed with watermarks", _v6_create_event),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

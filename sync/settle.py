@@ -53,6 +53,8 @@ class FlushReport:
     conflicts: int = 0
     retried: int = 0
     transactions: int = 0
+    #: events emitted with watermarks that the flush carried (`StateStore.emit`)
+    events: int = 0
     duration: float = 0.0
     #: keys still dirty when it finished (written meanwhile, or left to retry)
     still_dirty: int = 0

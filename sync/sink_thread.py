@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from localstate.entry import StateKey
-from localstate.errors import ConfigError
+from localstate.errors import ConfigError, EventsUnsupported
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import ClaimingSink, FleetReporting, Sink
+from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.sync.sinks import ClaimingSink, EventSink, FleetReporting, Sink
 
 __all__ = ["ThreadedSink"]
 
@@ -64,6 +64,10 @@ class ThreadedSink:
     async def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
+    async def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run `coro` (a call on the wrapped sink) on the sink's own loop and thread."""
+        return await self._call(coro)
+
     # the counters the store's stats and the benchmark read
     @property
     def transactions(self) -> int:
@@ -77,6 +81,17 @@ class ThreadedSink:
         self, rows: Sequence[DirtyRow], policies: PolicyMap, *, writer: str | None = None
     ) -> list[FlushOutcome]:
         return await self._call(self.inner.write_batch(rows, policies, writer=writer))
+
+    async def write_with_events(
+        self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
+        writer: str | None = None,
+    ) -> tuple[list[FlushOutcome], list[EventStatus]]:
+        """The wrapped sink's `write_with_events` (`EventSink`); `EventsUnsupported` when it
+        has none."""
+        if not isinstance(self.inner, EventSink):
+            raise EventsUnsupported(f"the sink {self.url} does not commit events")
+        return await self._call(self.inner.write_with_events(rows, events, policies,
+                                                             writer=writer))
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         return await self._call(self.inner.read_many(keys))

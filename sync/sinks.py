@@ -13,9 +13,9 @@ from typing import Protocol, runtime_checkable
 from localstate.entry import StateKey
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 
-__all__ = ["ClaimingSink", "FleetReporting", "Sink"]
+__all__ = ["ClaimingSink", "EventSink", "FleetReporting", "Sink", "carries_events"]
 
 
 class Sink(Protocol):
@@ -91,3 +91,23 @@ class FleetReporting(Protocol):
 
     async def read_fleet(self) -> list[FleetRow]:
         """Every triggerer's row of the fleet table."""
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """A sink that commits emitted events with the dirty state in one transaction
+    (`StateStore.emit`): the central store (``sql``) and localstate's app (``api``)."""
+
+    async def write_with_events(
+        self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
+        writer: str | None = None,
+    ) -> tuple[list[FlushOutcome], list[EventStatus]]:
+        """`write_batch` of `rows` and, in the same transaction, `events` in their order: one
+        de-duplication row per new (owner, key) and, for an asset's owner, its asset event;
+        an event whose claim epoch is below its owner's is refused. One status per event."""
+
+
+def carries_events(sink: Sink) -> bool:
+    """Whether `sink` (or the sink a thread runs for it) commits events (`EventSink`)."""
+    inner = getattr(sink, "inner", sink)
+    return isinstance(inner, EventSink)

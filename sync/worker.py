@@ -29,16 +29,17 @@ from typing import Final
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
-from localstate.errors import CentralUnavailable, LocalStateError, reason
+from localstate.errors import CentralUnavailable, InvalidInput, LocalStateError, reason
 from localstate.local_cache import LocalCache
+from localstate.outbox import Outbox
 from localstate.sync.backoff import Backoff
 from localstate.sync.budget import FlushBudget
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.failure_log import FailureLog
 from localstate.sync.fleet import FleetStatus, this_host
-from localstate.sync.rows import DirtyRow, FlushOutcome
+from localstate.sync.rows import DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.settle import ConflictInfo, FlushReport, Settler
-from localstate.sync.sinks import FleetReporting, Sink
+from localstate.sync.sinks import EventSink, FleetReporting, Sink, carries_events
 from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker"]
@@ -65,6 +66,7 @@ class SyncWorker:
         claims: ClaimBook | None = None,
         budget_rows_per_s: float | None = None,
         flush_timeout: float = 60.0,
+        outbox: Outbox | None = None,
     ) -> None:
         #: the store's entries: the worker reads them and changes them only through the table
         self.table = table
@@ -75,6 +77,8 @@ class SyncWorker:
         self.max_batch = max_batch
         #: seconds one batch's transaction may take (`write_batch`)
         self.flush_timeout = flush_timeout
+        #: the events emitted with watermarks (`StateStore.emit`); each flush carries them
+        self.outbox = outbox if outbox is not None else Outbox(cache)
         #: the store's claim epochs: stamped on each flushed row, told of owners lost
         self.claims = claims if claims is not None else ClaimBook()
         #: the fleet's central write budget, which stretches `interval` (None: no budget)
@@ -177,7 +181,7 @@ class SyncWorker:
                             "flushed at the next start", self.sink.url, deadline,
                             len(self.table.dirty), self.cache.path)
         report = None
-        if self.table.dirty and not abandoned:
+        if (self.table.dirty or len(self.outbox)) and not abandoned:
             report = await self._last_flush(max(0.0, end - loop.time()))
         self._waiters.fail_all(CentralUnavailable(
             "the store closed before the central DB held this write; it is kept in the local "
@@ -239,7 +243,7 @@ class SyncWorker:
             if self._stop.is_set():
                 return
             self._kick.clear()
-            if not self.table.dirty:
+            if not self.table.dirty and not len(self.outbox):
                 continue
             try:
                 await self.flush()
@@ -268,11 +272,38 @@ class SyncWorker:
                 # back from the central DB as this cache file's own later write, which the flush
                 # adopts without a conflict (see `localstate.sync.fenced_write`).
                 keys = list(self.table.dirty)
-                for start in range(0, len(keys), self.max_batch):
+                # Taken after the dirty keys, with no await between: every event staged before
+                # a watermark write among `keys` is here, and goes in the first batch, so the
+                # central DB never holds a watermark without the events emitted with it.
+                events = self.outbox.pending()
+                if len(events) > self.max_batch:
+                    # a backlog (after an outage): `max_batch` events per flush, and the
+                    # state of the owners with events left over waits for them
+                    waiting = {e.owner for e in events[self.max_batch:]}
+                    events = events[:self.max_batch]
+                    keys = [k for k in keys if k[0] not in waiting]
+                for start in range(0, max(len(keys), 1), self.max_batch):
                     rows = self.collect_dirty(keys[start:start + self.max_batch])
-                    if not rows:
+                    if not rows and not events:
                         continue
-                    outcomes = await self.write_batch(rows)
+                    if events:
+                        try:
+                            outcomes, statuses = await self.write_with_events(rows, events)
+                        except InvalidInput as exc:
+                            # the central side refuses some event for good: find it, drop
+                            # it (logged), commit the others; then the rows alone
+                            await self.settle_rejected(events, exc)
+                            report.events += len(events)
+                            events = []
+                            if not rows:
+                                continue
+                            outcomes = await self.write_batch(rows)
+                        else:
+                            self.outbox.settle(events, statuses)
+                            report.events += len(events)
+                            events = []
+                    else:
+                        outcomes = await self.write_batch(rows)
                     self.mark_clean(outcomes, report)
                     report.transactions += 1
             except Exception as exc:
@@ -281,6 +312,8 @@ class SyncWorker:
                 raise
             report.duration = time.monotonic() - started
             report.still_dirty = len(self.table.dirty)
+            if len(self.outbox):  # more events than one flush takes: the next one at once
+                self._kick.set()
             self._last_rows = report.written
             self.flushes += 1
             self.last_flush_at = time.time()
@@ -329,6 +362,50 @@ class SyncWorker:
                 f"the central DB {self.sink.url} did not answer a flush of {len(rows)} rows "
                 f"within {self.flush_timeout:g} s (flush_timeout); the writes stay in the local "
                 "cache and are retried") from None
+
+    async def write_with_events(self, rows: Sequence[DirtyRow], events: Sequence[EventRow]
+                                ) -> tuple[list[FlushOutcome], list[EventStatus]]:
+        """Step 2 with events: `write_batch` of `rows` and `events` (each stamped with its
+        owner's claim epoch) in one transaction through the sink."""
+        sink = self.sink
+        if not carries_events(sink) or not isinstance(sink, EventSink):
+            raise CentralUnavailable(
+                f"the sink {self.sink.url} does not commit events; {len(events)} events stay in "
+                f"the outbox of {self.cache.path} until a sink that does (sql or api) is set")
+        epoch_of = self.claims.epoch_of
+        stamped = [e._replace(epoch=epoch_of(e.owner)) for e in events]
+        try:
+            return await asyncio.wait_for(
+                sink.write_with_events(self.claims.stamp(rows), stamped, self.policies,
+                                            writer=self.cache.writer_id),
+                self.flush_timeout)
+        except asyncio.TimeoutError:
+            raise CentralUnavailable(
+                f"the central DB {self.sink.url} did not answer a flush of {len(rows)} rows and "
+                f"{len(events)} events within {self.flush_timeout:g} s (flush_timeout); they "
+                "stay in the local cache and are retried") from None
+
+    async def settle_rejected(self, events: Sequence[EventRow], error: InvalidInput) -> None:
+        """`events` were refused as malformed (`error`): commit them in halves, without any
+        state row (an event committed before its watermark is safe: a re-emit is a duplicate),
+        down to the single events the central side refuses, which are dropped from the outbox
+        with an error logged. Never a stuck outbox: the flush goes on."""
+        if len(events) == 1:
+            e = events[0]
+            log.error("the central side refused the event %s/%s (seq %d) for good: %s; it is "
+                      "dropped from the outbox of %s (its watermark goes on). Check that "
+                      "max_value_bytes there is not below this triggerer's", e.owner, e.key,
+                      e.seq, error, self.cache.path)
+            self.outbox.reject(e)
+            return
+        half = len(events) // 2
+        for part in (events[:half], events[half:]):
+            try:
+                _outcomes, statuses = await self.write_with_events([], part)
+            except InvalidInput as exc:
+                await self.settle_rejected(part, exc)
+            else:
+                self.outbox.settle(part, statuses)
 
     def mark_clean(self, outcomes: Sequence[FlushOutcome], report: FlushReport | None = None
                    ) -> None:

@@ -374,3 +374,64 @@ async def test_a_trigger_started_while_the_central_db_is_down_claims_once_it_is_
     await trigger.cleanup()
     await other.cleanup()
     await store.close()
+
+
+class EmittingTrigger(StateEnabledTrigger, BaseEventTrigger):
+    """Emits items watermark+1 .. `last` with `emit` (exactly once), then ends; never yields."""
+
+    def __init__(self, *, source: str, last: int) -> None:
+        super().__init__()
+        self.source = source
+        self.last = last
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        # `last` stays out: the same trigger, run further (its owner hashes its kwargs)
+        return (f"{__name__}.EmittingTrigger", {"source": self.source})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        n = await self.get_watermark(default=0)
+        while n < self.last:
+            n += 1
+            await self.emit({"item": n}, watermark=n)
+        return
+        yield  # never reached: run() is the async generator Airflow expects
+
+
+async def committed_keys(url: str, owner: str) -> list[str]:
+    from sqlalchemy import select
+
+    from localstate.sync.schema import event
+
+    async with CentralStore.open(url) as central:
+        e = event.c
+        return [k for (k,) in await central.run_read(
+            select(e.key).where(e.owner == owner).order_by(e.seq), "read events")]
+
+
+async def test_an_emitting_trigger_resumes_on_another_triggerer_without_duplicates(
+        open_store: StoreFactory, central_url: str) -> None:
+    first = await use(await open_store(triggerer_id="first"))
+    trigger = EmittingTrigger(source="orders", last=5)
+    assert await drive(trigger, 1) == []  # it yields nothing: its events go with the flush
+    await first.flush()
+    owner = trigger.state_owner
+    assert await committed_keys(central_url, owner) == ["1", "2", "3", "4", "5"]
+    # moved: the next triggerer resumes from the committed watermark
+    await use(await open_store(triggerer_id="second"))
+    moved = EmittingTrigger(source="orders", last=8)
+    assert moved.state_owner == owner
+    await drive(moved, 1)
+    await moved._open_store().flush()
+    # (seqs are per cache file: the second file's start at 1 again)
+    assert sorted(map(int, await committed_keys(central_url, owner))) == list(range(1, 9))
+
+
+async def test_an_asset_watchers_emit_on_a_db_without_airflow_is_a_typed_error(
+        open_store: StoreFactory) -> None:
+    from localstate.errors import EventsUnsupported
+
+    await use(await open_store())
+    trigger = EmittingTrigger(source="orders", last=3)
+    trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name="orders")])
+    with pytest.raises(EventsUnsupported, match="sink = api"):
+        await drive(trigger, 1)

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from api_server import DAG_TOKEN, RO_TOKEN, RW_TOKEN, TOKENS, ServeProcess
 from conftest import StoreFactory
+from sqlalchemy import select
 
 from localstate import Settings, StateStore
 from localstate.api import create_app
@@ -89,7 +90,81 @@ def dirty(owner: str, key: str, value: Any, version: int, base: int,
     return DirtyRow(owner, key, orjson.dumps(value).decode(), version, base, time.time(), by)
 
 
+async def test_an_event_the_server_refuses_is_dropped_not_stuck(
+    open_store: StoreFactory, central_url: str, tmp_path: Path,
+) -> None:
+    """The API server's max_value_bytes is below the triggerer's: its refusal of one event
+    never blocks the outbox. The others (and the watermark) commit, the refused one is
+    dropped and counted."""
+    from localstate.sync.schema import event
+
+    server_store = await open_store(triggerer_id="api-server", max_value_bytes=1024)
+    tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
+    app = create_app(server_store, tokens=tokens)
+    async with app.router.lifespan_context(app):
+        sink = ApiSink("http://localstate.test", RW_TOKEN,
+                       transport=httpx.ASGITransport(app=app))
+        store = await StateStore.open(cache_path=tmp_path / "t.db", sink=sink,
+                                      flush_interval=60, triggerer_id="t")
+        try:
+            for i in range(1, 7):
+                payload = {"blob": "x" * 2000} if i == 4 else {"n": i}
+                await store.emit("trigger:t", payload, watermark=i)
+            await store.flush()
+            stats = store.stats()
+            assert (stats.events_committed, stats.events_rejected, stats.events_pending) == (
+                5, 1, 0)
+            await store.emit("trigger:t", {"n": 7}, watermark=7)
+            await store.flush()
+            assert store.stats().events_committed == 6
+        finally:
+            await store.close()
+            await sink.close()
+    async with CentralStore.open(central_url) as central:
+        keys = [k for (k,) in await central.run_read(
+            select(event.c.key).where(event.c.owner == "trigger:t"), "read")]
+        row = (await central.read_many([("trigger:t", "watermark")]))[("trigger:t", "watermark")]
+    assert sorted(map(int, keys)) == [1, 2, 3, 5, 6, 7]
+    assert row.data == "7"
+
+
 # -- the flush endpoint ------------------------------------------------------------------
+
+
+async def test_events_ride_a_flush_in_its_transaction_and_are_checked(
+    endpoint: Endpoint,
+) -> None:
+    """`ApiSink.write_with_events`: the rows and the events in one request (one transaction of
+    the server: `CentralStore.write_with_events`); a replay is all duplicates; a token that
+    may not write an event's owner, or a malformed event, is refused whole (nothing written);
+    the REST status counts them."""
+    from localstate.sync.rows import EventRow
+
+    sink = endpoint.sink()
+    rows = [dirty("dag:etl", "watermark", 3, 1, 0)]
+    events = [EventRow(i, "dag:etl", str(i), orjson.dumps({"n": i}).decode(), time.time())
+              for i in range(1, 4)]
+    outcomes, statuses = await sink.write_with_events(rows, events, PolicyMap("reject"),
+                                                      writer=WRITER)
+    assert [o.resolution for o in outcomes] == ["written"]
+    assert statuses == ["committed"] * 3
+    _o, again = await sink.write_with_events(rows, events, PolicyMap("reject"), writer=WRITER)
+    assert again == ["duplicate"] * 3
+    with pytest.raises(AccessDenied):  # the dag: token may not write a trigger's events
+        await endpoint.sink(DAG_TOKEN).write_with_events(
+            [], [EventRow(9, "trigger:other", "9", "1", time.time())], PolicyMap("reject"))
+    with pytest.raises(InvalidInput):  # a payload that is not JSON text
+        await sink.write_with_events(
+            [], [EventRow(10, "dag:etl", "10", "{nope", time.time())], PolicyMap("reject"))
+    _o, fresh = await sink.write_with_events(
+        [], [EventRow(10, "dag:etl", "10", "1", time.time())], PolicyMap("reject"))
+    assert fresh == ["committed"]  # the refused batches left nothing behind
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint.app),
+                                 base_url="http://localstate.test") as client:
+        status = (await client.get("/api/v1/status",
+                                   headers={"Authorization": f"Bearer {RW_TOKEN}"})).json()
+    assert status["events_committed"] == 4
+
 
 
 async def test_a_batch_is_written_in_one_transaction(endpoint: Endpoint) -> None:

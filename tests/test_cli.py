@@ -370,3 +370,39 @@ def test_version_names_the_installed_release() -> None:
     assert out == f"localstate {__version__}"
     # the distribution's metadata reads the same single source (pyproject: dynamic version)
     assert version("localstate") == __version__
+
+
+def test_status_shows_pending_and_committed_events_and_flush_sends_them(
+        central_url: str) -> None:
+    """A triggerer that emitted events (`StateStore.emit`) and died before flushing them: status
+    shows them pending in its cache file, `localstate flush` commits them, status then shows
+    them committed in the central DB and none pending."""
+    path = cache_folder() / "dead-emitter.db"
+    script = f"""
+import asyncio, os
+from localstate import StateStore
+async def main():
+    store = await StateStore.open(central_url={central_url!r}, cache_path={str(path)!r},
+                                  triggerer_id="dead-emitter", flush_interval=3600)
+    for n in range(1, 8):
+        await store.emit("trigger:orders", {{"n": n}}, watermark=n)
+    os._exit(0)  # no close: the events stay in the outbox only
+asyncio.run(main())
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    status = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+    (cache,) = status["caches"]
+    assert cache["pending_events"] == 7
+    assert cache["pending_events_by_owner"]["trigger:orders"]["pending"] == 7
+    assert cache["oldest_pending_event_at"] is not None
+    assert status["central"]["events"] == []
+    human = ok(run("status", url=central_url)).stdout
+    assert "EVENTS PENDING" in human
+
+    ok(run("flush", url=central_url))
+    after = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+    assert after["caches"][0]["pending_events"] == 0
+    (events,) = after["central"]["events"]
+    assert (events["owner"], events["committed"], events["asset_events"]) == (
+        "trigger:orders", 7, 0)
+    assert "EVENTS OF" in ok(run("status", url=central_url)).stdout

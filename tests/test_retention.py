@@ -161,10 +161,62 @@ def test_cli_prune(central_url: str, capsys: pytest.CaptureFixture[str]) -> None
     assert asyncio.run(remaining(central_url)) == before
     assert main(["db", "prune", "--older-than", "7d", "--owner-prefix", "trigger:",
                  "--batch-size", "1", "--central-url", central_url]) == 0
-    assert "deleted 3 rows and 1 tombstones" in capsys.readouterr().out
+    assert "deleted 3 rows, 1 tombstones and 0 event keys" in capsys.readouterr().out
     assert main(["db", "prune", "--older-than", "7x", "--central-url", central_url]
                 ) == EXIT_USAGE
     assert "--older-than" in capsys.readouterr().err
     assert main(["db", "prune", "--tombstone-horizon", "1h", "--central-url", central_url]
                 ) == EXIT_USAGE
     assert "horizon" in capsys.readouterr().err
+
+
+async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
+    central_url: str,
+) -> None:
+    """An emitted event's de-duplication row (`localstate.sync.event_write`): pruned when older
+    than the event horizon and its owner's state was written after it (the watermark moved
+    past it); kept otherwise, and for owners a ``never`` rule keeps."""
+    from sqlalchemy import select, update
+
+    from localstate.sync.conflicts import PolicyMap
+    from localstate.sync.rows import EventRow
+    from localstate.sync.schema import event
+
+    central = await CentralStore.open(central_url)
+    try:
+        old = [("trigger:a", "1"), ("trigger:a", "2"), ("trigger:b", "1"), ("trigger:c", "1"),
+               ("asset_watcher:x", "1")]
+        await central.write_with_events(
+            [], [EventRow(i, o, k, "1", NOW) for i, (o, k) in enumerate(old, 1)],
+            PolicyMap("reject"), writer="w")
+        e = event.c
+        ten_days_ago = datetime_of(central, NOW - 10 * DAY)
+        await central.run_write(update(event).values(committed_at=ten_days_ago), "backdate")
+        _out, fresh = await central.write_with_events(
+            [], [EventRow(9, "trigger:a", "3", "1", NOW)], PolicyMap("reject"), writer="w")
+        assert fresh == ["committed"]
+        # the owners' watermarks: a and x moved on after their events, b's is older
+        for owner, days in (("trigger:a", 1), ("trigger:b", 20), ("asset_watcher:x", 1)):
+            await central.write_direct(owner, "watermark", "9", updated_at=NOW - days * DAY,
+                                       updated_by="seed")
+        dry = await prune(central, now=NOW, retention="asset_watcher:*=never", dry_run=True)
+        assert dry.event_keys == 2
+        report = await prune(central, now=NOW, retention="asset_watcher:*=never")
+        assert report.event_keys == 2
+        left = {(o, k) for o, k in await central.run_read(select(e.owner, e.key), "read")}
+        assert left == {("trigger:a", "3"), ("trigger:b", "1"), ("trigger:c", "1"),
+                        ("asset_watcher:x", "1")}
+        _out, again = await central.write_with_events(
+            [], [EventRow(10, "trigger:a", "3", "1", NOW)], PolicyMap("reject"), writer="w")
+        assert again == ["duplicate"]  # what is kept still de-duplicates
+        with pytest.raises(InvalidInput, match="event horizon"):
+            await prune(central, now=NOW, event_horizon=60)
+    finally:
+        await central.close()
+
+
+def datetime_of(central: CentralStore, ts: float) -> object:
+    from datetime import datetime, timezone
+
+    moment = datetime.fromtimestamp(ts, tz=timezone.utc)
+    return moment if central.dialect == "postgresql" else moment.replace(tzinfo=None)

@@ -883,9 +883,9 @@ async def test_central_durability_holds_when_a_flush_overtakes_the_local_commit(
     """
     commit = LocalCache._commit_batch
 
-    async def slow_commit(self: LocalCache, staged: Any) -> Any:
+    async def slow_commit(self: LocalCache, *batch: Any) -> Any:
         await asyncio.sleep(0.05)
-        return await commit(self, staged)
+        return await commit(self, *batch)
 
     monkeypatch.setattr(LocalCache, "_commit_batch", slow_commit)
     store = await open_store(flush_interval=0.005, central_timeout=10)

@@ -11,6 +11,8 @@ Put the mixin before ``BaseEventTrigger``::
 Inside ``run()``:
 
 * ``await self.get_watermark(default=None)`` / ``await self.set_watermark(value)``;
+* ``await self.emit(payload, watermark=v)``: an asset event committed with the watermark it
+  advances, exactly once (instead of yielding a ``TriggerEvent`` and then setting it);
 * ``self.state``: the watermark as a `StateVariable` (``await self.state.get()``), and
   ``self.state_variable(key)`` for other keys of the same owner;
 * ``self.asset_state_store``: code written against Airflow 3.3's own API keeps working, and its
@@ -208,6 +210,7 @@ class StateEnabledTrigger:
     _localstate_owner: str | None = None
     #: the background claim of a trigger whose claim at start could not complete
     _localstate_claiming: asyncio.Task[None] | None = None
+    _localstate_assets_claimed: bool = False
 
     # -- Airflow's attribute, intercepted ------------------------------------------------
 
@@ -366,6 +369,33 @@ class StateEnabledTrigger:
         """Set the watermark; returns its new local version once the store's durability holds."""
         store = await self.open_state()
         return await store.set(self.state_owner, self.watermark_key, value)
+
+    async def emit(self, payload: Any, *, watermark: Any, key: str | None = None,
+                   flush: bool = False) -> int:
+        """Emit an asset event with `payload` and advance the watermark to `watermark`, as
+        one (`StateStore.emit`): the event reaches Airflow exactly once, committed with the
+        watermark, de-duplicated by `key` (default: the watermark's string form). Do not also
+        yield a ``TriggerEvent`` for the item. `flush`: flush now, not within
+        ``flush_interval``. Returns the watermark's new local version.
+
+        A trigger watching several assets emits the event for each (each asset's owner keeps
+        the watermark too), then sets its own watermark: a crash part-way re-emits the item
+        after the restart, and the assets that had it see no duplicate."""
+        store = await self.open_state()
+        owner = self.state_owner
+        accessors = self._localstate_accessors
+        assets = [] if accessors is None else list(accessors.owners())
+        if owner in assets or not assets:
+            return await store.emit(owner, payload, watermark=watermark, key=key,
+                                    watermark_key=self.watermark_key, flush=flush)
+        if not self._localstate_assets_claimed and store.can_claim:
+            for asset in assets:  # their events and watermarks are fenced as the owner's are
+                await store.claim(asset)
+            self._localstate_assets_claimed = True
+        for asset in assets:
+            await store.emit(asset, payload, watermark=watermark, key=key,
+                             watermark_key=self.watermark_key, flush=flush)
+        return await store.set(owner, self.watermark_key, watermark)
 
     async def cleanup(self) -> None:
         """Leaving this triggerer (moved, stopped, done): release the owner's state (flushed,

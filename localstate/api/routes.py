@@ -240,6 +240,9 @@ def build_router(store: StateStore, auth: Authorizer,
             last_error=s.last_error, sets=s.sets, gets=s.gets,
             central_transactions=s.central_transactions, central_rows=s.central_rows,
             keys_in_memory=s.keys_in_memory, throughput=meter.sample(s.sets, s.central_rows),
+            events_committed=sink.events_committed if sink is not None else 0,
+            events_pending=s.events_pending, oldest_pending_event_s=s.oldest_pending_event_s,
+            events_by_owner=s.events_by_owner,
         )
 
     @router.get("/fleet", response_model=Fleet, responses=_ERRORS,

@@ -93,6 +93,15 @@ class Status(BaseModel):
     keys_in_memory: int
     throughput: Throughput | None = Field(
         description="recent rates of the serving store (null until two samples exist)")
+    events_committed: int = Field(
+        0, description="events emitted with watermarks that this server committed to the "
+        "central DB since it started (new keys; flushes of sink = api triggerers)")
+    events_pending: int = Field(
+        0, description="events the serving store emitted that the central DB lacks")
+    oldest_pending_event_s: float = Field(
+        0.0, description="age of the oldest of those (0: none)")
+    events_by_owner: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="the serving store's event figures per owner")
 
 
 class FleetMember(BaseModel):

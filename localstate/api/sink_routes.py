@@ -44,7 +44,7 @@ from localstate.sync.asset_states import read_asset_states
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
 from localstate.sync.wire import (
     ASSET_STATE_SOURCE,
     WireError,
@@ -128,6 +128,19 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
         raise
 
 
+def _check_events(events: Sequence[EventRow], max_value_bytes: int) -> None:
+    """A flush's events (the wire checked their types): names, JSON payloads within
+    max_value_bytes, seqs and epochs in range."""
+    if not events:
+        return
+    check_names("owner", {e.owner for e in events})
+    check_names("key", {e.key for e in events})
+    for e in events:
+        if not 1 <= e.seq <= _MAX_VERSION or not 0 <= e.epoch <= _MAX_VERSION:
+            raise WireError(f"{e.owner}/{e.key}: an event's seq or epoch is out of range")
+        _check_data(e.owner, e.key, e.payload, max_value_bytes)
+
+
 def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
     """A value as it travels: JSON text within max_value_bytes, or None (a deletion)."""
     if data is None:
@@ -201,9 +214,18 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         c = central_or_503(central)
         if status is not None:  # no await until write_batch takes it: this batch's own
             c.note_fleet(status)
-        outcomes = await c.write_batch(rows, policy_map, writer=writer)
+        if "events" not in body:  # a flush without events (any client)
+            outcomes = await c.write_batch(rows, policy_map, writer=writer)
+            written, full = encode_outcomes(outcomes, rows)
+            return _json({"fields": outcome_header, "written": written, "outcomes": full})
+        events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
+        _require_owners(caller, {e.owner for e in events}, write=True)
+        _check_events(events, max_value_bytes)
+        # the watermarks, the de-duplication rows and the asset events: one transaction
+        outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
         written, full = encode_outcomes(outcomes, rows)
-        return _json({"fields": outcome_header, "written": written, "outcomes": full})
+        return _json({"fields": outcome_header, "written": written, "outcomes": full,
+                      "event_statuses": statuses})
 
     @router.post("/read", summary="The central records of a batch of keys, or of one owner "
                  "(tombstones included)", response_class=Response)

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--tombstone-horizon", metavar="AGE", default="30d",
                     help="delete tombstones older than AGE (default 30d, at least 1d: far "
                          "longer than any flush or handover, so a late writer meets them)")
+    pr.add_argument("--event-horizon", metavar="AGE", default="7d",
+                    help="delete the de-duplication rows of emitted events older than AGE "
+                         "once their owner's watermark moved past them (default 7d, at "
+                         "least 1h)")
     pr.add_argument("--batch-size", type=positive_count, default=500, metavar="N",
                     help="rows per delete transaction (default 500: short locks)")
     pr.add_argument("--dry-run", action="store_true", help="count, delete nothing")

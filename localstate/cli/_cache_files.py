@@ -63,8 +63,24 @@ def cache_summary(path: Path) -> dict[str, Any]:
                 "SELECT count(*), coalesce(sum(version != synced_version), 0), "
                 "min(CASE WHEN version != synced_version THEN updated_at END) FROM state"
             ).fetchone()
+            events = _pending_events(conn)
         finally:
             conn.close()
     except sqlite3.Error as exc:
         return {**out, "error": f"cannot read it: {exc}"}
-    return {**out, "rows": rows, "dirty": dirty, "oldest_unflushed_at": oldest}
+    return {**out, "rows": rows, "dirty": dirty, "oldest_unflushed_at": oldest,
+            "pending_events": sum(n for n, _at in events.values()),
+            "oldest_pending_event_at": min((at for _n, at in events.values()), default=None),
+            "pending_events_by_owner": {o: {"pending": n, "oldest_pending_at": at}
+                                        for o, (n, at) in events.items()}}
+
+
+def _pending_events(conn: sqlite3.Connection) -> dict[str, tuple[int, float]]:
+    """Each owner's events in the file's outbox (emitted, not yet in the central DB) and the
+    time of its oldest; none in a file made before the outbox."""
+    try:
+        found = conn.execute(
+            "SELECT owner, count(*), min(created_at) FROM outbox GROUP BY owner").fetchall()
+    except sqlite3.OperationalError:  # no outbox table: an older file
+        return {}
+    return {o: (int(n), float(at)) for o, n, at in found}

@@ -26,12 +26,19 @@ def cmd_db_prune(args: argparse.Namespace) -> int:
 
         raise InvalidInput("--tombstone-horizon cannot be never: give an age such as 30d")
 
+    event_horizon = parse_age(args.event_horizon, what="--event-horizon")
+    if event_horizon is None:
+        from localstate.errors import InvalidInput
+
+        raise InvalidInput("--event-horizon cannot be never: give an age such as 7d")
+
     async def go() -> dict[str, object]:
         async with open_central(settings) as central:
             report = await prune(
                 central, older_than=older_than, owner_prefix=args.owner_prefix or "",
                 retention=settings.retention, tombstone_horizon=horizon,
-                dry_run=args.dry_run, batch_size=args.batch_size)
+                dry_run=args.dry_run, batch_size=args.batch_size,
+                event_horizon=event_horizon)
         if not report.dry_run:
             await report_prune(settings, report.rows, report.tombstones)
         return {**asdict(report), "deleted": report.deleted}
@@ -41,6 +48,7 @@ def cmd_db_prune(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {result['rows']} rows and {result['tombstones']} tombstones "
-          f"({result['scanned']} old rows looked at, {result['batches']} delete transactions)")
+    print(f"{verb} {result['rows']} rows, {result['tombstones']} tombstones and "
+          f"{result['event_keys']} event keys ({result['scanned']} old rows looked at, "
+          f"{result['batches']} delete transactions)")
     return 0

@@ -51,7 +51,7 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     from sqlalchemy.exc import SQLAlchemyError
 
     from localstate.sync.engine import read_connection
-    from localstate.sync.schema import current_version, state_variable
+    from localstate.sync.schema import current_version, event, state_variable
 
     t = state_variable.c
     totals = select(func.count(), func.count(func.distinct(t.owner)),
@@ -63,6 +63,10 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
             schema = await current_version(conn)
             rows, owners, deleted, last = (await conn.execute(totals)).one()
             by_writer = (await conn.execute(writers)).all()
+            e = event.c
+            by_owner = [] if schema < 6 else (await conn.execute(
+                select(e.owner, func.count(), func.sum(e.asset_events), func.max(e.committed_at))
+                .group_by(e.owner).order_by(func.max(e.committed_at).desc()).limit(50))).all()
     except SQLAlchemyError as exc:
         raise CentralError(f"cannot read the central DB {central.url}: {exc}") from exc
     return {
@@ -71,6 +75,9 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
         "last_write_at": _epoch(last),
         "writers": [{"updated_by": w, "rows": int(n), "last_write_at": _epoch(at)}
                     for w, n, at in by_writer],
+        # events committed with watermarks (the de-duplication table; pruned by age)
+        "events": [{"owner": o, "committed": int(n), "asset_events": int(a or 0),
+                    "last_commit_at": _epoch(at)} for o, n, a, at in by_owner],
     }
 
 
@@ -161,6 +168,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             at = w["last_write_at"]
             print(f"{w['updated_by']:<{width}}  {w['rows']:>8}  "
                   f"{human_time(at) if at else '-'} ({_ago(at)})")
+    if central["events"]:
+        print()
+        width = max(10, *(len(e["owner"]) for e in central["events"]))
+        print(f"{'EVENTS OF':<{width}}  {'COMMITTED':>9}  {'ASSET EVENTS':>12}  LAST COMMIT")
+        for e in central["events"]:
+            print(f"{e['owner']:<{width}}  {e['committed']:>9}  {e['asset_events']:>12}  "
+                  f"{_ago(e['last_commit_at'])}")
     _print_caches(settings, caches)
     return 0
 
@@ -172,7 +186,8 @@ def _print_caches(settings: Any, caches: list[dict[str, Any]]) -> None:
         print("  (none)")
         return
     width = max(10, *(len(Path(c["path"]).name) for c in caches))
-    print(f"{'FILE':<{width}}  {'ROWS':>8}  {'UNFLUSHED':>9}  {'OLDEST UNFLUSHED':<18}  HELD BY")
+    print(f"{'FILE':<{width}}  {'ROWS':>8}  {'UNFLUSHED':>9}  {'OLDEST UNFLUSHED':<18}  "
+          f"{'EVENTS PENDING':>14}  {'OLDEST EVENT':<14}  HELD BY")
     for c in caches:
         name = Path(c["path"]).name
         if "error" in c:
@@ -184,4 +199,6 @@ def _print_caches(settings: Any, caches: list[dict[str, Any]]) -> None:
         elif c["running"]:
             held += " (running)"
         oldest = _ago(c["oldest_unflushed_at"]) if c["dirty"] else "-"
-        print(f"{name:<{width}}  {c['rows']:>8}  {c['dirty']:>9}  {oldest:<18}  {held}")
+        event_at = _ago(c["oldest_pending_event_at"]) if c["pending_events"] else "-"
+        print(f"{name:<{width}}  {c['rows']:>8}  {c['dirty']:>9}  {oldest:<18}  "
+              f"{c['pending_events']:>14}  {event_at:<14}  {held}")

@@ -1,0 +1,133 @@
+"""`AssetEvents`: an asset watcher's emitted events become Airflow asset events, in the flush's
+own transaction.
+
+When the central DB is Airflow's metadata DB, each new event (`localstate.sync.event_write`)
+whose owner names an asset (``asset_watcher:<asset name>``) is registered through Airflow's own
+``AssetManager.register_asset_change(asset=..., extra={"from_trigger": True, "payload": ...},
+session=...)``, exactly as ``Trigger.submit_event`` does for a yielded ``TriggerEvent``: the
+``asset_event`` row, the ``asset_dag_run_queue`` rows of the consumer DAGs (by asset, alias and
+name/URI reference), all written through a SQLAlchemy ``Session`` bound to the flush's
+connection, so they commit, or roll back, with the watermarks and the de-duplication rows.
+Airflow's listener hooks (``on_asset_changed``, ``on_asset_event_emitted``) run only after the
+commit (`run_callbacks`), never for a transaction that rolled back.
+
+An owner that names no active asset gets no asset event (its event is still recorded and
+de-duplicated). A central DB without Airflow's tables records events only (logged once);
+`StateStore.emit` refuses an asset's event up front where it can tell (`ready`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, inspect, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from localstate.sync.asset_mirror import ACTIVE_ASSETS, asset_name
+from localstate.sync.rows import EventRow
+
+__all__ = ["NO_ASSET_EVENTS", "AssetEvents", "airflow_importable", "run_callbacks"]
+
+log = logging.getLogger(__name__)
+
+
+def airflow_importable() -> bool:
+    """Whether Airflow's models can be imported in this process."""
+    try:
+        import airflow.assets.manager  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _has_asset_tables(conn: Connection) -> bool:
+    names = set(inspect(conn).get_table_names())
+    return {"asset", "asset_active", "asset_event"} <= names
+
+
+#: why no asset event can be made (the start of `EventsUnsupported`'s message and of the log)
+NO_ASSET_EVENTS = ("an asset watcher's event becomes an Airflow asset event only where the "
+                   "process that flushes may write Airflow's tables: the central DB is "
+                   "Airflow's metadata DB and Airflow is importable there")
+
+
+class AssetEvents:
+    """Registers the asset events of a flush's new events (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: whether the central DB holds Airflow's asset tables; None: not checked yet
+        self._tables: bool | None = None
+        #: asset events written so far (for tests and stats)
+        self.written = 0
+
+    async def ready(self, engine: AsyncEngine) -> bool:
+        """Whether asset events can be made on the DB of `engine` (checked once)."""
+        if self._tables is None:
+            async with engine.connect() as conn:
+                self._tables = await conn.run_sync(_has_asset_tables) and airflow_importable()
+        return self._tables
+
+    async def apply(self, conn: AsyncConnection, events: Sequence[EventRow]
+                    ) -> tuple[list[int], list[Callable[[], None]]]:
+        """Register the asset events of `events` (in their order) on `conn`, inside its
+        transaction; the number made per event, and the listener callbacks to run after the
+        commit."""
+        counts = [0] * len(events)
+        assets = [(i, name) for i, e in enumerate(events)
+                  if (name := asset_name(e.owner)) is not None]
+        if not assets:
+            return counts, []
+        if self._tables is None:
+            self._tables = await conn.run_sync(_has_asset_tables) and airflow_importable()
+            if not self._tables:
+                log.warning(
+                    "%s; asset watchers' events are recorded and de-duplicated, but no asset "
+                    "event is made", NO_ASSET_EVENTS)
+        if not self._tables:
+            return counts, []
+        callbacks: list[Callable[[], None]] = []
+
+        def register(sync_conn: Connection) -> None:
+            from airflow.assets.manager import AssetManager
+            from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
+            from sqlalchemy.orm import Session
+
+            found: dict[str, tuple[str, str] | None] = {}
+            with Session(bind=sync_conn, join_transaction_mode="create_savepoint",
+                         expire_on_commit=False) as session:
+                for i, name in assets:
+                    if name not in found:
+                        row = sync_conn.execute(text(
+                            f"SELECT a.name, a.uri FROM {ACTIVE_ASSETS} WHERE a.name = :name"),
+                            {"name": name}).first()
+                        found[name] = None if row is None else (row[0], row[1])
+                    key = found[name]
+                    if key is None:
+                        continue
+                    made = AssetManager.register_asset_change(
+                        asset=SerializedAssetUniqueKey(name=key[0], uri=key[1]),
+                        extra={"from_trigger": True, "payload": json.loads(events[i].payload)},
+                        session=session, callback_sink=callbacks)
+                    if made is not None:
+                        counts[i] += 1
+                # releases the session's SAVEPOINT: the rows stay in the flush's transaction,
+                # which commits (or rolls back) them with the rest; closing without this would
+                # roll the savepoint back
+                session.commit()
+
+        await conn.run_sync(register)
+        self.written += sum(counts)
+        return counts, callbacks
+
+
+def run_callbacks(callbacks: Sequence[Callable[[], Any]]) -> None:
+    """Airflow's listener notifications of committed asset events; a failing listener is
+    logged, as Airflow does, never undoing the commit."""
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            log.exception("an Airflow listener failed on an asset event localstate committed")

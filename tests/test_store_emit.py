@@ -1,0 +1,268 @@
+"""`StateStore.emit`: an event and the watermark it advances, one local commit (the outbox in
+the cache file) and one central transaction (`CentralStore.write_with_events`), de-duplicated
+by (owner, key), fenced by claim epochs, in emit order. Each test runs on every central backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import StoreFactory
+from sqlalchemy import select
+
+from localstate import StateStore
+from localstate.errors import (
+    EventsUnsupported,
+    InvalidName,
+    OwnerLost,
+    ValueEncodingError,
+    ValueTooLarge,
+)
+from localstate.store import event_key
+from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import EventRow
+from localstate.sync.schema import event
+
+OWNER = "trigger:orders"
+
+
+async def committed_events(central_url: str) -> list[tuple[str, str, int, int]]:
+    """(owner, key, seq, epoch) of every event the central DB committed, in seq order."""
+    async with CentralStore.open(central_url) as central:
+        t = event.c
+        rows = await central.run_read(select(t.owner, t.key, t.seq, t.epoch)
+                                      .order_by(t.owner, t.seq), "read events")
+    return [(o, k, int(s), int(e)) for o, k, s, e in rows]
+
+
+def outbox_rows(path: Path) -> list[tuple[int, str, str, str]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT seq, owner, key, payload FROM outbox ORDER BY seq").fetchall()
+
+
+def watermark_in_file(path: Path, owner: str = OWNER) -> str | None:
+    with sqlite3.connect(path) as conn:
+        row = conn.execute("SELECT value FROM state WHERE owner = ? AND key = 'watermark'",
+                           (owner,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def test_an_event_and_its_watermark_are_one_local_commit_then_one_flush(
+    open_store: StoreFactory, central_url: str, tmp_path: Path,
+) -> None:
+    store = await open_store(durability="local")
+    assert await store.emit(OWNER, {"id": 7}, watermark=7) == 1
+    cache = tmp_path / "cache-triggerer-1.db"
+    # acknowledged: both in the file, neither in the central DB yet
+    assert outbox_rows(cache) == [(1, OWNER, "7", '{"id":7}')]
+    assert watermark_in_file(cache) == "7"
+    assert await committed_events(central_url) == []
+    assert store.event_figures()[OWNER].pending == 1
+    report = await store.flush()
+    assert report.events == 1
+    assert await committed_events(central_url) == [(OWNER, "7", 1, 0)]
+    record = await store.read_committed(OWNER, "watermark")
+    assert record is not None
+    assert record.value == 7
+    await store.sync_local()
+    assert outbox_rows(cache) == []  # dropped once the central DB holds it
+    figures = store.event_figures()[OWNER]
+    assert (figures.emitted, figures.pending, figures.committed) == (1, 0, 1)
+    assert figures.oldest_pending_at is None
+
+
+async def test_events_of_an_owner_commit_in_emit_order(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    for i in range(1, 41):
+        await store.emit(OWNER, i, watermark=i)
+        await store.emit("trigger:other", -i, watermark=i, key=f"o{i}")
+    await store.flush()
+    mine = [row for row in await committed_events(central_url) if row[0] == OWNER]
+    assert [int(k) for _o, k, _s, _e in mine] == list(range(1, 41))
+    seqs = [s for _o, _k, s, _e in mine]
+    assert seqs == sorted(seqs)
+
+
+async def test_a_replayed_batch_commits_nothing_twice(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """A flush whose answer was lost is sent again: every event is then a duplicate."""
+    async with CentralStore.open(central_url) as central:
+        events = [EventRow(i, OWNER, str(i), str(i), 0.0) for i in range(1, 6)]
+        _out, first = await central.write_with_events([], events, PolicyMap("reject"),
+                                                      writer="w")
+        _out, again = await central.write_with_events([], events, PolicyMap("reject"),
+                                                      writer="w")
+        # the same key twice in one batch: the first one counts
+        _out, inner = await central.write_with_events(
+            [], [EventRow(9, OWNER, "new", "1", 0.0), EventRow(10, OWNER, "new", "2", 0.0)],
+            PolicyMap("reject"), writer="w")
+    assert first == ["committed"] * 5
+    assert again == ["duplicate"] * 5
+    assert inner == ["committed", "duplicate"]
+    assert len(await committed_events(central_url)) == 6
+
+
+async def test_a_re_emitted_item_after_a_restart_is_a_duplicate(
+    open_store: StoreFactory, central_url: str, tmp_path: Path,
+) -> None:
+    """A trigger that resumes from an older watermark re-emits items: same keys, no event."""
+    store = await open_store()
+    for i in range(1, 4):
+        await store.emit(OWNER, i, watermark=i)
+    await store.flush()
+    other = await open_store(triggerer_id="triggerer-next")
+    for i in range(2, 6):
+        await other.emit(OWNER, i, watermark=i)
+    await other.flush()
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == [
+        "1", "2", "3", "4", "5"]
+    figures = other.event_figures()[OWNER]
+    assert (figures.committed, figures.duplicates) == (2, 2)
+
+
+async def test_a_zombies_events_and_watermark_are_refused_whole(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    zombie = await open_store(triggerer_id="zombie")
+    assert await zombie.claim(OWNER) == 1
+    await zombie.emit(OWNER, "before", watermark=1)
+    await zombie.flush()
+    successor = await open_store(triggerer_id="successor")
+    assert await successor.claim(OWNER) == 2
+    # the zombie does not know yet: its emit is acknowledged locally, then refused centrally
+    await zombie.emit(OWNER, "late", watermark=2)
+    await zombie.flush()
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == ["1"]
+    record = await successor.read_committed(OWNER, "watermark")
+    assert record is not None
+    assert record.value == 1
+    figures = zombie.event_figures()[OWNER]
+    assert (figures.committed, figures.refused, figures.pending) == (1, 1, 0)
+    with pytest.raises(OwnerLost):
+        await zombie.emit(OWNER, "later", watermark=3)
+    # the successor goes on from the committed watermark
+    await successor.emit(OWNER, "late", watermark=2)
+    await successor.flush()
+    assert [(k, e) for _o, k, _s, e in await committed_events(central_url)] == [
+        ("1", 1), ("2", 2)]
+
+
+@pytest.mark.parametrize(("payload", "error"), [
+    (object(), ValueEncodingError), ({"blob": "x" * 2048}, ValueTooLarge),
+])
+async def test_a_bad_payload_is_refused_at_emit_and_nothing_is_written(
+    open_store: StoreFactory, payload: Any, error: type[Exception],
+) -> None:
+    store = await open_store(max_value_bytes=1024)
+    with pytest.raises(error):
+        await store.emit(OWNER, payload, watermark=1)
+    with pytest.raises(ValueEncodingError):
+        await store.emit(OWNER, 1, watermark=object())
+    with pytest.raises(InvalidName):
+        await store.emit(OWNER, 1, watermark=1, key="")
+    assert store.event_figures() == {}
+    assert await store.get(OWNER, "watermark") is None
+    assert store.unflushed() == []
+
+
+async def test_emit_with_the_cache_off_is_refused(open_store: StoreFactory) -> None:
+    store = await open_store(enabled=False)
+    with pytest.raises(EventsUnsupported, match="enabled"):
+        await store.emit(OWNER, 1, watermark=1)
+
+
+async def test_emit_through_airflows_state_store_is_refused(tmp_path: Path) -> None:
+    store = await StateStore.open(cache_path=tmp_path / "c.db", sink="airflow")
+    try:
+        with pytest.raises(EventsUnsupported, match="sink = api"):
+            await store.emit(OWNER, 1, watermark=1)
+        assert await store.get(OWNER, "watermark") is None
+    finally:
+        await store.close(timeout=0)
+
+
+async def test_an_asset_event_on_a_db_without_airflows_tables_is_refused(
+    open_store: StoreFactory,
+) -> None:
+    """``sink = sql`` on localstate's own DB: an asset watcher's event could never become an
+    asset event there, so emit says so up front and writes nothing."""
+    store = await open_store()
+    owner = "asset_watcher:orders"
+    with pytest.raises(EventsUnsupported, match="Airflow's metadata DB"):
+        await store.emit(owner, 1, watermark=1)
+    assert await store.get(owner, "watermark") is None
+    assert store.event_figures() == {}
+    await store.emit(OWNER, 1, watermark=1)  # a trigger's own owner is fine there
+
+
+async def test_the_outbox_survives_a_restart_and_flushes_once(
+    open_store: StoreFactory, central_url: str, tmp_path: Path,
+) -> None:
+    store = await open_store(durability="local")
+    for i in range(1, 4):
+        await store.emit(OWNER, i, watermark=i)
+    await store.close(timeout=0)  # no flush: the events stay in the file
+    cache = tmp_path / "cache-triggerer-1.db"
+    assert [s for s, *_ in outbox_rows(cache)] == [1, 2, 3]
+    again = await open_store(triggerer_id="triggerer-1", durability="local")
+    assert again.event_figures()[OWNER].pending == 3
+    await again.emit(OWNER, 4, watermark=4)  # after the ones found: seq 4
+    await again.flush()
+    assert [(k, s) for _o, k, s, _e in await committed_events(central_url)] == [
+        ("1", 1), ("2", 2), ("3", 3), ("4", 4)]
+
+
+def test_the_default_key_is_the_watermarks_string_form() -> None:
+    assert event_key("2026-12-05T10:00:00") == "2026-12-05T10:00:00"
+    assert event_key(42) == "42"
+    assert event_key({"id": 7}) == '{"id":7}'
+
+
+async def test_flush_true_and_central_durability_commit_without_waiting_for_the_interval(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(flush_interval=60, central_timeout=30)
+    # central durability: returns once the central DB holds the watermark, and so the event
+    await store.emit(OWNER, "a", watermark=1, durability="central")
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == ["1"]
+    # flush=True: a flush starts now, not in 60 s
+    await store.emit(OWNER, "b", watermark=2, flush=True)
+    for _ in range(400):
+        if store.stats().events_committed == 2:
+            break
+        await asyncio.sleep(0.025)
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == ["1", "2"]
+    stats = store.stats()
+    assert (stats.events_emitted, stats.events_pending, stats.events_committed) == (2, 0, 2)
+    assert stats.events_by_owner[OWNER]["committed"] == 2
+
+
+async def test_a_backlog_of_events_goes_max_batch_at_a_time_never_behind_its_watermark(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(max_batch=10)
+    for i in range(1, 26):
+        await store.emit(OWNER, i, watermark=i)
+    await store.set("trigger:plain", "k", 1)
+    report = await store.flush()
+    assert report.events == 10
+    # the owner's watermark waited for its events; other owners' state went
+    assert [(o.row.owner, o.row.key) for o in report.outcomes] == [("trigger:plain", "k")]
+    # the rest follows at once (the worker kicks itself), in order
+    for _ in range(400):
+        if store.stats().events_pending == 0 and not store.unflushed():
+            break
+        await asyncio.sleep(0.025)
+    assert [int(k) for _o, k, _s, _e in await committed_events(central_url)] == list(
+        range(1, 26))
+    record = await store.read_committed(OWNER, "watermark")
+    assert record is not None
+    assert record.value == 25
