@@ -69,13 +69,15 @@ class StoreStats:
     cache_turning_off: bool = False
     #: seconds that turn-off has been pending (0 when none is)
     cache_turning_off_s: float = 0.0
-    #: events emitted with watermarks (`StateStore.emit`) since the store opened; pending: in
-    #: the outbox now (the central DB does not hold them yet); committed: new events the
-    #: central DB took; duplicates: keys it had already; refused: a lost owner's (a zombie's)
+    #: events emitted with watermarks (`StateStore.emit`) since the store opened
     events_emitted: int = 0
+    #: events in the outbox now: acknowledged, the central DB does not hold them yet
     events_pending: int = 0
+    #: new events the central DB committed (with their watermarks)
     events_committed: int = 0
+    #: events whose key the central DB held already (a replay: nothing written twice)
     events_duplicate: int = 0
+    #: events of an owner this store lost to another's claim (a zombie's): not written
     events_refused: int = 0
     #: events the central side refused as malformed (dropped from the outbox, logged)
     events_rejected: int = 0

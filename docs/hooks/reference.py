@@ -76,6 +76,9 @@ ADVICE: dict[str, str] = {
     "or written. Check `api_token` against the server's `api_tokens`.",
     "CentralError": "The central DB failed in a way that is not a passing outage (the driver's "
     "error is the `__cause__`). Check the database's logs.",
+    "EventsUnsupported": "`emit` needs a sink that writes the event and its watermark in one "
+    "transaction: `sink = api`, or `sink = sql` on Airflow's metadata DB, with the cache on. "
+    "Change the sink, or yield the event and set the watermark after it (at least once).",
     "CentralUnavailable": "The central DB (or the API server, with `sink = api`) could not be "
     "reached in the time allowed. Local writes go on and the worker retries with backoff; a "
     "`central`-durability write raised this and stays in the local cache. It also means a row "
