@@ -106,6 +106,7 @@ class Settings:
     api_token: str | None = DEFAULTS["api_token"]
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
+    api_trusted_origins: tuple[str, ...] = DEFAULTS["api_trusted_origins"]
     api_host: str = DEFAULTS["api_host"]
     api_port: int = DEFAULTS["api_port"]
     statsd_host: str | None = DEFAULTS["statsd_host"]

@@ -302,6 +302,21 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
     return tokens
 
 
+def _origins(raw: Any) -> tuple[str, ...]:
+    """Web origins (scheme://host[:port]), comma separated or a list."""
+    if raw is None:
+        return ()
+    items = list(raw) if isinstance(raw, list | tuple) else str(raw).split(",")
+    out: list[str] = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if not re.fullmatch(r"https?://[^/\s?#]+", item):
+            raise ValueError(f"{item!r} is not an origin: scheme://host[:port], no path")
+        out.append(item.lower())
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Spec:
     parse: Callable[[Any], Any]
@@ -372,6 +387,10 @@ SPECS: Final[dict[str, Spec]] = {
     "api_open": Spec(_bool, False, "with no api_tokens, serve the API with no token at all "
                       "(loopback only); off: `localstate serve` generates a token, kept in "
                       "$AIRFLOW_HOME/localstate/api-token (mode 0600)"),
+    "api_trusted_origins": Spec(_origins, (), "web origins besides the server's own whose "
+                                "pages may write with a browser's login cookie "
+                                "(https://airflow.example.com, ...); none: the server's own "
+                                "pages only"),
     "api_host": Spec(_host, "127.0.0.1", "address `localstate serve` binds"),
     "api_port": Spec(_port, 8686, "port `localstate serve` listens on"),
     "statsd_host": Spec(_optional_host, None, "StatsD host to send metrics to (UDP); "

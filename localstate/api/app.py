@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localstate import __version__
 from localstate.api.auth import Authorizer
+from localstate.api.csrf import CsrfGuard
 from localstate.api.errors import error_response, install_error_handlers
 from localstate.api.paths import STATE_PATH
 from localstate.api.routes import build_router
@@ -164,4 +165,6 @@ def create_app(
     app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024,
                        batch_paths=SINK_PATHS, batch_limit=2 * MAX_BATCH_BODY)
     app.add_middleware(RawStatePath)
+    # outermost: a cross-site write is refused before its body is read
+    app.add_middleware(CsrfGuard, trusted_origins=s.api_trusted_origins)
     return app

@@ -51,7 +51,8 @@
   }
 
   async function api(path, options = {}) {
-    const headers = Object.assign({ Accept: "application/json" }, options.headers || {});
+    const headers = Object.assign(
+      { Accept: "application/json", "X-LocalState-Request": "1" }, options.headers || {});
     const t = token();
     if (t) headers.Authorization = `Bearer ${t}`;
     if (options.body !== undefined) headers["Content-Type"] = "application/json";
