@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -53,6 +53,9 @@ class ApiToken:
     owners: tuple[str, ...]
     #: a label for messages ("token 2" unless the JSON form names it)
     name: str = ""
+    #: who writes with this token: recorded as updated_by (and the claimant) of its writes
+    #: whatever the request says; "" means the token's name
+    identity: str = ""
 
     @property
     def can_write(self) -> bool:
@@ -229,6 +232,15 @@ def _optional_token(raw: Any) -> str | None:
     return text
 
 
+def _api_token_identity(raw: Any, label: str) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or not raw or len(raw) > 250 or not raw.isprintable():
+        raise ValueError(f"{label}: identity must be a printable name of 1 to 250 characters "
+                         "(the triggerer_id of the process that holds the token)")
+    return raw
+
+
 def _api_token(secret: Any, role: Any, owners: Any, name: str, label: str) -> ApiToken:
     # messages name the token by position or label, never by its secret
     if not isinstance(secret, str) or not _TOKEN_CHARS.fullmatch(secret):
@@ -276,14 +288,16 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
         for n, item in enumerate(items, 1):
             label = f"token {n}"
             if isinstance(item, Mapping):
-                unknown = set(item) - {"token", "role", "owners", "name"}
+                unknown = set(item) - {"token", "role", "owners", "name", "identity"}
                 if unknown:
                     raise ValueError(f"{label}: unknown field(s) {sorted(unknown)}")
                 given = item.get("name")
                 name = given if isinstance(given, str) and given else f"token {n}"
                 label = f"token {given!r}" if name == given else label
-                parsed.append(_api_token(item.get("token"), item.get("role"),
-                                         item.get("owners"), name, label))
+                token = _api_token(item.get("token"), item.get("role"), item.get("owners"),
+                                   name, label)
+                identity = _api_token_identity(item.get("identity"), label)
+                parsed.append(replace(token, identity=identity) if identity else token)
             elif isinstance(item, str):
                 secret, sep1, rest = item.partition(":")
                 role, sep2, owners = rest.partition(":")
@@ -382,7 +396,7 @@ SPECS: Final[dict[str, Spec]] = {
                       "asset_watcher: owners", secret=True),
     "api_tokens": Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
-                        "list of {token, role, owners, name}; none: `localstate serve` "
+                        "list of {token, role, owners, name, identity}; none: `localstate serve` "
                         "generates one (see api_open)", secret=True),
     "api_open": Spec(_bool, False, "with no api_tokens, serve the API with no token at all "
                       "(loopback only); off: `localstate serve` generates a token, kept in "

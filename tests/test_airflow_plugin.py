@@ -182,7 +182,7 @@ async def test_an_op_writes_with_a_version_check(server: ApiServer,
         r = await client.put(state_path(owner, key), json={"value": 2, "expected_version": 1},
                              headers=op)
         assert (r.status_code, r.json()["updated_by"]) == (200, r.json()["updated_by"])
-        assert r.json()["updated_by"].startswith("api-server@")
+        assert r.json()["updated_by"] == "airflow:op"  # the user, never the request
     assert await central_value(db, owner, key) == (2, 2)
 
 
@@ -565,7 +565,7 @@ async def test_the_state_page_in_airflows_ui_in_chromium(
                 await frame.locator("#edit-confirm-save").click()
                 await expect(wm.locator("td.version")).to_have_text("2")
                 await expect(wm.locator("td.value")).to_have_text("42")
-                await expect(wm.locator("td.updated-by")).to_contain_text("api-server@")
+                await expect(wm.locator("td.updated-by")).to_have_text("airflow:admin")
 
                 # a triggerer writes meanwhile: the stale edit changes nothing, the page says so
                 r = await client.put(state_path(owner, "cursor"), json={"value": 8},

@@ -97,7 +97,7 @@ async def test_put_get_delete_round_trip_with_names_that_need_encoding(
     body = r.json()
     assert (body["owner"], body["key"], body["value"], body["version"]) == (
         owner, key, {"offset": 10}, 1)
-    assert body["updated_by"] == "api-server"
+    assert body["updated_by"] == "token 1"  # the caller's token, named by the server
     assert body["flush_state"] == "flushed"
     # durability central: the central DB holds it when the PUT answers
     assert await central_value(api, owner, key) == ({"offset": 10}, 1)

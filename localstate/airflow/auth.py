@@ -77,4 +77,5 @@ class AirflowAuthorizer(Authorizer):
                            f"{name} may not view triggers, so not their state") from None
         can_write = get_auth_manager().is_authorized_variable(method="PUT", user=user)
         return Principal(name=name if can_write else f"{name} (may not edit variables)",
-                         can_write=can_write, owners=("",))
+                         can_write=can_write, owners=("",),
+                         identity=f"airflow:{user.get_name()}", bound=True)

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.security import HTTPBearer
 
 from localstate import __version__
+from localstate.api.audit import audit
 from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name
@@ -198,8 +199,10 @@ def build_router(store: StateStore, auth: Authorizer,
         owner, key = state_name(request)
         caller.require_write(owner)
         data = encode(body.value, store.settings.max_value_bytes)  # 4xx before any query
-        row = await put(store, require_central(), (owner, key), data, body.expected_version)
-        log.info("API: %s set %s/%s to version %d", caller.name, owner, key, row.version)
+        row = await put(store, require_central(), (owner, key), data, body.expected_version,
+                        by=caller.identity or store.triggerer_id)
+        audit(caller, "PUT /api/v1/state", (owner,), 1,
+              f"{_named(owner, key)} now at version {row.version}")
         return _state_item(item_from_row(row))
 
     @router.delete(item_path, status_code=204, response_class=Response, responses={
@@ -215,11 +218,12 @@ def build_router(store: StateStore, auth: Authorizer,
         owner, key = state_name(request)
         caller.require_write(owner)
         c = require_central()
+        by = caller.identity or store.triggerer_id
         if expected_version is not None:
-            await delete_if_version(store, c, (owner, key), expected_version)
-        elif not await delete_current(store, c, (owner, key)):
+            await delete_if_version(store, c, (owner, key), expected_version, by=by)
+        elif not await delete_current(store, c, (owner, key), by=by):
             raise ApiError(404, "not_found", f"{_named(owner, key)} has no value to delete")
-        log.info("API: %s deleted %s/%s", caller.name, owner, key)
+        audit(caller, "DELETE /api/v1/state", (owner,), 1, f"{_named(owner, key)} deleted")
         return Response(status_code=204)
 
     @router.get("/status", response_model=Status, responses=_ERRORS,

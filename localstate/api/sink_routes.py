@@ -29,6 +29,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from localstate.api.audit import audit, recorded_as
 from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.routes import caller_of, central_or_503
@@ -188,11 +189,14 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         body = decode_body(raw)
         rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
         _require_owners(caller, (r.owner for r in rows), write=True)
-        writer = _writer(body.get("writer"))
+        writer = caller.writer_tag(_writer(body.get("writer")))
         policy_map = policies.get(body.get("policies", "reject"))
         status = None
         if rows:
             _check_rows(rows, max_value_bytes)
+            if caller.bound and caller.identity is not None:  # the server says who wrote
+                by = caller.identity
+                rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
             if body.get("fleet") is not None:
                 status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
                 check_name("triggerer", status.triggerer)
@@ -201,6 +205,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         if status is not None:  # no await until write_batch takes it: this batch's own
             c.note_fleet(status)
         outcomes = await c.write_batch(rows, policy_map, writer=writer)
+        audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows))
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": outcome_header, "written": written, "outcomes": full})
 
@@ -241,11 +246,12 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def claim(request: Request, caller: Caller) -> Response:
         body = decode_body(await request.body())
         owner = check_name("owner", body.get("owner"))
-        claimant = check_name("claimant", body.get("claimant"))
-        writer = _writer(body.get("writer"))
+        claimant = recorded_as(caller, check_name("claimant", body.get("claimant")))
+        writer = caller.writer_tag(_writer(body.get("writer")))
         caller.require_write(owner)
         require_open(store)
         epoch = await central_or_503(central).claim(owner, claimant=claimant, writer=writer)
+        audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}")
         return _json({"epoch": epoch})
 
     @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
@@ -255,7 +261,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         op = body.get("op")
         owner = check_name("owner", body.get("owner"))
         key = check_name("key", body.get("key"))
-        by = check_name("updated_by", body.get("updated_by"))
+        by = recorded_as(caller, check_name("updated_by", body.get("updated_by")))
         caller.require_write(owner)
         data = body.get("data")
         _check_data(owner, key, data, max_value_bytes)
@@ -280,6 +286,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             deleted = await c.delete_current(owner, key, updated_by=by)
         else:
             raise WireError("'op' must be direct, if_version or delete_current")
+        audit(caller, "POST /api/v1/write", (owner,), 1 if row is not None or deleted else 0,
+              f"{op} {owner}/{key}")
         return _json({"fields": central_header,
                       "row": None if row is None else encode_rows([row])[0],
                       "deleted": deleted})

@@ -1,0 +1,103 @@
+"""The server decides who wrote: ``updated_by`` and a claim's claimant come from the
+authenticated caller when it has an identity (an Airflow user, a token bound to one), a PUT's
+from its token's name, the writer id is bound to the caller; every write leaves one audit line
+naming the caller, the route, owners and rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+from conftest import StoreFactory
+from test_api import client_for, path
+
+from localstate import Settings
+from localstate.api import create_app
+from localstate.sync.api_sink import ApiSink
+from localstate.sync.central_store import CentralStore
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.rows import DirtyRow
+
+OPS = "ops-token-0123456789abcdef"
+TRIGGERER = "trig-token-0123456789abcdef"
+TOKENS = json.dumps([
+    {"token": OPS, "role": "read-write", "owners": ["*"], "name": "ops"},
+    {"token": TRIGGERER, "role": "read-write", "owners": ["trigger:"], "name": "triggerer-a",
+     "identity": "triggerer-a.example.com"},
+])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest_asyncio.fixture
+async def served(open_store: StoreFactory, central_url: str
+                 ) -> AsyncIterator[tuple[httpx.AsyncClient, CentralStore, httpx.ASGITransport]]:
+    store = await open_store(triggerer_id="api-server")
+    central = await CentralStore.open(central_url)
+    app = create_app(store, tokens=Settings.resolve({"api_tokens": TOKENS}).api_tokens)
+    try:
+        async with client_for(app) as client:
+            yield client, central, httpx.ASGITransport(app=app)
+    finally:
+        await central.close()
+
+
+async def test_no_request_chooses_who_wrote(
+        served: tuple[httpx.AsyncClient, CentralStore, httpx.ASGITransport],
+        caplog: pytest.LogCaptureFixture) -> None:
+    client, central, transport = served
+    caplog.set_level(logging.INFO, logger="localstate.api.audit")
+    # /write says updated_by 'evil': the row says the identity bound to the token
+    r = await client.post("/api/v1/write", headers=bearer(TRIGGERER), json={
+        "op": "direct", "owner": "trigger:w", "key": "wm", "data": "1", "updated_at": time.time(),
+        "updated_by": "evil"})
+    assert r.status_code == 200, r.text
+    assert "evil" not in r.text
+    # a PUT: the token's name too (not the serving process's id)
+    r = await client.put(path("dag:a", "cursor"), json={"value": 2}, headers=bearer(OPS))
+    assert r.json()["updated_by"] == "ops"
+    # a flush of a token bound to a triggerer: its rows and its claims say that triggerer
+    sink = ApiSink("http://localstate.test", TRIGGERER, transport=transport)
+    try:
+        rows = [DirtyRow("trigger:t", f"k{i}", str(i), 1, 0, time.time(), "attacker-form")
+                for i in range(3)]
+        outcomes = await sink.write_batch(rows, PolicyMap("reject"), writer="forged-file")
+        assert [o.resolution for o in outcomes] == ["written"] * 3
+    finally:
+        await sink.close()
+    r = await client.post("/api/v1/claim", headers=bearer(TRIGGERER),
+                          json={"owner": "trigger:t", "claimant": "evil"})
+    assert r.status_code == 200, r.text
+    found = await central.read_many([("trigger:w", "wm"), ("dag:a", "cursor"),
+                                     ("trigger:t", "k0")])
+    assert {k: row.updated_by for k, row in found.items()} == {
+        ("trigger:w", "wm"): "triggerer-a.example.com", ("dag:a", "cursor"): "ops",
+        ("trigger:t", "k0"): "triggerer-a.example.com"}
+    assert found[("trigger:t", "k0")].writer not in (None, "forged-file")
+    assert await central.read_claims(["trigger:t"]) == {
+        "trigger:t": (1, "triggerer-a.example.com")}
+    # one audit line per write: principal, route, owners, rows; never a secret
+    lines = [r.getMessage() for r in caplog.records if r.name == "localstate.api.audit"]
+    assert len(lines) == 4, lines
+    expected = [("'triggerer-a'", "POST /api/v1/write", "1 row(s) of owners ['trigger:w']"),
+                ("'ops'", "PUT /api/v1/state", "1 row(s) of owners ['dag:a']"),
+                ("'triggerer-a'", "POST /api/v1/flush", "3 row(s) of owners ['trigger:t']"),
+                ("'triggerer-a'", "POST /api/v1/claim", "1 row(s) of owners ['trigger:t']")]
+    for line, parts in zip(lines, expected, strict=True):
+        assert all(part in line for part in parts), (line, parts)
+    assert not any(OPS in line or TRIGGERER in line for line in caplog.messages)
+
+
+def test_a_token_may_be_bound_to_an_identity() -> None:
+    [ops, trig] = Settings.resolve({"api_tokens": TOKENS}).api_tokens
+    assert (ops.identity, trig.identity) == ("", "triggerer-a.example.com")
+    with pytest.raises(Exception, match="identity"):
+        Settings.resolve({"api_tokens": json.dumps([{
+            "token": OPS, "role": "read", "owners": ["*"], "identity": "a\nb"}])})
