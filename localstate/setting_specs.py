@@ -405,6 +405,8 @@ SPECS: Final[dict[str, Spec]] = {
                                 "pages may write with a browser's login cookie "
                                 "(https://airflow.example.com, ...); none: the server's own "
                                 "pages only"),
+    "api_fleet_details": Spec(_bool, False, "show every caller of /fleet the triggerers' "
+                              "hosts and pids; off: admins only (others see names and lag)"),
     "api_host": Spec(_host, "127.0.0.1", "address `localstate serve` binds"),
     "api_port": Spec(_port, 8686, "port `localstate serve` listens on"),
     "statsd_host": Spec(_optional_host, None, "StatsD host to send metrics to (UDP); "

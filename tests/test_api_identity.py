@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -101,3 +102,40 @@ def test_a_token_may_be_bound_to_an_identity() -> None:
     with pytest.raises(Exception, match="identity"):
         Settings.resolve({"api_tokens": json.dumps([{
             "token": OPS, "role": "read", "owners": ["*"], "identity": "a\nb"}])})
+
+
+# -- what each caller sees -----------------------------------------------------------------------
+
+READER = "reader-token-0123456789abcdef"
+TENANT = "tenant-token-0123456789abcdef"
+
+
+async def test_narrow_tokens_see_no_db_location_and_no_other_tenants_triggerers(
+        open_store: StoreFactory, central_url: str) -> None:
+    store = await open_store(triggerer_id="api-server")
+    await store.set("dag:v", "wm", 1)
+    await store.flush()  # the fleet table holds api-server now
+    tokens = [
+        *json.loads(TOKENS),
+        {"token": READER, "role": "read", "owners": ["*"], "name": "reader"},
+        {"token": TENANT, "role": "read-write", "owners": ["tenant_a:"], "name": "tenant-a"}]
+    app = create_app(store, tokens=Settings.resolve({"api_tokens": json.dumps(tokens)}
+                                                     ).api_tokens)
+    where = central_url.rsplit("/", 1)[-1]
+    async with client_for(app) as client:
+        admin = (await client.get("/api/v1/status", headers=bearer(OPS))).json()
+        assert where in admin["central_url"]
+        for token in (READER, TENANT, TRIGGERER):
+            seen = await client.get("/api/v1/status", headers=bearer(token))
+            assert seen.status_code == 200
+            assert where not in seen.text
+            assert seen.json()["central_url"].startswith("(hidden")
+        [member] = (await client.get("/api/v1/fleet", headers=bearer(OPS))).json()["triggerers"]
+        assert (member["triggerer"], member["pid"]) == ("api-server", os.getpid())
+        [member] = (await client.get("/api/v1/fleet", headers=bearer(READER))).json()[
+            "triggerers"]
+        assert (member["triggerer"], member["host"], member["pid"]) == ("api-server", None,
+                                                                        None)
+        # a tenant's token: not the shared server's triggerer, nor any other
+        tenant = (await client.get("/api/v1/fleet", headers=bearer(TENANT))).json()
+        assert tenant["triggerers"] == []

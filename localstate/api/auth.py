@@ -55,6 +55,9 @@ class Principal:
     owners: tuple[str, ...]
     identity: str | None = None
     bound: bool = False
+    #: sees the serving process's internals (the central DB's location, triggerers' hosts):
+    #: a read-write token over every owner, an Airflow user who may read Airflow's config
+    admin: bool = False
 
     def writer_tag(self, writer: str | None) -> str | None:
         """The writer id recorded for `writer` (a client's cache file id) sent by this caller:
@@ -97,7 +100,8 @@ def _listing(prefixes: Sequence[str]) -> str:
     return ", ".join(repr(p) for p in prefixes)
 
 
-OPEN = Principal(name="anonymous (no api_tokens configured)", can_write=True, owners=("",))
+OPEN = Principal(name="anonymous (no api_tokens configured)", can_write=True, owners=("",),
+                 admin=True)
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ class Authorizer:
                 Principal(name=t.name or f"token {n}", can_write=t.can_write,
                           owners=_minimal(t.owners),
                           identity=t.identity or t.name or f"token {n}",
-                          bound=bool(t.identity)),
+                          bound=bool(t.identity),
+                          admin=t.can_write and _minimal(t.owners) == ("",)),
             )
             for n, t in enumerate(tokens, 1)
         ]

@@ -130,6 +130,7 @@ def build_router(store: StateStore, auth: Authorizer,
     """The routes over `store`; `central()` gives the app's own reader of the central DB."""
     router = APIRouter(prefix="/api/v1")
     meter = RateMeter()
+    fleet_details = store.settings.api_fleet_details
 
     def require_central() -> CentralStore:
         return central_or_503(central)
@@ -228,31 +229,37 @@ def build_router(store: StateStore, auth: Authorizer,
 
     @router.get("/status", response_model=Status, responses=_ERRORS,
                 summary="Cache and sync-worker health of the serving store")
-    async def status(_caller: Caller) -> Status:
+    async def status(caller: Caller) -> Status:
         s = store.stats()
         sink = central()
+        where = sink.url if sink is not None else "(not open)"
         return Status(
             triggerer_id=store.triggerer_id, cache_enabled=s.cache_enabled,
-            central_url=sink.url if sink is not None else "(not open)",
+            central_url=where if caller.admin else "(hidden: shown to admins only)",
             dirty_keys=s.dirty_keys, flush_lag_s=s.oldest_unflushed_s,
             flush_lag_p50_s=s.flush_lag_p50_s, flush_lag_p99_s=s.flush_lag_p99_s,
             last_flush_at=None if s.last_flush_at is None else epoch_to_datetime(
                 s.last_flush_at),
             flushes=s.flushes, conflicts=s.conflicts, central_errors=s.central_errors,
-            last_error=s.last_error, sets=s.sets, gets=s.gets,
+            last_error=s.last_error if caller.admin or s.last_error is None
+            else "(hidden: shown to admins only; see the server's log)", sets=s.sets, gets=s.gets,
             central_transactions=s.central_transactions, central_rows=s.central_rows,
             keys_in_memory=s.keys_in_memory, throughput=meter.sample(s.sets, s.central_rows),
         )
 
     @router.get("/fleet", response_model=Fleet, responses=_ERRORS,
                 summary="Every triggerer's lag and backlog, from the fleet table")
-    async def fleet(_caller: Caller) -> Fleet:
+    async def fleet(caller: Caller) -> Fleet:
         now = time.time()
         rows = await require_central().read_fleet()
+        if caller.owners != ("",):  # a tenant's token: its own triggerer, no one else's
+            rows = [r for r in rows if caller.bound and r.triggerer == caller.identity]
+        details = caller.admin or fleet_details
         members = [FleetMember(**{
             **m, "last_flush_at": epoch_to_datetime(m["last_flush_at"]),
             "oldest_unflushed_at": None if m["oldest_unflushed_at"] is None
             else epoch_to_datetime(m["oldest_unflushed_at"]),
+            **({} if details else {"host": None, "pid": None}),
         }) for m in lag_and_backlog(rows, now)]
         return Fleet(triggerers=members, central_rows_per_s=fleet_total_rate(rows, now),
                      stale=sum(m.stale for m in members))

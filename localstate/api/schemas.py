@@ -71,7 +71,9 @@ class Status(BaseModel):
 
     triggerer_id: str
     cache_enabled: bool
-    central_url: str = Field(description="the central DB, password hidden")
+    central_url: str = Field(description="the central DB, password hidden (to admins only: "
+                             "an Airflow user who may read Airflow's configuration, a "
+                             "read-write token over every owner)")
     dirty_keys: int
     flush_lag_s: float = Field(description="age of the oldest write the central DB lacks")
     flush_lag_p50_s: float | None
@@ -94,8 +96,9 @@ class FleetMember(BaseModel):
     """One triggerer as its last flush recorded it in the fleet table."""
 
     triggerer: str
-    host: str
-    pid: int
+    host: str | None = Field(description="null unless the caller is an admin (or "
+                             "api_fleet_details is on)")
+    pid: int | None
     last_flush_at: datetime
     since_last_flush_s: float = Field(description="seconds since that flush")
     dirty_keys: int = Field(description="the keys that flush carried (its backlog)")

@@ -135,7 +135,7 @@
         tr.dataset.triggerer = m.triggerer;
         tr.className = m.stale ? "stale" : "";
         cell(tr, "triggerer", m.triggerer);
-        cell(tr, "host", `${m.host}:${m.pid}`);
+        cell(tr, "host", m.host == null ? "(hidden)" : `${m.host}:${m.pid}`);
         cell(tr, "since", `${seconds(m.since_last_flush_s)} ago`);
         cell(tr, "backlog", String(m.dirty_keys));
         cell(tr, "lag", seconds(m.lag_s));
