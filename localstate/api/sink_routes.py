@@ -22,6 +22,7 @@ nothing is read or written. The body is read only after the token is checked.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
@@ -65,6 +66,14 @@ SINK_PATHS: Final = ("/api/v1/flush", "/api/v1/read")
 #: keys one read may name
 MAX_READ_KEYS: Final = 100_000
 _MAX_VERSION: Final = 2**63 - 1
+#: 9999-12-31T23:59:59Z: the latest time every central DB's timestamp column holds
+_MAX_TIME: Final = 253_402_300_799.0
+#: a pid's column is a 32-bit integer
+_MAX_PID: Final = 2**31 - 1
+#: the writer column's length
+_MAX_WRITER: Final = 64
+#: a run of digits as long as 2^63's: the only JSON texts that may hold a wider integer
+_LONG_DIGITS: Final = re.compile(r"\d{19}")
 _JSON: Final = "application/json"
 #: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
 _POLICY_CACHE: Final = 64
@@ -107,11 +116,17 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
     for field in ("owner", "key", "updated_by"):
         check_names(field, set(map(attrgetter(field), rows)))
     versions = list(map(attrgetter("version"), rows))
-    if min(versions) < 1 or max(versions) > _MAX_VERSION:
-        raise WireError(f"a version is not from 1 to {_MAX_VERSION}")
+    if min(versions) < 1 or max(versions) >= _MAX_VERSION:
+        raise WireError(f"a version is not from 1 to {_MAX_VERSION - 1} (2^63 - 2: a key at "
+                        "the ceiling could never be written again); delete the key and write "
+                        "it afresh, or restart its versions lower")
     bases = list(map(attrgetter("base_version"), rows))
-    if min(bases) < UNKNOWN_BASE or max(bases) > _MAX_VERSION:
+    if min(bases) < UNKNOWN_BASE or max(bases) >= _MAX_VERSION:
         raise WireError("a base_version is out of range")
+    epochs = list(map(attrgetter("epoch"), rows))
+    if min(epochs) < 0 or max(epochs) > _MAX_VERSION:
+        raise WireError(f"an epoch is not from 0 to {_MAX_VERSION}")
+    _check_times("updated_at", map(attrgetter("updated_at"), rows))
     if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
                    strict=True))) != len(rows):
         raise WireError("a flush batch names a key twice; one row per key")
@@ -126,6 +141,50 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
         for r in rows:  # which one: the message names it
             _check_data(r.owner, r.key, r.data, max_value_bytes)
         raise
+    for r in rows:
+        if r.data is not None and _LONG_DIGITS.search(r.data):
+            _check_ints(r.owner, r.key, r.data)
+
+
+def _check_ints(owner: str, key: str, data: str) -> None:
+    """No integer beyond 64 bits: orjson would read it back as a float (altered)."""
+    import json
+
+    def walk(v: Any) -> None:
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**64:
+            raise WireError(f"{owner}/{key}: data holds an integer beyond 64 bits ({v}); "
+                            "store it as a string")
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk(json.loads(data))
+
+
+def _check_times(field: str, times: Iterable[float | None]) -> None:
+    """POSIX times within what every central DB's timestamp holds (1970 to 9999)."""
+    for t in times:
+        if t is not None and not (0.0 <= t <= _MAX_TIME):  # NaN fails both
+            raise WireError(f"{field} {t!r} is not a POSIX time from 0 (1970) to "
+                            f"{_MAX_TIME:.0f} (year 9999)")
+
+
+def _check_fleet(status: FleetStatus) -> None:
+    """A flush's fleet report, within its table's columns."""
+    check_name("triggerer", status.triggerer)
+    check_name("host", status.host)
+    if not 0 <= status.pid <= _MAX_PID:
+        raise WireError(f"fleet pid {status.pid} is not from 0 to {_MAX_PID}")
+    if not 0 <= status.dirty_keys <= _MAX_VERSION:
+        raise WireError("fleet dirty_keys is out of range")
+    _check_times("fleet flushed_at", (status.flushed_at, status.oldest_unflushed))
+    for name in ("rows_per_s", "flush_interval"):
+        value = getattr(status, name)
+        if not 0.0 <= value <= 1e12:
+            raise WireError(f"fleet {name} {value!r} is not a number from 0 to 1e12")
 
 
 def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
@@ -145,6 +204,8 @@ def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
     except ValueError:
         raise WireError(f"{owner}/{key}: data is not JSON text (or holds NaN, infinity "
                         "or an integer beyond 64 bits)") from None
+    if _LONG_DIGITS.search(data):
+        _check_ints(owner, key, data)
 
 
 def _require_owners(caller: Principal, owners: Iterable[str], *, write: bool) -> None:
@@ -162,6 +223,8 @@ def _writer(raw: Any) -> str | None:
         return None
     if not isinstance(raw, str):
         raise WireError("'writer' must be the cache file's id (a string) or null")
+    if len(raw) > _MAX_WRITER:
+        raise WireError(f"'writer' is {len(raw)} characters long; the limit is {_MAX_WRITER}")
     return check_name("writer", raw)
 
 
@@ -199,7 +262,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
                 rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
             if body.get("fleet") is not None:
                 status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
-                check_name("triggerer", status.triggerer)
+                _check_fleet(status)
         require_open(store)
         c = central_or_503(central)
         if status is not None:  # no await until write_batch takes it: this batch's own
@@ -268,6 +331,9 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         at = body.get("updated_at")
         if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
             raise WireError("'updated_at' must be a number of seconds or null")
+        if isinstance(at, int) and not 0 <= at <= _MAX_TIME:  # before float(): 10**400
+            raise WireError(f"updated_at {at} is not a POSIX time from 0 to {_MAX_TIME:.0f}")
+        _check_times("updated_at", (None if at is None else float(at),))
         require_open(store)
         c = central_or_503(central)
         row: CentralRow | None = None
@@ -278,8 +344,10 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by)
         elif op == "if_version":
             expected = body.get("expected_version")
-            if isinstance(expected, bool) or not isinstance(expected, int):
-                raise WireError("'expected_version' must be an integer")
+            if (isinstance(expected, bool) or not isinstance(expected, int)
+                    or not 0 <= expected < _MAX_VERSION):
+                raise WireError(f"'expected_version' must be an integer from 0 to "
+                                f"{_MAX_VERSION - 1}")
             row = await c.write_if_version(owner, key, data, expected, updated_by=by,
                                            updated_at=None if at is None else float(at))
         elif op == "delete_current":
