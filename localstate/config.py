@@ -107,6 +107,8 @@ class Settings:
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
     api_trusted_origins: tuple[str, ...] = DEFAULTS["api_trusted_origins"]
+    api_max_request_bytes: int = DEFAULTS["api_max_request_bytes"]
+    api_max_batch_rows: int = DEFAULTS["api_max_batch_rows"]
     api_fleet_details: bool = DEFAULTS["api_fleet_details"]
     api_host: str = DEFAULTS["api_host"]
     api_port: int = DEFAULTS["api_port"]

@@ -405,6 +405,11 @@ SPECS: Final[dict[str, Spec]] = {
                                 "pages may write with a browser's login cookie "
                                 "(https://airflow.example.com, ...); none: the server's own "
                                 "pages only"),
+    "api_max_request_bytes": Spec(_positive_int, 64 * 1024 * 1024, "largest body of a flush "
+                                  "or batched read the API server reads; larger: 413 before "
+                                  "it is read"),
+    "api_max_batch_rows": Spec(_positive_int, 100_000, "most rows one flush request may "
+                               "carry; more: 413 (clients send at most 100,000)"),
     "api_fleet_details": Spec(_bool, False, "show every caller of /fleet the triggerers' "
                               "hosts and pids; off: admins only (others see names and lag)"),
     "api_host": Spec(_host, "127.0.0.1", "address `localstate serve` binds"),

@@ -16,6 +16,7 @@ import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import asyncpg
@@ -629,6 +630,15 @@ async def test_no_write_goes_through_with_the_login_cookie_alone(
     assert refused == len(ROUTES) * len(ATTACKS)
 
 
+def _serving(html: str) -> Callable[[Any], Awaitable[None]]:
+    """A Playwright route handler that answers with `html` (the page of another origin)."""
+
+    async def serve(route: Any) -> None:
+        await route.fulfill(status=200, content_type="text/html", body=html)
+
+    return serve
+
+
 def _attack_page(target: str, owner: str) -> str:
     """A page that tries every write it can on `target` (Airflow's API server) with the
     browser's cookies: auto-posted forms, no-cors fetches, CORS fetches; then says 'done'."""
@@ -676,7 +686,7 @@ async def test_pages_on_other_origins_write_nothing_in_chromium(
     """Logged in as Admin in Chromium, open attacker pages on a sibling origin (the same host,
     another port: same site) and on another site, each trying every write; nothing is written,
     within the first two minutes of the login (Chrome's Lax allowance for fresh cookies)."""
-    from playwright.async_api import Route, async_playwright
+    from playwright.async_api import async_playwright
     from test_ui_browser import ARGS, CHROMIUM
 
     owner = "dag:attacked"
@@ -695,12 +705,7 @@ async def test_pages_on_other_origins_write_nothing_in_chromium(
             cookies = {c["name"] for c in await page.context.cookies(server.url)}
             assert "_token" in cookies  # logged in: the cookie an attack would ride on
             for name, origin in attackers.items():
-                html = _attack_page(server.url, owner)
-
-                async def serve(route: Route, html: str = html) -> None:
-                    await route.fulfill(status=200, content_type="text/html", body=html)
-
-                await page.route(f"{origin}/**", serve)
+                await page.route(f"{origin}/**", _serving(_attack_page(server.url, owner)))
                 await page.goto(f"{origin}/attack.html")
                 await page.wait_for_function("document.title === 'done'", timeout=60_000)
                 assert await db.fetchval(

@@ -139,3 +139,23 @@ async def test_narrow_tokens_see_no_db_location_and_no_other_tenants_triggerers(
         # a tenant's token: not the shared server's triggerer, nor any other
         tenant = (await client.get("/api/v1/fleet", headers=bearer(TENANT))).json()
         assert tenant["triggerers"] == []
+
+
+async def test_a_flush_over_the_row_bound_is_413_and_writes_nothing(
+        open_store: StoreFactory, central_url: str) -> None:
+    store = await open_store(triggerer_id="api-server")
+    settings = Settings.resolve({"central_url": central_url, "api_max_batch_rows": 50,
+                                 "api_tokens": TOKENS})
+    async with client_for(create_app(store, settings=settings)) as client:
+        fields = ["owner", "key", "data", "version", "base_version", "updated_at",
+                  "updated_by", "epoch"]
+        rows = [["dag:b", f"k{i}", "1", 1, 0, time.time(), "t", 0] for i in range(51)]
+        r = await client.post("/api/v1/flush", headers=bearer(OPS),
+                              json={"fields": {"DirtyRow": fields}, "rows": rows, "writer": "w"})
+        assert (r.status_code, r.json()["error"]) == (413, "too_many_rows")
+        r = await client.post("/api/v1/flush", headers=bearer(OPS),
+                              json={"fields": {"DirtyRow": fields}, "rows": rows[:50],
+                                    "writer": "w"})
+        assert r.status_code == 200, r.text
+    async with CentralStore.open(central_url) as central:
+        assert len(await central.read_owner("dag:b")) == 50

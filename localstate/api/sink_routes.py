@@ -21,6 +21,7 @@ nothing is read or written. The body is read only after the token is checked.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import asyncio
 import logging
 import re
 from collections import OrderedDict
@@ -72,6 +73,8 @@ _MAX_TIME: Final = 253_402_300_799.0
 _MAX_PID: Final = 2**31 - 1
 #: the writer column's length
 _MAX_WRITER: Final = 64
+#: flush bodies larger than this are decoded and checked in a worker thread
+_OFF_LOOP_BYTES: Final = 256 * 1024
 #: a run of digits as long as 2^63's: the only JSON texts that may hold a wider integer
 _LONG_DIGITS: Final = re.compile(r"\d{19}")
 _JSON: Final = "application/json"
@@ -124,8 +127,9 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
     if min(bases) < UNKNOWN_BASE or max(bases) >= _MAX_VERSION:
         raise WireError("a base_version is out of range")
     epochs = list(map(attrgetter("epoch"), rows))
-    if min(epochs) < 0 or max(epochs) > _MAX_VERSION:
-        raise WireError(f"an epoch is not from 0 to {_MAX_VERSION}")
+    if min(epochs) < 0 or max(epochs) >= _MAX_VERSION:
+        raise WireError(f"an epoch is not from 0 to {_MAX_VERSION - 1} (at 2^63 - 1 no claim "
+                        "could follow it)")
     _check_times("updated_at", map(attrgetter("updated_at"), rows))
     if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
                    strict=True))) != len(rows):
@@ -230,13 +234,15 @@ def _writer(raw: Any) -> str | None:
 
 def build_sink_router(store: StateStore, auth: Authorizer,
                       central: Callable[[], CentralStore | None], *,
-                      asset_states: bool = False) -> APIRouter:
+                      asset_states: bool = False, max_rows: int | None = None) -> APIRouter:
     """The sink endpoints over the app's own reader/writer of the central DB; `asset_states`:
     that DB is Airflow's, and its ``asset_state_store`` holds what Airflow's accessors read."""
     router = APIRouter(prefix="/api/v1")
     Caller = Annotated[Principal, Depends(caller_of(auth))]
     policies = _Policies()
     max_value_bytes = store.settings.max_value_bytes
+    if max_rows is None:
+        max_rows = store.settings.api_max_batch_rows
     outcome_header = field_header(FlushOutcome, CentralRow)
     central_header = field_header(CentralRow)
     fleet_header = field_header(FleetStatus)
@@ -248,12 +254,15 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             caller.require_write("")
         return await flush_batch(await request.body(), caller)
 
-    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+    def parse_flush(raw: bytes, caller: Principal
+                    ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None]:
+        """Decode and check a flush body: no I/O, so a large one runs off the event loop."""
         body = decode_body(raw)
         rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+        if len(rows) > max_rows:
+            raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
+                           f"api_max_batch_rows ({max_rows}); send smaller batches")
         _require_owners(caller, (r.owner for r in rows), write=True)
-        writer = caller.writer_tag(_writer(body.get("writer")))
-        policy_map = policies.get(body.get("policies", "reject"))
         status = None
         if rows:
             _check_rows(rows, max_value_bytes)
@@ -263,6 +272,15 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             if body.get("fleet") is not None:
                 status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
                 _check_fleet(status)
+        return body, rows, status
+
+    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+        if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
+            body, rows, status = await asyncio.to_thread(parse_flush, raw, caller)
+        else:
+            body, rows, status = parse_flush(raw, caller)
+        writer = caller.writer_tag(_writer(body.get("writer")))
+        policy_map = policies.get(body.get("policies", "reject"))
         require_open(store)
         c = central_or_503(central)
         if status is not None:  # no await until write_batch takes it: this batch's own
