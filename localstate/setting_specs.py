@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -53,6 +53,9 @@ class ApiToken:
     owners: tuple[str, ...]
     #: a label for messages ("token 2" unless the JSON form names it)
     name: str = ""
+    #: who writes with this token: recorded as updated_by (and the claimant) of its writes
+    #: whatever the request says; "" means the token's name
+    identity: str = ""
 
     @property
     def can_write(self) -> bool:
@@ -229,6 +232,15 @@ def _optional_token(raw: Any) -> str | None:
     return text
 
 
+def _api_token_identity(raw: Any, label: str) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or not raw or len(raw) > 250 or not raw.isprintable():
+        raise ValueError(f"{label}: identity must be a printable name of 1 to 250 characters "
+                         "(the triggerer_id of the process that holds the token)")
+    return raw
+
+
 def _api_token(secret: Any, role: Any, owners: Any, name: str, label: str) -> ApiToken:
     # messages name the token by position or label, never by its secret
     if not isinstance(secret, str) or not _TOKEN_CHARS.fullmatch(secret):
@@ -276,14 +288,16 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
         for n, item in enumerate(items, 1):
             label = f"token {n}"
             if isinstance(item, Mapping):
-                unknown = set(item) - {"token", "role", "owners", "name"}
+                unknown = set(item) - {"token", "role", "owners", "name", "identity"}
                 if unknown:
                     raise ValueError(f"{label}: unknown field(s) {sorted(unknown)}")
                 given = item.get("name")
                 name = given if isinstance(given, str) and given else f"token {n}"
                 label = f"token {given!r}" if name == given else label
-                parsed.append(_api_token(item.get("token"), item.get("role"),
-                                         item.get("owners"), name, label))
+                token = _api_token(item.get("token"), item.get("role"), item.get("owners"),
+                                   name, label)
+                identity = _api_token_identity(item.get("identity"), label)
+                parsed.append(replace(token, identity=identity) if identity else token)
             elif isinstance(item, str):
                 secret, sep1, rest = item.partition(":")
                 role, sep2, owners = rest.partition(":")
@@ -300,6 +314,21 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
             raise ValueError(f"{t.name}: the same token is listed twice")
         secrets_seen.add(t.secret)
     return tokens
+
+
+def _origins(raw: Any) -> tuple[str, ...]:
+    """Web origins (scheme://host[:port]), comma separated or a list."""
+    if raw is None:
+        return ()
+    items = list(raw) if isinstance(raw, list | tuple) else str(raw).split(",")
+    out: list[str] = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if not re.fullmatch(r"https?://[^/\s?#]+", item):
+            raise ValueError(f"{item!r} is not an origin: scheme://host[:port], no path")
+        out.append(item.lower())
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -372,11 +401,22 @@ SPECS: Final[dict[str, Spec]] = {
                       "asset_watcher: owners", secret=True),
     "api_tokens": Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
-                        "list of {token, role, owners, name}; none: `localstate serve` "
+                        "list of {token, role, owners, name, identity}; none: `localstate serve` "
                         "generates one (see api_open)", secret=True),
     "api_open": Spec(_bool, False, "with no api_tokens, serve the API with no token at all "
                       "(loopback only); off: `localstate serve` generates a token, kept in "
                       "$AIRFLOW_HOME/localstate/api-token (mode 0600)"),
+    "api_trusted_origins": Spec(_origins, (), "web origins besides the server's own whose "
+                                "pages may write with a browser's login cookie "
+                                "(https://airflow.example.com, ...); none: the server's own "
+                                "pages only"),
+    "api_max_request_bytes": Spec(_positive_int, 64 * 1024 * 1024, "largest body of a flush "
+                                  "or batched read the API server reads; larger: 413 before "
+                                  "it is read"),
+    "api_max_batch_rows": Spec(_positive_int, 100_000, "most rows one flush request may "
+                               "carry; more: 413 (clients send at most 100,000)"),
+    "api_fleet_details": Spec(_bool, False, "show every caller of /fleet the triggerers' "
+                              "hosts and pids; off: admins only (others see names and lag)"),
     "api_host": Spec(_host, "127.0.0.1", "address `localstate serve` binds"),
     "api_port": Spec(_port, 8686, "port `localstate serve` listens on"),
     "statsd_host": Spec(_optional_host, None, "StatsD host to send metrics to (UDP); "

@@ -46,6 +46,7 @@ from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.wire import (
     MAX_BATCH_BODY,
+    MAX_BATCH_ROWS,
     WireError,
     decode_body,
     decode_outcomes,
@@ -151,7 +152,7 @@ class ApiSink:
             request["fleet_fields"] = _FLEET_HEADER
             request["fleet"] = encode_rows([status])[0]
         body = encode_body(request)
-        if len(body) > MAX_BATCH_BODY and len(rows) > 1:
+        if (len(body) > MAX_BATCH_BODY or len(rows) > MAX_BATCH_ROWS) and len(rows) > 1:
             half = len(rows) // 2  # a huge batch goes as two requests (two transactions)
             self._fleet_next = status
             return [*await self.write_batch(rows[:half], policies, writer=writer),

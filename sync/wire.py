@@ -42,6 +42,7 @@ from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 __all__ = [
     "ASSET_STATE_SOURCE",
     "MAX_BATCH_BODY",
+    "MAX_BATCH_ROWS",
     "ROW_TYPES",
     "WireError",
     "decode_body",
@@ -60,6 +61,8 @@ ASSET_STATE_SOURCE: Final = "asset_state_store"
 #: a client splits a batch whose body would be larger into several requests; the server
 #: accepts batch bodies up to twice this (one row alone may be up to 4x max_value_bytes)
 MAX_BATCH_BODY: Final = 32 * 1024 * 1024
+#: most rows a client sends in one flush request (the server's api_max_batch_rows default)
+MAX_BATCH_ROWS: Final = 100_000
 #: the row types that travel, by the name the header gives them
 ROW_TYPES: Final[dict[str, type[Any]]] = {
     t.__name__: t for t in (DirtyRow, CentralRow, FlushOutcome)}

@@ -184,7 +184,7 @@ async def test_an_op_writes_with_a_version_check(server: ApiServer,
         r = await client.put(state_path(owner, key), json={"value": 2, "expected_version": 1},
                              headers=op)
         assert (r.status_code, r.json()["updated_by"]) == (200, r.json()["updated_by"])
-        assert r.json()["updated_by"].startswith("api-server@")
+        assert r.json()["updated_by"] == "airflow:op"  # the user, never the request
     assert await central_value(db, owner, key) == (2, 2)
 
 
@@ -567,7 +567,7 @@ async def test_the_state_page_in_airflows_ui_in_chromium(
                 await frame.locator("#edit-confirm-save").click()
                 await expect(wm.locator("td.version")).to_have_text("2")
                 await expect(wm.locator("td.value")).to_have_text("42")
-                await expect(wm.locator("td.updated-by")).to_contain_text("api-server@")
+                await expect(wm.locator("td.updated-by")).to_have_text("airflow:admin")
 
                 # a triggerer writes meanwhile: the stale edit changes nothing, the page says so
                 r = await client.put(state_path(owner, "cursor"), json={"value": 8},
@@ -705,3 +705,130 @@ async def test_the_page_in_airflow_shows_the_fleet_to_admin_and_viewer_with_no_f
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
     print(f"responses recorded, none 4xx/5xx: {seen}")
+
+
+# -- cross-site writes with Airflow's login cookie ----------------------------------------------
+
+
+async def test_no_write_goes_through_with_the_login_cookie_alone(
+        server: ApiServer, db: asyncpg.Connection) -> None:
+    """Every unsafe route, with an Admin's ``_token`` cookie, from each forged form of request:
+    403 ``csrf`` and nothing written; the page's own form of request writes."""
+    from test_api_csrf import ATTACKS, ROUTES, _body
+
+    jwt = server.login("admin")
+    owner = "dag:csrf"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        refused = 0
+        for method, url, body in ROUTES:
+            url = "/localstate" + url
+            for attack, headers, form in ATTACKS:
+                sent = {**headers, "Cookie": f"_token={jwt}"}
+                if "Origin" in sent and sent["Origin"].startswith("http://localstate.test"):
+                    sent["Origin"] = server.url + sent["Origin"][len("http://localstate.test"):]
+                content = _body(body, form)
+                if content is None and method != "DELETE":
+                    sent.pop("Content-Type", None)
+                r = await client.request(method, url, content=content, headers=sent)
+                assert r.status_code == 403, (method, url, attack, r.text)
+                assert r.json()["error"] == "csrf"
+                refused += 1
+        assert await db.fetchval("SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+                                 owner) == 0
+        assert await db.fetchval("SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",
+                                 owner) == 0
+        # the page's own request: its origin, its header, JSON
+        own = {"Cookie": f"_token={jwt}", "Origin": server.url, "X-LocalState-Request": "1"}
+        r = await client.put(state_path(owner, "wm"), json={"value": 5}, headers=own)
+        assert r.status_code == 200, r.text
+        assert r.json()["updated_by"] == "airflow:admin"
+    print(f"{refused} forged cookie requests refused")
+    assert refused == len(ROUTES) * len(ATTACKS)
+
+
+def _serving(html: str) -> Callable[[Any], Awaitable[None]]:
+    """A Playwright route handler that answers with `html` (the page of another origin)."""
+
+    async def serve(route: Any) -> None:
+        await route.fulfill(status=200, content_type="text/html", body=html)
+
+    return serve
+
+
+def _attack_page(target: str, owner: str) -> str:
+    """A page that tries every write it can on `target` (Airflow's API server) with the
+    browser's cookies: auto-posted forms, no-cors fetches, CORS fetches; then says 'done'."""
+    api = f"{target}/localstate/api/v1"
+    flush = json.dumps({"fields": ["owner", "key", "data", "version", "base_version",
+                                   "updated_at", "updated_by", "epoch"],
+                        "rows": [[owner, "form", "1", 1, 0, 1.0, "attacker-form", 0]]})
+    write = json.dumps({"op": "direct", "owner": owner, "key": "fetch", "data": "1",
+                        "updated_at": 1.0, "updated_by": "evil"})
+    claim = json.dumps({"owner": owner, "claimant": "evil"})
+    state = f"{api}/state/{quote(owner, safe='')}/wm"
+    forms = "".join(
+        f'<iframe name="f{i}"></iframe><form id="form{i}" method="post" target="f{i}" '
+        f'enctype="{enctype}" action="{url}"><input name=\'{body[:-1]}, "x": "\' '
+        f'value=\'"}}\'></form>'
+        for i, (url, body, enctype) in enumerate(
+            [(f"{api}/flush", flush, "text/plain"), (f"{api}/write", write, "text/plain"),
+             (f"{api}/claim", claim, "application/x-www-form-urlencoded")]))
+    tries = [("POST", f"{api}/flush", flush), ("POST", f"{api}/write", write),
+             ("POST", f"{api}/claim", claim), ("PUT", state, '{"value": 666}'),
+             ("DELETE", state, "")]
+    script = json.dumps(tries)
+    return f"""<!doctype html><html><body>{forms}<script>
+    (async () => {{
+      for (const f of document.querySelectorAll("form")) f.submit();
+      for (const [method, url, body] of {script}) {{
+        const b = body ? {{body}} : {{}};
+        // no preflight: a simple request, the cookie attached
+        try {{ await fetch(url, Object.assign({{method: "POST", mode: "no-cors",
+          credentials: "include", headers: {{"Content-Type": "text/plain"}}}}, b)); }}
+        catch (e) {{}}
+        // CORS with JSON and the page's header: needs a preflight the server never grants
+        try {{ await fetch(url, Object.assign({{method, mode: "cors", credentials: "include",
+          headers: {{"Content-Type": "application/json", "X-LocalState-Request": "1"}}}}, b));
+        }} catch (e) {{}}
+      }}
+      await new Promise(r => setTimeout(r, 1500));
+      document.title = "done";
+    }})();
+    </script></body></html>"""
+
+
+async def test_pages_on_other_origins_write_nothing_in_chromium(
+        server: ApiServer, db: asyncpg.Connection) -> None:
+    """Logged in as Admin in Chromium, open attacker pages on a sibling origin (the same host,
+    another port: same site) and on another site, each trying every write; nothing is written,
+    within the first two minutes of the login (Chrome's Lax allowance for fresh cookies)."""
+    from playwright.async_api import async_playwright
+    from test_ui_browser import ARGS, CHROMIUM
+
+    owner = "dag:attacked"
+    port = server.url.rsplit(":", 1)[1]
+    attackers = {"sibling": f"http://127.0.0.1:{int(port) + 1}",
+                 "cross-site": f"http://localhost:{int(port) + 1}"}
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(server.url + "/", timeout=120_000)
+            await page.locator("input[name=username]").fill("admin")
+            await page.locator("input[name=password]").fill("admin-pw")
+            await page.get_by_role("button", name="Sign in").click()
+            await page.get_by_role("button", name="Browse").wait_for(timeout=120_000)
+            cookies = {c["name"] for c in await page.context.cookies(server.url)}
+            assert "_token" in cookies  # logged in: the cookie an attack would ride on
+            for name, origin in attackers.items():
+                await page.route(f"{origin}/**", _serving(_attack_page(server.url, owner)))
+                await page.goto(f"{origin}/attack.html")
+                await page.wait_for_function("document.title === 'done'", timeout=60_000)
+                assert await db.fetchval(
+                    "SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+                    owner) == 0, name
+                assert await db.fetchval(
+                    "SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",
+                    owner) == 0, name
+        finally:
+            await browser.close()

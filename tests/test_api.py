@@ -97,7 +97,7 @@ async def test_put_get_delete_round_trip_with_names_that_need_encoding(
     body = r.json()
     assert (body["owner"], body["key"], body["value"], body["version"]) == (
         owner, key, {"offset": 10}, 1)
-    assert body["updated_by"] == "api-server"
+    assert body["updated_by"] == "token 1"  # the caller's token, named by the server
     assert body["flush_state"] == "flushed"
     # durability central: the central DB holds it when the PUT answers
     assert await central_value(api, owner, key) == ({"offset": 10}, 1)
@@ -543,7 +543,8 @@ async def test_a_value_over_the_limit_is_413(open_store: StoreFactory) -> None:
         assert (await client.get(path("dag:x", "k"))).status_code == 404
 
 
-async def test_an_unreachable_central_db_is_503(open_store: StoreFactory) -> None:
+async def test_an_unreachable_central_db_is_503(open_store: StoreFactory,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     store = await open_store(triggerer_id="api-server")
     gone = CentralStore(make_engine("postgresql://nobody@127.0.0.1:1/none"))
     try:
@@ -554,6 +555,12 @@ async def test_an_unreachable_central_db_is_503(open_store: StoreFactory) -> Non
             assert r.headers["Retry-After"]
             r = await client.get(path("dag:x", "k"))
             assert (r.status_code, r.json()["error"]) == (503, "central_unavailable")
+            # no DB location or driver text in the body: the log has them, under its id
+            for leak in ("nobody", "127.0.0.1", "postgresql", "none", "refused", "asyncpg"):
+                assert leak not in r.text.lower(), r.text
+            rid = r.json()["detail"]["request_id"]
+            assert rid in r.json()["message"]
+            assert any(rid in m and "nobody" in m for m in caplog.messages)
     finally:
         await gone.close()
 

@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from localstate import Settings, StateStore
 from localstate.api import create_app
+from localstate.api.auth import Principal
 from localstate.errors import (
     AccessDenied,
     ConfigError,
@@ -67,6 +68,15 @@ class Endpoint:
         row = (await self.central.read_many([(owner, key)])).get((owner, key))
         return None if row is None or row.data is None else (orjson.loads(row.data),
                                                              row.version)
+
+
+#: RW_TOKEN's name (the first of TOKENS): what the server records as its writes' updated_by
+RW_NAME = "token 1"
+
+
+def tagged(writer: str, identity: str = RW_NAME) -> str | None:
+    """The writer id the server records for `writer` sent with a token of `identity`."""
+    return Principal(identity, True, ("",), identity).writer_tag(writer)
 
 
 @pytest_asyncio.fixture
@@ -184,7 +194,7 @@ async def test_a_batch_is_written_in_one_transaction(endpoint: Endpoint) -> None
     outcomes = await sink.write_batch(again, PolicyMap("reject"), writer=WRITER)
     assert {(o.resolution, o.conflict) for o in outcomes} == {("written", False)}
     row = (await endpoint.central.read_many([("trigger:t", "k7")]))[("trigger:t", "k7")]
-    assert row.writer == WRITER
+    assert row.writer == tagged(WRITER)  # the file's id, bound to the caller's token
     assert row.version == 2
 
 
@@ -212,8 +222,9 @@ async def test_conflicts_are_settled_by_the_clients_policy(
         central_value)
     if resolution == "written":  # the record the local write replaced travels back too
         assert outcome.replaced is not None
+        # a token shared by a fleet (no identity bound): each row names its triggerer
         assert outcome.replaced.updated_by == "other"
-        assert outcome.replaced.writer == "cache-file-other"
+        assert outcome.replaced.writer == tagged("cache-file-other")
     stored = await endpoint.value("asset_watcher:o", "wm")
     assert stored is not None
     assert stored[0] == central_value

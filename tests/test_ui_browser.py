@@ -122,7 +122,8 @@ async def test_list_filter_edit_and_conflict_in_chromium(
             await page.click("#edit-confirm-save")
             await expect(orders.locator("td.version")).to_have_text("2")
             await expect(orders.locator("td.value")).to_have_text("42")
-            await expect(orders.locator("td.updated-by")).to_have_text("ui-api")
+            # the page writes with the token: its name, not the serving process, is who wrote
+            await expect(orders.locator("td.updated-by")).to_have_text("token 1")
             await expect(page.locator("#message")).to_contain_text("version 1 → 2")
 
             # a stale edit: the triggerer wrote meanwhile, so nothing changes and the UI says so

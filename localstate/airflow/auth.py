@@ -75,6 +75,11 @@ class AirflowAuthorizer(Authorizer):
         except HTTPException:
             raise ApiError(403, "forbidden",
                            f"{name} may not view triggers, so not their state") from None
-        can_write = get_auth_manager().is_authorized_variable(method="PUT", user=user)
+        manager = get_auth_manager()
+        can_write = manager.is_authorized_variable(method="PUT", user=user)
+        # who may read Airflow's configuration (which holds its DB URL) may see where the
+        # central DB is and the triggerers' hosts
+        admin = manager.is_authorized_configuration(method="GET", user=user)
         return Principal(name=name if can_write else f"{name} (may not edit variables)",
-                         can_write=can_write, owners=("",))
+                         can_write=can_write, owners=("",),
+                         identity=f"airflow:{user.get_name()}", bound=True, admin=admin)

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localstate import __version__
 from localstate.api.auth import Authorizer
+from localstate.api.csrf import CsrfGuard
 from localstate.api.errors import error_response, install_error_handlers
 from localstate.api.paths import STATE_PATH
 from localstate.api.routes import build_router
@@ -35,7 +36,6 @@ from localstate.api.ui import build_ui_router
 from localstate.config import ApiToken, Settings
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
-from localstate.sync.wire import MAX_BATCH_BODY
 
 __all__ = ["create_app"]
 
@@ -159,11 +159,14 @@ def create_app(
     install_error_handlers(app)
     app.include_router(build_router(store, auth, lambda: reader[0]))
     app.include_router(build_sink_router(store, auth, lambda: reader[0],
-                                         asset_states=asset_states))
+                                         asset_states=asset_states,
+                                         max_rows=s.api_max_batch_rows))
     app.include_router(build_ui_router())
     # value limit, room for JSON whitespace and escapes, and the body's own fields; a batch
     # (sink = api) splits its requests below MAX_BATCH_BODY
     app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024,
-                       batch_paths=SINK_PATHS, batch_limit=2 * MAX_BATCH_BODY)
+                       batch_paths=SINK_PATHS, batch_limit=s.api_max_request_bytes)
     app.add_middleware(RawStatePath)
+    # outermost: a cross-site write is refused before its body is read
+    app.add_middleware(CsrfGuard, trusted_origins=s.api_trusted_origins)
     return app

@@ -40,11 +40,32 @@ def _minimal(prefixes: Iterable[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: a token's label, role and owner prefixes ("" is every owner)."""
+    """The caller: a token's label, role and owner prefixes ("" is every owner).
+
+    `identity` names it in what it writes: the identity bound to its token, else the token's
+    name, or ``airflow:<user>``; None only for the open API (no token configured), which has
+    no caller to name. `bound`: its writes are recorded as `identity` (``updated_by``, a
+    claim's claimant) whatever the request says: an Airflow user, a token with an identity. A
+    token without one may be shared by a fleet of triggerers, so each row keeps the triggerer
+    the request names (the audit log names the token).
+    """
 
     name: str
     can_write: bool
     owners: tuple[str, ...]
+    identity: str | None = None
+    bound: bool = False
+    #: sees the serving process's internals (the central DB's location, triggerers' hosts):
+    #: a read-write token over every owner, an Airflow user who may read Airflow's config
+    admin: bool = False
+
+    def writer_tag(self, writer: str | None) -> str | None:
+        """The writer id recorded for `writer` (a client's cache file id) sent by this caller:
+        bound to the caller (a digest of both), so no caller can pass for another's file."""
+        if writer is None or self.identity is None:
+            return writer
+        return hashlib.sha256(f"{self.identity}\0{writer}".encode(
+            "utf-8", "surrogatepass")).hexdigest()[:32]
 
     def may_read(self, owner: str) -> bool:
         return any(owner.startswith(p) for p in self.owners)
@@ -79,7 +100,8 @@ def _listing(prefixes: Sequence[str]) -> str:
     return ", ".join(repr(p) for p in prefixes)
 
 
-OPEN = Principal(name="anonymous (no api_tokens configured)", can_write=True, owners=("",))
+OPEN = Principal(name="anonymous (no api_tokens configured)", can_write=True, owners=("",),
+                 admin=True)
 
 
 @dataclass(frozen=True)
@@ -94,7 +116,10 @@ class Authorizer:
             _Known(
                 hashlib.sha256(t.secret.encode()).digest(),
                 Principal(name=t.name or f"token {n}", can_write=t.can_write,
-                          owners=_minimal(t.owners)),
+                          owners=_minimal(t.owners),
+                          identity=t.identity or t.name or f"token {n}",
+                          bound=bool(t.identity),
+                          admin=t.can_write and _minimal(t.owners) == ("",)),
             )
             for n, t in enumerate(tokens, 1)
         ]

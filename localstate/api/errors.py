@@ -15,12 +15,15 @@ StoreClosed, CacheError                                503    store_unavailable
 
 Bad requests FastAPI itself refuses (a query or body that does not validate, JSON that does not
 parse) are 422 ``validation_error`` with pydantic's list in ``detail``. Anything unforeseen is
-a 500 ``internal_error`` whose body says nothing of the internals (the log has the traceback).
+a 500 ``internal_error``. No 5xx body says anything of the internals (a DB URL, SQL, the
+driver's words, paths, a traceback): those go to the log, under a request id the body carries
+(``detail.request_id``).
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +47,7 @@ from localstate.errors import (
     WriteRejected,
 )
 
-__all__ = ["ApiError", "error_response", "install_error_handlers"]
+__all__ = ["ApiError", "error_response", "install_error_handlers", "request_id"]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +92,31 @@ def from_store_error(exc: LocalStateError) -> ApiError:
     if isinstance(exc, InvalidInput):
         return ApiError(422, "invalid_input", msg)
     if isinstance(exc, CentralUnavailable):
-        return ApiError(503, "central_unavailable", msg, headers={"Retry-After": "5"})
+        return _logged(503, "central_unavailable", "the central DB cannot be reached; try "
+                       "again shortly", exc, headers={"Retry-After": "5"})
     if isinstance(exc, CentralError):
-        return ApiError(502, "central_error", msg)
+        return _logged(502, "central_error", "the central DB failed on this request", exc)
     if isinstance(exc, StoreClosed | CacheError):
-        return ApiError(503, "store_unavailable", msg, headers={"Retry-After": "5"})
-    log.error("unexpected localstate error in the API: %s", msg, exc_info=exc)
-    return ApiError(500, "internal_error", msg)
+        return _logged(503, "store_unavailable", "the serving store is unavailable (the "
+                       "server may be shutting down); try again shortly", exc,
+                       headers={"Retry-After": "5"})
+    return _logged(500, "internal_error", "the server failed on this request", exc)
+
+
+def request_id() -> str:
+    """A new id that ties an error's body to its lines in the server's log."""
+    return uuid.uuid4().hex[:16]
+
+
+def _logged(status: int, error: str, public: str, exc: BaseException, *,
+            headers: Mapping[str, str] | None = None) -> ApiError:
+    """A server-side failure: its text (a DB URL, SQL, the driver's words, paths) goes to the
+    log under a request id; the body says what happened in general, and carries the id."""
+    rid = request_id()
+    log.error("API request %s failed (%s %s): %s", rid, status, error, exc,
+              exc_info=exc if status == 500 else None)
+    return ApiError(status, error, f"{public}; the server's log has the details under "
+                    f"request id {rid}", detail={"request_id": rid}, headers=headers)
 
 
 def _where(loc: Any) -> str:
@@ -127,9 +148,8 @@ def install_error_handlers(app: FastAPI) -> None:
                               str(exc.detail), headers=exc.headers)
 
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected error in the API", exc_info=exc)
-        return error_response(500, "internal_error",
-                              "the server failed on this request; its log says why")
+        e = _logged(500, "internal_error", "the server failed on this request", exc)
+        return error_response(e.status, e.error, e.message, e.detail, e.headers)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(LocalStateError, store_error)

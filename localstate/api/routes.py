@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.security import HTTPBearer
 
 from localstate import __version__
+from localstate.api.audit import audit
 from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name
@@ -130,6 +131,7 @@ def build_router(store: StateStore, auth: Authorizer,
     """The routes over `store`; `central()` gives the app's own reader of the central DB."""
     router = APIRouter(prefix="/api/v1")
     meter = RateMeter()
+    fleet_details = store.settings.api_fleet_details
 
     def require_central() -> CentralStore:
         return central_or_503(central)
@@ -199,8 +201,10 @@ def build_router(store: StateStore, auth: Authorizer,
         owner, key = state_name(request)
         caller.require_write(owner)
         data = encode(body.value, store.settings.max_value_bytes)  # 4xx before any query
-        row = await put(store, require_central(), (owner, key), data, body.expected_version)
-        log.info("API: %s set %s/%s to version %d", caller.name, owner, key, row.version)
+        row = await put(store, require_central(), (owner, key), data, body.expected_version,
+                        by=caller.identity or store.triggerer_id)
+        audit(caller, "PUT /api/v1/state", (owner,), 1,
+              f"{_named(owner, key)} now at version {row.version}")
         return _state_item(item_from_row(row))
 
     @router.delete(item_path, status_code=204, response_class=Response, responses={
@@ -216,28 +220,31 @@ def build_router(store: StateStore, auth: Authorizer,
         owner, key = state_name(request)
         caller.require_write(owner)
         c = require_central()
+        by = caller.identity or store.triggerer_id
         if expected_version is not None:
-            await delete_if_version(store, c, (owner, key), expected_version)
-        elif not await delete_current(store, c, (owner, key)):
+            await delete_if_version(store, c, (owner, key), expected_version, by=by)
+        elif not await delete_current(store, c, (owner, key), by=by):
             raise ApiError(404, "not_found", f"{_named(owner, key)} has no value to delete")
-        log.info("API: %s deleted %s/%s", caller.name, owner, key)
+        audit(caller, "DELETE /api/v1/state", (owner,), 1, f"{_named(owner, key)} deleted")
         return Response(status_code=204)
 
     @router.get("/status", response_model=Status, responses=_ERRORS,
                 summary="Cache and sync-worker health of the serving store")
-    async def status(_caller: Caller) -> Status:
+    async def status(caller: Caller) -> Status:
         s = store.stats()
         sink = central()
+        where = sink.url if sink is not None else "(not open)"
         return Status(
             triggerer_id=store.triggerer_id, cache_enabled=s.cache_enabled,
             cache_turning_off=s.cache_turning_off, cache_turning_off_s=s.cache_turning_off_s,
-            central_url=sink.url if sink is not None else "(not open)",
+            central_url=where if caller.admin else "(hidden: shown to admins only)",
             dirty_keys=s.dirty_keys, flush_lag_s=s.oldest_unflushed_s,
             flush_lag_p50_s=s.flush_lag_p50_s, flush_lag_p99_s=s.flush_lag_p99_s,
             last_flush_at=None if s.last_flush_at is None else epoch_to_datetime(
                 s.last_flush_at),
             flushes=s.flushes, conflicts=s.conflicts, central_errors=s.central_errors,
-            last_error=s.last_error, sets=s.sets, gets=s.gets,
+            last_error=s.last_error if caller.admin or s.last_error is None
+            else "(hidden: shown to admins only; see the server's log)", sets=s.sets, gets=s.gets,
             central_transactions=s.central_transactions, central_rows=s.central_rows,
             keys_in_memory=s.keys_in_memory, throughput=meter.sample(s.sets, s.central_rows),
             events_committed=sink.events_committed if sink is not None else 0,
@@ -247,12 +254,17 @@ def build_router(store: StateStore, auth: Authorizer,
 
     @router.get("/fleet", response_model=Fleet, responses=_ERRORS,
                 summary="Every triggerer's lag and backlog, from the fleet table")
-    async def fleet(_caller: Caller) -> Fleet:
-        view = fleet_summary(await require_central().read_fleet(), time.time())
+    async def fleet(caller: Caller) -> Fleet:
+        rows = await require_central().read_fleet()
+        if caller.owners != ("",):  # a tenant's token: its own triggerer, no one else's
+            rows = [r for r in rows if caller.bound and r.triggerer == caller.identity]
+        details = caller.admin or fleet_details
+        view = fleet_summary(rows, time.time())
         members = [FleetMember(**{
             **m, "last_flush_at": epoch_to_datetime(m["last_flush_at"]),
             "oldest_unflushed_at": None if m["oldest_unflushed_at"] is None
             else epoch_to_datetime(m["oldest_unflushed_at"]),
+            **({} if details else {"host": None, "pid": None}),
         }) for m in view["triggerers"]]
         return Fleet(**{**view, "triggerers": members})
 

@@ -76,7 +76,9 @@ class Status(BaseModel):
         False, description="enabled was turned off, and the store serves from the local cache "
         "until the writes the central DB lacks are flushed; then it switches")
     cache_turning_off_s: float = Field(0.0, description="seconds that turn-off has waited")
-    central_url: str = Field(description="the central DB, password hidden")
+    central_url: str = Field(description="the central DB, password hidden (to admins only: "
+                             "an Airflow user who may read Airflow's configuration, a "
+                             "read-write token over every owner)")
     dirty_keys: int
     flush_lag_s: float = Field(description="age of the oldest write the central DB lacks")
     flush_lag_p50_s: float | None
@@ -108,8 +110,9 @@ class FleetMember(BaseModel):
     """One triggerer as its last flush recorded it in the fleet table."""
 
     triggerer: str
-    host: str
-    pid: int
+    host: str | None = Field(description="null unless the caller is an admin (or "
+                             "api_fleet_details is on)")
+    pid: int | None
     last_flush_at: datetime
     since_last_flush_s: float = Field(description="seconds since that flush")
     dirty_keys: int = Field(description="its backlog: the keys still waiting once that "

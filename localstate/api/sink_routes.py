@@ -21,8 +21,10 @@ nothing is read or written. The body is read only after the token is checked.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import asyncio
 import logging
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
@@ -30,6 +32,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from localstate.api.audit import audit, recorded_as
 from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.routes import caller_of, central_or_503
@@ -65,6 +68,16 @@ SINK_PATHS: Final = ("/api/v1/flush", "/api/v1/read")
 #: keys one read may name
 MAX_READ_KEYS: Final = 100_000
 _MAX_VERSION: Final = 2**63 - 1
+#: 9999-12-31T23:59:59Z: the latest time every central DB's timestamp column holds
+_MAX_TIME: Final = 253_402_300_799.0
+#: a pid's column is a 32-bit integer
+_MAX_PID: Final = 2**31 - 1
+#: the writer column's length
+_MAX_WRITER: Final = 64
+#: flush bodies larger than this are decoded and checked in a worker thread
+_OFF_LOOP_BYTES: Final = 256 * 1024
+#: a run of digits as long as 2^63's: the only JSON texts that may hold a wider integer
+_LONG_DIGITS: Final = re.compile(r"\d{19}")
 _JSON: Final = "application/json"
 #: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
 _POLICY_CACHE: Final = 64
@@ -107,11 +120,18 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
     for field in ("owner", "key", "updated_by"):
         check_names(field, set(map(attrgetter(field), rows)))
     versions = list(map(attrgetter("version"), rows))
-    if min(versions) < 1 or max(versions) > _MAX_VERSION:
-        raise WireError(f"a version is not from 1 to {_MAX_VERSION}")
+    if min(versions) < 1 or max(versions) >= _MAX_VERSION:
+        raise WireError(f"a version is not from 1 to {_MAX_VERSION - 1} (2^63 - 2: a key at "
+                        "the ceiling could never be written again); delete the key and write "
+                        "it afresh, or restart its versions lower")
     bases = list(map(attrgetter("base_version"), rows))
-    if min(bases) < UNKNOWN_BASE or max(bases) > _MAX_VERSION:
+    if min(bases) < UNKNOWN_BASE or max(bases) >= _MAX_VERSION:
         raise WireError("a base_version is out of range")
+    epochs = list(map(attrgetter("epoch"), rows))
+    if min(epochs) < 0 or max(epochs) >= _MAX_VERSION:
+        raise WireError(f"an epoch is not from 0 to {_MAX_VERSION - 1} (at 2^63 - 1 no claim "
+                        "could follow it)")
+    _check_times("updated_at", map(attrgetter("updated_at"), rows))
     if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
                    strict=True))) != len(rows):
         raise WireError("a flush batch names a key twice; one row per key")
@@ -126,6 +146,50 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
         for r in rows:  # which one: the message names it
             _check_data(r.owner, r.key, r.data, max_value_bytes)
         raise
+    for r in rows:
+        if r.data is not None and _LONG_DIGITS.search(r.data):
+            _check_ints(r.owner, r.key, r.data)
+
+
+def _check_ints(owner: str, key: str, data: str) -> None:
+    """No integer beyond 64 bits: orjson would read it back as a float (altered)."""
+    import json
+
+    def walk(v: Any) -> None:
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**64:
+            raise WireError(f"{owner}/{key}: data holds an integer beyond 64 bits ({v}); "
+                            "store it as a string")
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk(json.loads(data))
+
+
+def _check_times(field: str, times: Iterable[float | None]) -> None:
+    """POSIX times within what every central DB's timestamp holds (1970 to 9999)."""
+    for t in times:
+        if t is not None and not (0.0 <= t <= _MAX_TIME):  # NaN fails both
+            raise WireError(f"{field} {t!r} is not a POSIX time from 0 (1970) to "
+                            f"{_MAX_TIME:.0f} (year 9999)")
+
+
+def _check_fleet(status: FleetStatus) -> None:
+    """A flush's fleet report, within its table's columns."""
+    check_name("triggerer", status.triggerer)
+    check_name("host", status.host)
+    if not 0 <= status.pid <= _MAX_PID:
+        raise WireError(f"fleet pid {status.pid} is not from 0 to {_MAX_PID}")
+    if not 0 <= status.dirty_keys <= _MAX_VERSION:
+        raise WireError("fleet dirty_keys is out of range")
+    _check_times("fleet flushed_at", (status.flushed_at, status.oldest_unflushed))
+    for name in ("rows_per_s", "flush_interval"):
+        value = getattr(status, name)
+        if not 0.0 <= value <= 1e12:
+            raise WireError(f"fleet {name} {value!r} is not a number from 0 to 1e12")
 
 
 def _check_events(events: Sequence[EventRow], max_value_bytes: int) -> None:
@@ -158,6 +222,8 @@ def _check_data(owner: str, key: str, data: Any, max_value_bytes: int) -> None:
     except ValueError:
         raise WireError(f"{owner}/{key}: data is not JSON text (or holds NaN, infinity "
                         "or an integer beyond 64 bits)") from None
+    if _LONG_DIGITS.search(data):
+        _check_ints(owner, key, data)
 
 
 def _require_owners(caller: Principal, owners: Iterable[str], *, write: bool) -> None:
@@ -175,18 +241,22 @@ def _writer(raw: Any) -> str | None:
         return None
     if not isinstance(raw, str):
         raise WireError("'writer' must be the cache file's id (a string) or null")
+    if len(raw) > _MAX_WRITER:
+        raise WireError(f"'writer' is {len(raw)} characters long; the limit is {_MAX_WRITER}")
     return check_name("writer", raw)
 
 
 def build_sink_router(store: StateStore, auth: Authorizer,
                       central: Callable[[], CentralStore | None], *,
-                      asset_states: bool = False) -> APIRouter:
+                      asset_states: bool = False, max_rows: int | None = None) -> APIRouter:
     """The sink endpoints over the app's own reader/writer of the central DB; `asset_states`:
     that DB is Airflow's, and its ``asset_state_store`` holds what Airflow's accessors read."""
     router = APIRouter(prefix="/api/v1")
     Caller = Annotated[Principal, Depends(caller_of(auth))]
     policies = _Policies()
     max_value_bytes = store.settings.max_value_bytes
+    if max_rows is None:
+        max_rows = store.settings.api_max_batch_rows
     outcome_header = field_header(FlushOutcome, CentralRow)
     central_header = field_header(CentralRow)
     fleet_header = field_header(FleetStatus)
@@ -198,24 +268,40 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             caller.require_write("")
         return await flush_batch(await request.body(), caller)
 
-    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+    def parse_flush(raw: bytes, caller: Principal
+                    ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None]:
+        """Decode and check a flush body: no I/O, so a large one runs off the event loop."""
         body = decode_body(raw)
         rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+        if len(rows) > max_rows:
+            raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
+                           f"api_max_batch_rows ({max_rows}); send smaller batches")
         _require_owners(caller, (r.owner for r in rows), write=True)
-        writer = _writer(body.get("writer"))
-        policy_map = policies.get(body.get("policies", "reject"))
         status = None
         if rows:
             _check_rows(rows, max_value_bytes)
+            if caller.bound and caller.identity is not None:  # the server says who wrote
+                by = caller.identity
+                rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
             if body.get("fleet") is not None:
                 status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
-                check_name("triggerer", status.triggerer)
+                _check_fleet(status)
+        return body, rows, status
+
+    async def flush_batch(raw: bytes, caller: Principal) -> Response:
+        if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
+            body, rows, status = await asyncio.to_thread(parse_flush, raw, caller)
+        else:
+            body, rows, status = parse_flush(raw, caller)
+        writer = caller.writer_tag(_writer(body.get("writer")))
+        policy_map = policies.get(body.get("policies", "reject"))
         require_open(store)
         c = central_or_503(central)
         if status is not None:  # no await until write_batch takes it: this batch's own
             c.note_fleet(status)
         if "events" not in body:  # a flush without events (any client)
             outcomes = await c.write_batch(rows, policy_map, writer=writer)
+            audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows))
             written, full = encode_outcomes(outcomes, rows)
             return _json({"fields": outcome_header, "written": written, "outcomes": full})
         events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
@@ -223,6 +309,9 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         _check_events(events, max_value_bytes)
         # the watermarks, the de-duplication rows and the asset events: one transaction
         outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
+        audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows),
+                                              *(e.owner for e in events)},
+              len(rows), f"{len(events)} events")
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": outcome_header, "written": written, "outcomes": full,
                       "event_statuses": statuses})
@@ -264,8 +353,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def claim(request: Request, caller: Caller) -> Response:
         body = decode_body(await request.body())
         owner = check_name("owner", body.get("owner"))
-        claimant = check_name("claimant", body.get("claimant"))
-        writer = _writer(body.get("writer"))
+        claimant = recorded_as(caller, check_name("claimant", body.get("claimant")))
+        writer = caller.writer_tag(_writer(body.get("writer")))
         since = body.get("unless_claimed_since")
         if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
                                   or not math.isfinite(since)):
@@ -276,7 +365,9 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             epoch = await central_or_503(central).claim(
                 owner, claimant=claimant, writer=writer, unless_claimed_since=since)
         except OwnerLost as exc:  # a newer claim stands: the caller's OwnerLost
+            audit(caller, "POST /api/v1/claim", (owner,), 0, f"refused: epoch {exc.current}")
             return _json({"claimed_since": exc.current})
+        audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}")
         return _json({"epoch": epoch})
 
     @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
@@ -286,14 +377,17 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         op = body.get("op")
         owner = check_name("owner", body.get("owner"))
         key = check_name("key", body.get("key"))
-        by = check_name("updated_by", body.get("updated_by"))
+        by = recorded_as(caller, check_name("updated_by", body.get("updated_by")))
         caller.require_write(owner)
         data = body.get("data")
         _check_data(owner, key, data, max_value_bytes)
         at = body.get("updated_at")
         if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
             raise WireError("'updated_at' must be a number of seconds or null")
-        writer = _writer(body.get("writer"))
+        writer = caller.writer_tag(_writer(body.get("writer")))
+        if isinstance(at, int) and not 0 <= at <= _MAX_TIME:  # before float(): 10**400
+            raise WireError(f"updated_at {at} is not a POSIX time from 0 to {_MAX_TIME:.0f}")
+        _check_times("updated_at", (None if at is None else float(at),))
         require_open(store)
         c = central_or_503(central)
         row: CentralRow | None = None
@@ -305,8 +399,10 @@ def build_sink_router(store: StateStore, auth: Authorizer,
                                        writer=writer)
         elif op == "if_version":
             expected = body.get("expected_version")
-            if isinstance(expected, bool) or not isinstance(expected, int):
-                raise WireError("'expected_version' must be an integer")
+            if (isinstance(expected, bool) or not isinstance(expected, int)
+                    or not 0 <= expected < _MAX_VERSION):
+                raise WireError(f"'expected_version' must be an integer from 0 to "
+                                f"{_MAX_VERSION - 1}")
             row = await c.write_if_version(owner, key, data, expected, updated_by=by,
                                            updated_at=None if at is None else float(at),
                                            writer=writer)
@@ -314,6 +410,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             deleted = await c.delete_current(owner, key, updated_by=by, writer=writer)
         else:
             raise WireError("'op' must be direct, if_version or delete_current")
+        audit(caller, "POST /api/v1/write", (owner,), 1 if row is not None or deleted else 0,
+              f"{op} {owner}/{key}")
         return _json({"fields": central_header,
                       "row": None if row is None else encode_rows([row])[0],
                       "deleted": deleted})

@@ -33,7 +33,7 @@ def require_open(store: StateStore) -> None:
 
 
 async def put(store: StateStore, central: CentralStore, k: StateKey, data: str,
-              expected_version: int | None) -> CentralRow:
+              expected_version: int | None, *, by: str) -> CentralRow:
     """Write `data` (JSON text) to `k`: unconditionally, or only over `expected_version`.
 
     Returns the row this write committed. `VersionConflict` when the committed version is not
@@ -42,21 +42,22 @@ async def put(store: StateStore, central: CentralStore, k: StateKey, data: str,
     require_open(store)
     if expected_version is None:
         return await central.write_direct(k[0], k[1], data, updated_at=time.time(),
-                                          updated_by=store.triggerer_id)
+                                          updated_by=by)
     return await central.write_if_version(k[0], k[1], data, expected_version,
-                                          updated_by=store.triggerer_id)
+                                          updated_by=by)
 
 
 async def delete_if_version(store: StateStore, central: CentralStore, k: StateKey,
-                            expected_version: int) -> None:
+                            expected_version: int, *, by: str) -> None:
     """Delete `k` only if its committed version is `expected_version`; else `VersionConflict`."""
     require_open(store)
     await central.write_if_version(k[0], k[1], None, expected_version,
-                                   updated_by=store.triggerer_id)
+                                   updated_by=by)
 
 
-async def delete_current(store: StateStore, central: CentralStore, k: StateKey) -> bool:
+async def delete_current(store: StateStore, central: CentralStore, k: StateKey, *,
+                         by: str) -> bool:
     """Delete whatever value `k` has; False when it has none (see
     `CentralStore.delete_current`: a compare-and-delete on the value it read)."""
     require_open(store)
-    return await central.delete_current(k[0], k[1], updated_by=store.triggerer_id)
+    return await central.delete_current(k[0], k[1], updated_by=by)

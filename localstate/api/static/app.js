@@ -53,7 +53,8 @@
   }
 
   async function api(path, options = {}) {
-    const headers = Object.assign({ Accept: "application/json" }, options.headers || {});
+    const headers = Object.assign(
+      { Accept: "application/json", "X-LocalState-Request": "1" }, options.headers || {});
     const t = token();
     if (t) headers.Authorization = `Bearer ${t}`;
     if (options.body !== undefined) headers["Content-Type"] = "application/json";
@@ -160,7 +161,7 @@
         tr.dataset.triggerer = m.triggerer;
         tr.className = m.state;
         cell(tr, "triggerer", m.triggerer);
-        cell(tr, "host", `${m.host}:${m.pid}`);
+        cell(tr, "host", m.host == null ? "(hidden)" : `${m.host}:${m.pid}`);
         cell(tr, "since", `${seconds(m.since_last_flush_s)} ago`);
         cell(tr, "backlog", String(m.dirty_keys));
         cell(tr, "lag", seconds(m.lag_s));

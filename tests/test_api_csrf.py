@@ -1,0 +1,181 @@
+"""Cross-site request forgery: no write from another site's page, over HTTP (the real app).
+
+A browser attaches its cookies (Airflow's ``_token`` login) to any request, whoever's page makes
+it. Every unsafe route is tried with each way a page on another origin (or a form) can send it:
+nothing is written and each answer is 403 ``csrf``. A write with a bearer token, and the page's
+own script (its Origin, its header, JSON), still go through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from conftest import StoreFactory
+from test_api import client_for, path
+
+from localstate import Settings
+from localstate.api import create_app
+from localstate.api.csrf import CSRF_HEADER, origin_of
+from localstate.sync.central_store import CentralStore
+
+
+@pytest.fixture
+def backend() -> str:
+    """The guard runs before any DB: one backend is enough."""
+    return "sqlite"
+
+
+BASE = "http://localstate.test"
+TOKEN = "csrf-test-token-0123456789abcdef"
+OWNER = "dag:csrf"
+#: every unsafe route, with a body its own page (or a client) would send
+ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("PUT", path(OWNER, "wm"), {"value": 1}),
+    ("DELETE", path(OWNER, "wm"), None),
+    ("POST", "/api/v1/flush", {"fields": ["owner"], "rows": []}),
+    ("POST", "/api/v1/write", {"op": "direct", "owner": OWNER, "key": "wm",
+                               "data": "1", "updated_at": 1.0, "updated_by": "evil"}),
+    ("POST", "/api/v1/claim", {"owner": OWNER, "claimant": "evil"}),
+    ("POST", "/api/v1/read", {"owner": OWNER}),
+    ("PATCH", path(OWNER, "wm"), {"value": 1}),
+]
+ROUTE_IDS = [f"{m} {p.rsplit('/', 2)[-2] if 'state' in p else p}" for m, p, _ in ROUTES]
+COOKIE = {"Cookie": "_token=eyJhbGciOiJIUzUxMiJ9.logged-in.sig"}
+JSON = {"Content-Type": "application/json"}
+PROOF = {CSRF_HEADER: "1"}
+
+#: (id, headers, body as sent): what a page on another origin, or a form, can send
+ATTACKS: list[tuple[str, dict[str, str], str]] = [
+    ("cookie-only-no-proof", {**COOKIE, **JSON}, "json"),
+    ("cross-site-origin", {**COOKIE, **JSON, **PROOF, "Origin": "https://evil.example"}, "json"),
+    ("sibling-origin-port", {**COOKIE, **JSON, **PROOF, "Origin": "http://localstate.test:8081"},
+     "json"),
+    ("sibling-origin-host", {**COOKIE, **JSON, **PROOF,
+                             "Origin": "http://other.localstate.test"}, "json"),
+    ("null-origin", {**COOKIE, **JSON, **PROOF, "Origin": "null"}, "json"),
+    ("cross-site-referer", {**COOKIE, **JSON, **PROOF,
+                            "Referer": "https://evil.example/page.html"}, "json"),
+    ("own-origin-no-proof", {**COOKIE, **JSON, "Origin": BASE}, "json"),
+    ("form-text-plain", {**COOKIE, **PROOF, "Origin": BASE, "Content-Type": "text/plain"},
+     "json"),
+    ("form-urlencoded", {**COOKIE, **PROOF, "Origin": BASE,
+                         "Content-Type": "application/x-www-form-urlencoded"}, "form"),
+    ("form-multipart", {**COOKIE, **PROOF, "Origin": BASE,
+                        "Content-Type": "multipart/form-data; boundary=x"}, "json"),
+    ("no-cors-fetch-cross-site", {**COOKIE, "Origin": "https://evil.example",
+                                  "Content-Type": "text/plain;charset=UTF-8"}, "json"),
+    ("open-api-cross-site-no-cookie", {**JSON, "Origin": "https://evil.example"}, "json"),
+]
+
+
+def _body(body: dict[str, Any] | None, form: str) -> bytes | None:
+    if body is None:
+        return None
+    import orjson
+
+    if form == "form":
+        return b"a=" + orjson.dumps(body)
+    return orjson.dumps(body)
+
+
+@pytest_asyncio.fixture
+async def open_api(open_store: StoreFactory, central_url: str
+                   ) -> AsyncIterator[tuple[httpx.AsyncClient, CentralStore]]:
+    """The API with no token (`api_open`): only the CSRF guard stands between a page and it."""
+    store = await open_store(triggerer_id="api-server")
+    central = await CentralStore.open(central_url)
+    try:
+        async with client_for(create_app(store, tokens=())) as client:
+            yield client, central
+    finally:
+        await central.close()
+
+
+async def _rows(central: CentralStore) -> list[Any]:
+    return await central.read_owner(OWNER)
+
+
+@pytest.mark.parametrize(("method", "url", "body"), ROUTES, ids=ROUTE_IDS)
+@pytest.mark.parametrize(("attack", "headers", "form"), ATTACKS, ids=[a[0] for a in ATTACKS])
+async def test_every_unsafe_route_refuses_a_forged_browser_write(
+        open_api: tuple[httpx.AsyncClient, CentralStore], method: str, url: str,
+        body: dict[str, Any] | None, attack: str, headers: dict[str, str], form: str) -> None:
+    client, central = open_api
+    sent = dict(headers)
+    content = _body(body, form)
+    if content is None and method != "DELETE":
+        sent.pop("Content-Type", None)
+    r = await client.request(method, url, content=content, headers=sent)
+    assert r.status_code == 403, (attack, r.text)
+    assert r.json()["error"] == "csrf"
+    assert await _rows(central) == []
+    assert (await central.read_fleet()) == []
+
+
+@pytest.mark.parametrize(("method", "url", "body"), ROUTES[:2] + ROUTES[4:5], ids=ROUTE_IDS[:2]
+                         + ROUTE_IDS[4:5])
+async def test_the_pages_own_script_still_writes(
+        open_api: tuple[httpx.AsyncClient, CentralStore], method: str, url: str,
+        body: dict[str, Any] | None) -> None:
+    client, _central = open_api
+    if method == "DELETE":  # something to delete
+        await client.put(path(OWNER, "wm"), json={"value": 0})
+    page = {**COOKIE, **PROOF, "Origin": BASE}
+    r = await client.request(method, url, json=body, headers=page)
+    assert r.status_code in (200, 204), r.text
+    # a Referer of the same origin stands for a missing Origin
+    if method == "PUT":
+        r = await client.request(method, url, json=body,
+                                 headers={**COOKIE, **PROOF, "Referer": f"{BASE}/index.html"})
+        assert r.status_code == 200, r.text
+
+
+async def test_scripts_without_a_browser_and_bearer_tokens_are_not_asked(
+        open_store: StoreFactory, central_url: str) -> None:
+    store = await open_store(triggerer_id="api-server")
+    tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
+    async with client_for(create_app(store, tokens=tokens)) as client:
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        # a bearer token: a browser never attaches one on its own, whatever the Origin
+        r = await client.put(path(OWNER, "a"), json={"value": 1},
+                             headers={**bearer, "Origin": "https://evil.example"})
+        assert r.status_code == 200, r.text
+        r = await client.put(path(OWNER, "b"), json={"value": 1}, headers=bearer)
+        assert r.status_code == 200, r.text
+        # no token, no browser: the token check answers (401), not the CSRF guard
+        r = await client.put(path(OWNER, "c"), json={"value": 1})
+        assert r.status_code == 401
+
+
+async def test_a_trusted_origin_may_write(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="api-server")
+    settings = Settings.resolve({"api_trusted_origins": "https://airflow.example.com",
+                                 "central_url": store.settings.central_url})
+    async with client_for(create_app(store, settings=settings, tokens=())) as client:
+        page = {**COOKIE, **PROOF}
+        r = await client.put(path(OWNER, "a"), json={"value": 1},
+                             headers={**page, "Origin": "https://airflow.example.com"})
+        assert r.status_code == 200, r.text
+        r = await client.put(path(OWNER, "a"), json={"value": 2},
+                             headers={**page, "Origin": "https://airflow.example.com.evil.io"})
+        assert r.status_code == 403
+
+
+def test_origins_compare_with_their_default_ports() -> None:
+    assert origin_of("http://Host") == origin_of("http://host:80") == "http://host:80"
+    assert origin_of("https://host/x?y") == "https://host:443"
+    assert origin_of("host:8080") == "http://host:8080"
+    assert origin_of("null") is None
+    assert origin_of("javascript:alert(1)") is None
+    assert origin_of("http://[::1]:99") == "http://[::1]:99"
+
+
+def test_the_setting_takes_origins_only() -> None:
+    assert Settings.resolve({"api_trusted_origins": "https://a.example, http://b:8080"}
+                            ).api_trusted_origins == ("https://a.example", "http://b:8080")
+    with pytest.raises(Exception, match="not an origin"):
+        Settings.resolve({"api_trusted_origins": "https://a.example/path"})
