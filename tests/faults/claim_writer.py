@@ -25,7 +25,8 @@ and runs orders, one JSON object a line on stdin, one at a time, answering each 
 
 Options beyond the store's own settings: ``tick_owners`` (owners whose key ``tick`` a
 background task sets to a growing counter every ``tick_interval`` s, for the store's own
-worker to flush every ``flush_interval`` s), and any setting (``central_transaction_timeout``).
+worker to flush every ``flush_interval`` s; the last round acknowledged goes to the file
+``tick_record``), and any setting (``central_transaction_timeout``).
 
 The parent may SIGSTOP it at any moment (mid-flush too) and SIGCONT it later: a zombie.
 """
@@ -40,6 +41,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -106,11 +108,13 @@ def freeze_before_commit(store: StateStore) -> None:
     event.listen(sink.engine.sync_engine, "commit", stop)
 
 
-async def tick(store: StateStore, owners: list[str], interval: float) -> None:
-    """Set each owner's ``tick`` to 1, 2, 3, ... every `interval` s (acknowledged locally)."""
+async def tick(store: StateStore, owners: list[str], interval: float, record: str) -> None:
+    """Set each owner's ``tick`` to 1, 2, 3, ... every `interval` s (acknowledged locally),
+    writing the last round acknowledged for every owner to the file `record`."""
     for n in itertools.count(1):
         for owner in owners:
             await store.set(owner, "tick", n, durability="local")
+        await asyncio.to_thread(Path(record).write_text, str(n))
         await asyncio.sleep(interval)
 
 
@@ -122,7 +126,8 @@ async def main(options: dict[str, Any]) -> None:
         flush_interval=options.get("flush_interval", 3600.0), local_sync="normal",
         central_thread=False, **extra,
     )
-    ticking = (asyncio.create_task(tick(store, options["tick_owners"], options["tick_interval"]))
+    ticking = (asyncio.create_task(tick(store, options["tick_owners"], options["tick_interval"],
+                                        options["tick_record"]))
                if options.get("tick_owners") else None)
     # each loss is logged once; here they are the point, and thousands
     logging.getLogger("localstate.store").setLevel(logging.ERROR)

@@ -60,16 +60,21 @@ async def wait_until_stopped(t: Triggerer) -> None:
 
 
 async def watch_ticks(url: str, owners: list[str], until: asyncio.Event,
-                      changes: list[float]) -> None:
-    """Note each moment the survivor's own owners' central values move on."""
+                      changes: list[float], regressions: list[str]) -> None:
+    """Note each moment the survivor's own owners' central values move on, and any value that
+    went backwards."""
     central = await CentralStore.open(url, upgrade_schema=False)
     try:
         last: Any = None
         while not until.is_set():
             rows = await central.read_many([(o, "tick") for o in owners])
-            now = tuple(r.data for r in rows.values())
+            now = tuple(int(rows[o, "tick"].data or 0) if (o, "tick") in rows else 0
+                        for o in owners)
             if now != last:
                 changes.append(time.monotonic())
+                if last is not None:
+                    regressions += [f"{o}: {a} -> {b}" for o, a, b in zip(
+                        owners, last, now, strict=True) if b < a]
                 last = now
             await asyncio.sleep(0.05)
     finally:
@@ -86,9 +91,10 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
     own = [f"own:{i:02d}" for i in range(OWN)]
     bound: dict[str, Any] = {"central_transaction_timeout": BOUND}
     zombie, zombie_reader = await start("zombie", url, tmp_path, **bound)
+    record = tmp_path / "ticked"
     survivor, survivor_reader = await start(
         "survivor", url, tmp_path, **bound, tick_owners=own, tick_interval=0.1,
-        flush_interval=FLUSH_INTERVAL)
+        tick_record=str(record), flush_interval=FLUSH_INTERVAL)
     procs = [zombie, survivor]
     try:
         first = json.loads(await zombie.call(claim_many=moved))
@@ -101,7 +107,8 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
                 assert (await zombie.call(flush=True)).split()[0] == "0"
         done = asyncio.Event()
         changes: list[float] = []
-        watcher = asyncio.create_task(watch_ticks(url, own, done, changes))
+        regressions: list[str] = []
+        watcher = asyncio.create_task(watch_ticks(url, own, done, changes, regressions))
         frozen_flush = zombie.send(freeze_in_flush=True)
         await wait_until_stopped(zombie)
         handover = time.monotonic()
@@ -125,6 +132,7 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
         longest_silence = max(silences)
         assert len(changes) > STOP_S / FLUSH_INTERVAL / 2, changes
         assert longest_silence <= 3 * FLUSH_INTERVAL, (longest_silence, silences)
+        assert not regressions, regressions[:5]
 
         zombie.proc.send_signal(signal.SIGCONT)
         outcome = await asyncio.wait_for(frozen_flush, 120)
@@ -147,6 +155,15 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
         for t, reader in ((zombie, zombie_reader), (survivor, survivor_reader)):
             assert await asyncio.wait_for(t.proc.wait(), 60) == 0, t.name
             await reader
+        # the survivor's last acknowledged round is central for every one of its owners
+        acknowledged = int(record.read_text())
+        central = await CentralStore.open(url, upgrade_schema=False)
+        try:
+            ticks = await central.read_many([(o, "tick") for o in own])
+        finally:
+            await central.close()
+        lost = [o for o in own if int(ticks[o, "tick"].data or 0) < acknowledged]
+        assert not lost, (acknowledged, lost[:5])
     finally:
         for t in procs:
             if t.proc.returncode is None:
@@ -158,6 +175,8 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
     fault_tally.add("owners taken over from a frozen writer", MOVED)
     fault_tally.found("claims failed behind a frozen writer", len(failed))
     fault_tally.found("zombie writes accepted after a claim", len(zombie_writes))
+    fault_tally.found("survivor's central values gone backwards", len(regressions))
+    fault_tally.lost("survivor's acknowledged writes (local) beside a frozen writer", len(lost))
     fault_tally.longest("survivor's longest claim wait behind a frozen writer", longest_claim)
     fault_tally.longest("survivor's longest central silence while a peer was frozen",
                         longest_silence)
