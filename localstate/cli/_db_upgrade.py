@@ -18,7 +18,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     url = central_url_for(settings_for(args))
 
     async def go() -> list[str]:
-        engine = make_engine(url)
+        # no transaction bound: an upgrade run by hand may need to wait for locks, or rewrite
+        # a large table, for longer than a flush ever should
+        engine = make_engine(url, transaction_timeout=None)
         try:
             return [f"{m.version}: {m.description}" for m in await upgrade(engine)]
         finally:
