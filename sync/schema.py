@@ -65,6 +65,7 @@ __all__ = [
     "FILLFACTOR",
     "FLEET_TABLE",
     "LATEST_VERSION",
+    "LEGACY_WRITER",
     "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
     "MYSQL_NAME_COLLATION",
@@ -88,6 +89,10 @@ log = logging.getLogger(__name__)
 STATE_TABLE: Final = "localstate_state_variable"
 CLAIM_TABLE: Final = "localstate_owner_claim"
 FLEET_TABLE: Final = "localstate_fleet"
+#: the ``writer`` migration 7 gives the rows of releases that wrote none (central schema
+#: below 3): their identity is their ``updated_by`` (`localstate.sync.fenced_write`, 4). No
+#: file's writer id (hex) is ever this.
+LEGACY_WRITER: Final = "earlier-release"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -270,12 +275,23 @@ def _v5_create_fleet(conn: Connection) -> None:
     _fleet_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
 
 
+def _v7_fence_earlier_releases(conn: Connection) -> None:
+    # The rows of releases that wrote no writer id keep their identity (updated_by): marked,
+    # a file's own earlier flush is recognised as its own after the upgrade instead of
+    # becoming a conflict (`localstate.sync.fenced_write`, 4). Rows a current process wrote
+    # with no file behind it (writer NULL) become such rows too: they were written under
+    # that updated_by, the identity every release before writer ids fenced on.
+    conn.execute(text(f"UPDATE {STATE_TABLE} SET writer = :w WHERE writer IS NULL"),
+                 {"w": LEGACY_WRITER})
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
     Migration(3, "state table writer column", _v3_state_variable_writer),
     Migration(4, "owner claim epochs", _v4_create_owner_claim),
     Migration(5, "fleet of triggerers", _v5_create_fleet),
+    Migration(7, "earlier releases' rows marked", _v7_fence_earlier_releases),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 
@@ -398,9 +414,10 @@ def apply_step(conn: Connection, version: int) -> bool:
     if have >= version:
         return False
     url = conn.engine.url.render_as_string(hide_password=True)
-    if have != version - 1:
+    before = max((m.version for m in MIGRATIONS if m.version < version), default=0)
+    if have != before:
         raise SchemaError(f"the central DB {url} has localstate schema version {have}: "
-                          f"migration {version} needs {version - 1} first")
+                          f"migration {version} needs {before} first")
     migration = next(m for m in MIGRATIONS if m.version == version)
     migration.apply(conn)
     conn.execute(schema_table.insert().values(
