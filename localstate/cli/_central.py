@@ -22,11 +22,14 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
+async def open_central(settings: Settings, *, read_only: bool = False
+                       ) -> AsyncIterator[CentralStore]:
+    """`read_only`: a command that only reads never migrates (an older schema raises
+    `SchemaError`, saying to run ``localstate db upgrade``), whatever `upgrade_schema`."""
     from localstate.sync.central_store import CentralStore
 
     central = await CentralStore.open(settings.resolved_central_url,
-                                      upgrade_schema=settings.upgrade_schema)
+                                      upgrade_schema=settings.upgrade_schema and not read_only)
     try:
         yield central
     finally:

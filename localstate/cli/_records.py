@@ -73,7 +73,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     settings = settings_for(args)
 
     async def go() -> CentralRow | None:
-        async with open_central(settings) as central:
+        async with open_central(settings, read_only=True) as central:
             return (await central.read_many([(owner, key)])).get((owner, key))
 
     row = asyncio.run(go())
@@ -180,7 +180,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         widths: list[int] | None = None
         if args.json:
             sys.stdout.write("[")
-        async with open_central(settings) as central:
+        async with open_central(settings, read_only=True) as central:
             after: tuple[str, str] | None = None
             while args.limit is None or shown < args.limit:
                 want = page_size if args.limit is None else min(page_size, args.limit - shown)

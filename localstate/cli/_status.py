@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import open_central, settings_for
+from localstate.cli._exit_codes import EXIT_ERROR
 from localstate.cli._printing import human_time, print_json
-from localstate.errors import CentralError
+from localstate.errors import CentralError, SchemaError
 from localstate.sync.fleet import STALE_INTERVALS, fleet_total_rate, lag_and_backlog
+from localstate.sync.schema import LATEST_VERSION
+from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
@@ -95,11 +98,25 @@ async def _fleet(central: CentralStore) -> dict[str, Any]:
             "stale": sum(1 for m in members if m["stale"])}
 
 
+async def _older_schema(url: str) -> int | None:
+    """The central DB's schema version when it is older than this release's, else None."""
+    from localstate.sync.engine import make_engine, read_connection
+    from localstate.sync.schema import current_version
+
+    engine = make_engine(url)
+    try:
+        async with read_connection(engine) as conn:
+            version = await current_version(conn)
+    finally:
+        await engine.dispose()
+    return version if version < LATEST_VERSION else None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     if args.fleet:
         async def fleet() -> dict[str, Any]:
-            async with open_central(settings) as central:
+            async with open_central(settings, read_only=True) as central:
                 return await _fleet(central)
 
         view = asyncio.run(fleet())
@@ -110,15 +127,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> dict[str, Any]:
-        async with open_central(settings) as central:
+        async with open_central(settings, read_only=True) as central:
             return await _central_summary(central)
 
-    central = asyncio.run(go())
+    try:
+        central = asyncio.run(go())
+    except SchemaError:
+        behind = asyncio.run(_older_schema(settings.resolved_central_url))
+        if behind is None:
+            raise
+        print(f"localstate    {__version__}")
+        print(f"central DB    schema {behind}, needs upgrade: run `localstate db upgrade` "
+              f"(this release uses schema {LATEST_VERSION})")
+        return EXIT_ERROR
     caches = [cache_summary(p) for p in cache_files(settings)]
     if args.json:
         print_json({"central": central, "cache_folder": str(cache_folder(settings)),
                     "caches": caches})
         return 0
+    print(f"localstate    {__version__}")
     print(f"central DB    {central['url']} (schema version {central['schema_version']})")
     print(f"state rows    {central['rows']} in {central['owners']} owners "
           f"({central['deleted']} deleted)")
