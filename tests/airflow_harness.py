@@ -30,6 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pip's own copy of tomli, which became tomllib
     from pip._vendor import tomli as tomllib
 from localstate.testing.postgres_server import PostgresServer
+from localstate.version import __version__
 
 __all__ = ["AIRFLOW", "ROOT", "Deployment", "new_deployment", "stop", "tree_metadata",
            "wait_for"]
@@ -40,10 +41,10 @@ ROOT = Path(__file__).parents[1]
 def tree_metadata(folder: Path) -> Path:
     """A ``localstate`` dist-info in `folder` declaring this tree's entry points."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    dist = folder / f"localstate-{project['version']}.dist-info"
+    dist = folder / f"localstate-{__version__}.dist-info"  # pyproject's version is dynamic
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: localstate\nVersion: {project['version']}\n")
+        f"Metadata-Version: 2.1\nName: localstate\nVersion: {__version__}\n")
     groups = project.get("entry-points", {})
     (dist / "entry_points.txt").write_text("".join(
         f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())

@@ -358,7 +358,8 @@ def test_serve_answers_on_loopback_with_tokens_and_stops_cleanly(central_url: st
     # the serving store was closed after the server stopped: its cache lock is released
     assert (cache_folder() / "serve-test.db.lock").read_bytes() == b""
     got = json.loads(ok(run("get", "dag:s/t", "k", "--json", url=central_url)).stdout)
-    assert (got["value"], got["updated_by"]) == (5, "serve-test")
+    # the server records who wrote: the token that made the request (by its name)
+    assert (got["value"], got["updated_by"]) == (5, "token 1")
 
 
 def test_version_names_the_installed_release() -> None:

@@ -84,7 +84,7 @@ def test_set_get_record_delete_list(client: StateClient, server: Server) -> None
     assert (rec.owner, rec.key, rec.value, rec.version) == (owner, "cursor", {"offset": 10}, 1)
     assert rec.flush_state is FlushState.FLUSHED
     assert rec.central_version == 1  # central durability: held when set returns
-    assert rec.updated_by == "api-server"
+    assert rec.updated_by == "token 1"  # the server records the caller: the token's name
     assert client.get(owner, "cursor") == {"offset": 10}
     assert client.get(owner, "absent", default="none") == "none"
     assert client.record(owner, "absent") is None
