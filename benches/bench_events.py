@@ -123,7 +123,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests'}",
             "LOCALSTATE_BENCH_GO": str(go),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
