@@ -1,8 +1,9 @@
 """Exactly-once watcher events under chaos, with real Airflow 3.3 processes on PostgreSQL.
 
 One deployment: ``airflow api-server`` with localstate's plugin, two ``airflow triggerer``
-processes with ``sink = api`` (through the plugin), and the dag processor and scheduler (they
-register the asset watchers and activate their assets, then stop: the two cores go to the run).
+processes with ``sink = api`` (through the plugin), the dag processor (until it has registered
+the asset watchers, then stopped: the two cores go to the run) and the scheduler, which runs
+throughout and queues the consumer DAG's runs from the emitted events.
 `W` watchers of each kind (`e2e_events_trigger`) read numbered sources that a feeder fills at a
 steady rate:
 
@@ -12,8 +13,9 @@ steady rate:
 
 Meanwhile a random schedule of faults runs: SIGKILLs of a triggerer's process group (restarted
 at once, with the same ``triggerer_id``: its cache file, outbox included, is reopened), zombie
-takeovers (SIGSTOP past ``[triggerer] triggerer_health_check_threshold``, so that the other
-triggerer takes the triggers, then SIGCONT) and restarts of the API server (SIGKILL). When the
+takeovers (the triggerer running the most triggers is stopped with SIGSTOP until the other one
+has taken them all over, past ``[triggerer] triggerer_health_check_threshold``, then resumed
+with SIGCONT while they run elsewhere) and restarts of the API server (SIGKILL). When the
 feeder stops, Airflow's own ``asset_event`` table is read back: per watcher, the items it has an
 event of, duplicates, items missing and events out of order.
 
@@ -59,7 +61,8 @@ plain = [Asset(name=f"plain_{{i}}", uri=f"localstate-e2e://plain/{{i}}",
                watchers=[AssetWatcher(name=f"plain_{{i}}_watcher",
                                       trigger=PlainSourceTrigger(index=W + i))])
          for i in range(W)]
-with DAG(dag_id="localstate_events_chaos", schedule=emit + plain, catchup=False):
+# the consumer: a run whenever an emitting watcher's asset has new events
+with DAG(dag_id="localstate_events_chaos", schedule=emit, catchup=False):
     pass
 """
 
@@ -99,6 +102,10 @@ class Outcome:
     kills: int = 0
     zombies: int = 0
     api_restarts: int = 0
+    #: zombies during which the stopped triggerer's triggers moved to the other one
+    takeovers: int = 0
+    #: runs of the DAG scheduled on the emitting watchers' assets
+    consumer_runs: int = 0
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)
 
@@ -111,8 +118,10 @@ class Outcome:
                          str(f.out_of_order), str(f.bad_extra)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-        lines.append(f"faults: {self.kills} SIGKILLs of a triggerer, {self.zombies} zombie "
-                     f"takeovers, {self.api_restarts} API server restarts; {self.seconds:.0f} s")
+        lines.append(f"faults: {self.kills} SIGKILLs of a triggerer, {self.zombies} zombies "
+                     f"({self.takeovers} with their triggers taken over), {self.api_restarts} "
+                     f"API server restarts; {self.consumer_runs} consumer DAG runs; "
+                     f"{self.seconds:.0f} s")
         return "\n".join(lines)
 
 
@@ -120,11 +129,15 @@ class Outcome:
 class _Triggerer:
     name: str
     process: subprocess.Popen[bytes]
+    #: its ``TriggererJob`` row: the ``triggerer_id`` of the triggers it runs
+    job_id: int
 
 
 class _Run:
-    def __init__(self, d: Deployment, schedule: Schedule, source: Path) -> None:
+    def __init__(self, d: Deployment, schedule: Schedule, source: Path,
+                 db: asyncpg.Connection) -> None:
         self.d = d
+        self.db = db
         self.s = schedule
         self.source = source
         self.rng = random.Random(schedule.seed)
@@ -149,7 +162,7 @@ class _Run:
 
         await wait_until("the API server with localstate", healthy, self.d, 240)
 
-    def start_triggerer(self, name: str) -> None:
+    async def start_triggerer(self, name: str) -> None:
         env = {
             "AIRFLOW__LOCALSTATE__SINK": "api",
             "AIRFLOW__LOCALSTATE__API_URL": f"{self.d.env['AIRFLOW__API__BASE_URL']}/localstate",
@@ -158,8 +171,23 @@ class _Run:
             "AIRFLOW__LOCALSTATE__TRIGGERER_ID": name,
         }
         own = dataclasses.replace(self.d, env={**self.d.env, **env})
-        self.triggerers[name] = _Triggerer(name, own.start(name, "triggerer",
-                                                           "--skip-serve-logs"))
+        before = await self.newest_triggerer_job()
+        process = own.start(name, "triggerer", "--skip-serve-logs")
+
+        async def registered() -> bool:
+            assert process.poll() is None, f"{name} exited\n{self.d.tail()}"
+            return await self.newest_triggerer_job() > before
+
+        await wait_until(f"{name}'s triggerer job", registered, self.d, 120)
+        self.triggerers[name] = _Triggerer(name, process, await self.newest_triggerer_job())
+
+    async def newest_triggerer_job(self) -> int:
+        return int(await self.db.fetchval(
+            "SELECT coalesce(max(id), 0) FROM job WHERE job_type = 'TriggererJob'"))
+
+    async def triggers_of(self, job_id: int) -> set[int]:
+        rows = await self.db.fetch("SELECT id FROM trigger WHERE triggerer_id = $1", job_id)
+        return {r["id"] for r in rows}
 
     # -- the source ----------------------------------------------------------------------
     async def feed(self) -> None:
@@ -178,15 +206,35 @@ class _Run:
     async def kill(self) -> None:
         t = self.rng.choice(sorted(self.triggerers.values(), key=lambda t: t.name))
         stop(t.process, signal.SIGKILL)
-        self.start_triggerer(t.name)
+        await self.start_triggerer(t.name)
         self.outcome.kills += 1
         self.note(f"SIGKILL {t.name}")
 
     async def zombie(self) -> None:
-        t = self.rng.choice(sorted(self.triggerers.values(), key=lambda t: t.name))
+        """Stop the triggerer running the most triggers until the other one has taken them
+        all over (past the health-check threshold), then let it run on: a zombie."""
+        held = {t.name: await self.triggers_of(t.job_id) for t in self.triggerers.values()}
+        most = max(len(h) for h in held.values())
+        t = self.triggerers[self.rng.choice(sorted(n for n, h in held.items()
+                                                   if len(h) == most))]
         os.killpg(t.process.pid, signal.SIGSTOP)
-        self.note(f"SIGSTOP {t.name}")
-        await asyncio.sleep(self.s.health_threshold + 4)
+        stopped = time.monotonic()
+        self.note(f"SIGSTOP {t.name} running {len(held[t.name])} triggers")
+        moved = False
+        deadline = stopped + self.s.health_threshold + 40
+        while not moved and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            rows = await self.db.fetch(
+                "SELECT id, triggerer_id FROM trigger WHERE id = ANY($1::int[])",
+                sorted(held[t.name]))
+            moved = bool(rows) and all(
+                r["triggerer_id"] is not None and r["triggerer_id"] != t.job_id for r in rows)
+        if moved:
+            self.outcome.takeovers += 1
+            self.note(f"{t.name}'s triggers taken over {time.monotonic() - stopped:.1f} s "
+                      "after its stop")
+        # the zombie wakes while its triggers already run elsewhere
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
         os.killpg(t.process.pid, signal.SIGCONT)
         self.outcome.zombies += 1
         self.note(f"SIGCONT {t.name}")
@@ -253,13 +301,14 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(schedule.health_threshold),
     })
-    r = _Run(d, schedule, source)
     w = schedule.watchers
     emit_names = [f"emit_{i}" for i in range(w)]
     plain_names = [f"plain_{i}" for i in range(w)]
     await d.run("db", "migrate", timeout=600)
     db = await asyncpg.connect(d.airflow_dsn)
+    r = _Run(d, schedule, source, db)
     feeder: asyncio.Task[None] | None = None
+    scheduler: subprocess.Popen[bytes] | None = None
     try:
         await r.start_api()
 
@@ -267,8 +316,10 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
             return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
 
         await activate_watchers(d, count, 2 * w)
+        # the scheduler runs throughout: it queues the consumer DAG's runs from the events
+        scheduler = d.start("scheduler-run", "scheduler", "--skip-serve-logs")
         for name in ("triggerer-a", "triggerer-b"):
-            r.start_triggerer(name)
+            await r.start_triggerer(name)
 
         async def assigned() -> bool:
             n = await db.fetchval("SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")
@@ -311,7 +362,11 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         events.update(await _events(db, "plain"))
         r.outcome.emit = _figures(events, emit_names, fed)
         r.outcome.plain = _figures(events, plain_names, fed)
+        r.outcome.consumer_runs = int(await db.fetchval(
+            "SELECT count(*) FROM dag_run WHERE dag_id = 'localstate_events_chaos'"))
     finally:
+        if scheduler is not None:
+            stop(scheduler)
         if feeder is not None:
             feeder.cancel()
         for t in r.triggerers.values():

@@ -25,10 +25,14 @@ def test_emitted_events_are_exactly_once_under_kills_zombies_and_api_restarts(
     o = asyncio.run(run(pg_server, tmp_path, s))
     print("\n" + o.table())
     assert (o.kills, o.zombies, o.api_restarts) == (20, 5, 3)
+    # each zombie's triggers were taken over by the other triggerer while it was stopped
+    assert o.takeovers == 5, o.table() + "\n" + "\n".join(o.log)
     assert o.emit.fed > 0
     assert (o.emit.duplicates, o.emit.missing, o.emit.out_of_order, o.emit.bad_extra) == (
         0, 0, 0, 0), o.table() + "\n" + "\n".join(o.log)
     assert o.emit.events == o.emit.fed
+    # the scheduler turned the events into runs of the DAG that consumes the assets
+    assert o.consumer_runs > 0
     # the plain watcher ran under the same faults and was measured
     assert o.plain.fed == o.emit.fed
     assert o.plain.events > 0
