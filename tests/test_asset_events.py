@@ -207,3 +207,89 @@ async def test_a_trigger_watching_two_assets_emits_to_each_once(
     for asset_id in ids:
         assert [e["payload"] for e in await asset_events(db, asset_id)] == [
             {"item": i} for i in range(1, 5)]
+
+
+class _Listener:
+    """An Airflow listener recording the asset hooks it is called with."""
+
+    def __init__(self) -> None:
+        self.changed: list[str] = []
+        self.emitted: list[tuple[str, Any]] = []
+
+    def plugged(self) -> Any:
+        from airflow.listeners import hookimpl
+
+        listener = self
+
+        class Hooks:
+            @hookimpl
+            def on_asset_changed(self, asset: Any) -> None:
+                listener.changed.append(asset.name)
+
+            @hookimpl
+            def on_asset_event_emitted(self, asset_event: Any) -> None:
+                listener.emitted.append((asset_event.asset.name, asset_event.extra["payload"]))
+
+        return Hooks()
+
+
+async def test_many_events_of_one_flush_are_the_rows_and_calls_airflows_path_makes(
+    migrated: Deployment, db: asyncpg.Connection, tmp_path: Path,
+) -> None:
+    """A flush of many events of one asset writes the rest of them in one INSERT after the
+    first went through `AssetManager.register_asset_change`: the rows (columns Airflow sets,
+    order, consumers queued) and the listener calls are those Airflow's path makes for each
+    event, checked against `register_asset_change` called once per event on another asset."""
+    from airflow.assets.manager import AssetManager
+    from airflow.listeners.listener import get_listener_manager
+    from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    ours, theirs = (await watched_asset(db, "batched"), await watched_asset(db, "one-by-one"))
+    listener = _Listener()
+    hooks = listener.plugged()
+    manager = get_listener_manager()
+    manager.add_listener(hooks)
+    n = 40
+    store = await StateStore.open(
+        central_url=central_url_of(migrated.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
+        cache_path=tmp_path / "batch.db", triggerer_id="batcher", flush_interval=60)
+    try:
+        for i in range(1, n + 1):
+            await store.emit("asset_watcher:batched", {"i": i}, watermark=i)
+        assert (await store.flush()).events == n
+    finally:
+        await store.close()
+    engine = create_engine(migrated.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with Session(engine) as session:
+            for i in range(1, n + 1):
+                AssetManager.register_asset_change(
+                    asset=SerializedAssetUniqueKey(name="one-by-one", uri="test://one-by-one"),
+                    extra={"from_trigger": True, "payload": {"i": i}}, session=session)
+            session.commit()
+    finally:
+        engine.dispose()
+        manager.pm.unregister(hooks)
+
+    async def rows(asset_id: int) -> list[tuple[Any, ...]]:
+        got = await db.fetch(
+            "SELECT extra, source_task_id, source_dag_id, source_run_id, source_map_index, "
+            "partition_key, timestamp FROM asset_event WHERE asset_id = $1 ORDER BY id",
+            asset_id)
+        out = [(json.loads(r["extra"]) if isinstance(r["extra"], str) else r["extra"],
+                r["source_task_id"], r["source_dag_id"], r["source_run_id"],
+                r["source_map_index"], r["partition_key"]) for r in got]
+        stamps = [r["timestamp"] for r in got]
+        assert stamps == sorted(stamps)
+        return out
+
+    assert await rows(ours) == await rows(theirs)
+    assert len(await rows(ours)) == n
+    assert await queued(db, ours) == [f"{CONSUMER}_batched"]
+    assert await queued(db, theirs) == [f"{CONSUMER}_one-by-one"]
+    for name in ("batched", "one-by-one"):
+        assert listener.changed.count(name) == n
+        assert [p for a, p in listener.emitted if a == name] == [{"i": i}
+                                                                 for i in range(1, n + 1)]

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 from airflow_api_server import api_server, free_port, migrate
@@ -36,8 +37,11 @@ from localstate.testing.postgres_server import PostgresServer
 pytestmark = pytest.mark.postgres
 
 GUIDE = ROOT / "docs" / "deploy.md"
-DAG_FILE = ROOT / "localstate" / "examples" / "new_rows_dag.py"
+DAG_FILES = [ROOT / "localstate" / "examples" / name
+             for name in ("new_rows_dag.py", "new_rows_events_dag.py")]
 OWNER = "asset_watcher:new_orders"
+#: the exactly-once example's asset: one event per row
+EVENTS_ASSET = "order_rows"
 BOUND = 300.0
 
 
@@ -64,7 +68,8 @@ def _tokens(server_cfg: str) -> tuple[str, str]:
 def deployment(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
     dags = tmp_path / "dags"
     dags.mkdir()
-    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
+    for dag_file in DAG_FILES:
+        shutil.copy(dag_file, dags / dag_file.name)
     source = tmp_path / "orders.db"
     with sqlite3.connect(source) as db:
         db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, amount INTEGER)")
@@ -169,6 +174,25 @@ async def _follow_the_guide(d: Deployment, tmp_path: Path) -> None:
 
             await wait_for("the watermark of 250 rows through the API server", caught_up, d,
                            BOUND)
+
+            # the exactly-once example: one asset event per row, each once
+            async def row_events() -> list[int]:
+                db = await asyncpg.connect(d.airflow_dsn)
+                try:
+                    rows = await db.fetch(
+                        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                        "WHERE a.name = $1 ORDER BY e.id", EVENTS_ASSET)
+                finally:
+                    await db.close()
+                extras = [json.loads(r["extra"]) if isinstance(r["extra"], str) else r["extra"]
+                          for r in rows]
+                return [int(extra["payload"]["id"]) for extra in extras]
+
+            async def all_rows_evented() -> bool:
+                return len(await row_events()) >= 250
+
+            await wait_for("an asset event per row", all_rows_evented, d, BOUND)
+            assert await row_events() == list(range(1, 251))
             # the triggerer's cache is where the guide put it, named after its triggerer_id
             assert (cache_dir / "triggerer-0.db").is_file()
         finally:

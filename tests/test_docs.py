@@ -87,6 +87,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     triggers = (site / "guides/triggers/index.html").read_text()
     assert "NewRowsTrigger" in triggers
     assert "ack_delay" in triggers
+    events = (site / "guides/exactly-once-events/index.html").read_text()
+    assert "NewRowsEventsTrigger" in events
 
 
 # -- completeness -----------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def test_the_readme_trigger_is_taken_from_the_tested_example() -> None:
     run in real Airflow processes (the README cannot include a file)."""
     blocks = [body for _, lang, body in _blocks(README) if lang == "python"]
     assert len(blocks) == 1
-    source = (ROOT / "localstate/examples/new_rows_trigger.py").read_text().splitlines()
+    source = (ROOT / "localstate/examples/new_rows_events_trigger.py").read_text().splitlines()
     lines = [line for line in blocks[0].splitlines() if line.strip()]
     assert len(lines) >= 15
     at = 0
