@@ -250,7 +250,7 @@ async def test_many_events_of_one_flush_are_the_rows_and_calls_airflows_path_mak
     listener = _Listener()
     hooks = listener.plugged()
     manager = get_listener_manager()
-    manager.add_listener(hooks)
+    manager.add_listener(hooks)  # type: ignore[no-untyped-call]
     n = 40
     store = await StateStore.open(
         central_url=central_url_of(migrated.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
