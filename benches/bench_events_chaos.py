@@ -16,8 +16,11 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
+import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,8 +56,13 @@ def main() -> None:
     print(outcome.table())
     if args.json:
         args.json.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"),
+            "hardware": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
             "schedule": dataclasses.asdict(schedule), "emit": dataclasses.asdict(outcome.emit),
-            "plain": dataclasses.asdict(outcome.plain), "seconds": round(outcome.seconds),
+            "plain": dataclasses.asdict(outcome.plain), "kills": outcome.kills,
+            "zombies": outcome.zombies, "takeovers": outcome.takeovers,
+            "api_restarts": outcome.api_restarts, "consumer_runs": outcome.consumer_runs,
+            "seconds": round(outcome.seconds),
         }, indent=2) + "\n")
 
 

@@ -475,7 +475,55 @@ def benchmarks_page(docs_dir: Path) -> str:
             f"{r['handovers']:,} |")
     lines += ["", "The model is described in [The fleet and the write budget]"
               "(guides/fleet.md).", ""]
+    lines += _events_section(docs_dir)
     return "\n".join(lines)
+
+
+def _events_section(docs_dir: Path) -> list[str]:
+    """Asset events: `emit` against Airflow's own watcher path, and the chaos run."""
+    path = docs_dir / "bench-events.json"
+    data = json.loads(path.read_text())
+    phases = data["phases"]
+    lines = ["## Asset events: `emit` against Airflow's watcher path", "",
+             f"*`docs/{path.name}`, {_dated(path)}; {data['hardware']}; Airflow "
+             f"{data['airflow_version']} on {data['central_db']}; `python "
+             "benches/bench_events.py --json docs/bench-events.json`. One `airflow triggerer` "
+             "(`sink = api`, `flush_interval` "
+             f"{data['flush_interval_s']:g} s) and `airflow api-server` with the plugin; every "
+             "figure is read from Airflow's `asset_event` table. The baseline, measured in the "
+             "same run, is a watcher yielding `TriggerEvent`s, which Airflow's supervisor "
+             "commits one by one.*", "",
+             "| path | events | events/s | × Airflow's path | latency p50 | latency p99 | "
+             "database commits per event |", "|---|---|---|---|---|---|---|"]
+    base = phases["yield"]["events_per_s"]
+    names = {"yield": "Airflow: `yield TriggerEvent`", "emit": "localstate `emit`",
+             "paced": f"localstate `emit`, offered {data['paced_rate_offered']:,}/s"}
+    for key, label in names.items():
+        r = phases[key]
+        lines.append(f"| {label} | {r['events']:,} | {r['events_per_s']:,.0f} | "
+                     f"{r['events_per_s'] / base:.1f}× | {r['latency_p50_s']:.2f} s | "
+                     f"{r['latency_p99_s']:.2f} s | {r['db_commits_per_event']:.3f} |")
+    lines.append("")
+    chaos_path = docs_dir / "bench-events-chaos.json"
+    if chaos_path.exists():
+        chaos = json.loads(chaos_path.read_text())
+        s = chaos["schedule"]
+        lines += [f"**Under faults** (*`docs/{chaos_path.name}`, {_dated(chaos_path)}; "
+                  "`python benches/bench_events_chaos.py --json docs/bench-events-chaos.json`*): "
+                  "two triggerers, the scheduler and the API server with the plugin on "
+                  f"PostgreSQL, {s['watchers']} watchers of each kind fed {s['rate']:g} items/s "
+                  f"each, through {chaos['kills']} SIGKILLs of a triggerer, {chaos['zombies']} "
+                  f"zombie takeovers and {chaos['api_restarts']} API-server restarts in "
+                  f"{chaos['seconds'] / 60:.0f} minutes:", "",
+                  "| watcher | items | asset events | duplicates | missing | out of order |",
+                  "|---|---|---|---|---|---|"]
+        for key, label in (("emit", "localstate `emit`"),
+                           ("plain", "Airflow: `yield`, then `asset_state_store.aset`")):
+            r = chaos[key]
+            lines.append(f"| {label} | {r['fed']:,} | {r['events']:,} | {r['duplicates']:,} | "
+                         f"{r['missing']:,} | {r['out_of_order']:,} |")
+        lines.append("")
+    return lines
 
 
 def _bench_rows_section(title: str, path: Path, data: dict[str, Any], command: str,
