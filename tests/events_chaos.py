@@ -61,8 +61,10 @@ plain = [Asset(name=f"plain_{{i}}", uri=f"localstate-e2e://plain/{{i}}",
                watchers=[AssetWatcher(name=f"plain_{{i}}_watcher",
                                       trigger=PlainSourceTrigger(index=W + i))])
          for i in range(W)]
-# the consumer: a run whenever an emitting watcher's asset has new events
+# the consumers (Airflow registers the watchers of the assets DAGs are scheduled on)
 with DAG(dag_id="localstate_events_chaos", schedule=emit, catchup=False):
+    pass
+with DAG(dag_id="plain_events_chaos", schedule=plain, catchup=False):
     pass
 """
 
