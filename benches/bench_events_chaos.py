@@ -53,6 +53,7 @@ def main() -> None:
             outcome = asyncio.run(run(server, Path(tmp), schedule, progress=True))
         finally:
             server.close()
+    print("\n".join(outcome.log))
     print(outcome.table())
     if args.json:
         args.json.write_text(json.dumps({

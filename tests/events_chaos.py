@@ -235,6 +235,15 @@ class _Run:
             self.outcome.takeovers += 1
             self.note(f"{t.name}'s triggers taken over {time.monotonic() - stopped:.1f} s "
                       "after its stop")
+        else:
+            where = await self.db.fetch(
+                "SELECT t.id, t.triggerer_id, j.latest_heartbeat, j.end_date FROM trigger t "
+                "LEFT JOIN job j ON j.id = t.triggerer_id ORDER BY t.id")
+            jobs = {n: x.job_id for n, x in self.triggerers.items()}
+            self.note(f"{t.name}'s triggers NOT taken over; jobs {jobs}; triggers "
+                      + "; ".join(f"{r['id']}->{r['triggerer_id']} (heartbeat "
+                                  f"{r['latest_heartbeat']}, ended {r['end_date']})"
+                                  for r in where))
         # the zombie wakes while its triggers already run elsewhere
         await asyncio.sleep(self.rng.uniform(0.5, 3.0))
         os.killpg(t.process.pid, signal.SIGCONT)

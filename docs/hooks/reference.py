@@ -513,7 +513,9 @@ def _events_section(docs_dir: Path) -> list[str]:
                   "two triggerers, the scheduler and the API server with the plugin on "
                   f"PostgreSQL, {s['watchers']} watchers of each kind fed {s['rate']:g} items/s "
                   f"each, through {chaos['kills']} SIGKILLs of a triggerer, {chaos['zombies']} "
-                  f"zombie takeovers and {chaos['api_restarts']} API-server restarts in "
+                  f"zombie stops (SIGSTOP, then SIGCONT; in {chaos['takeovers']} of them the "
+                  "other triggerer had taken the triggers over before the zombie woke) and "
+                  f"{chaos['api_restarts']} API-server restarts in "
                   f"{chaos['seconds'] / 60:.0f} minutes:", "",
                   "| watcher | items | asset events | duplicates | missing | out of order |",
                   "|---|---|---|---|---|---|"]
