@@ -240,6 +240,13 @@ class _Run:
                 "SELECT t.id, t.triggerer_id, j.latest_heartbeat, j.end_date FROM trigger t "
                 "LEFT JOIN job j ON j.id = t.triggerer_id ORDER BY t.id")
             jobs = {n: x.job_id for n, x in self.triggerers.items()}
+            sessions = await self.db.fetch(
+                "SELECT pid, state, wait_event_type, left(query, 80) AS query FROM "
+                "pg_stat_activity WHERE datname = current_database() AND state <> 'idle' "
+                "AND pid <> pg_backend_pid()")
+            self.note("sessions: " + "; ".join(
+                f"{r['pid']} {r['state']} waits {r['wait_event_type']}: {r['query']}"
+                for r in sessions))
             self.note(f"{t.name}'s triggers NOT taken over; jobs {jobs}; triggers "
                       + "; ".join(f"{r['id']}->{r['triggerer_id']} (heartbeat "
                                   f"{r['latest_heartbeat']}, ended {r['end_date']})"
