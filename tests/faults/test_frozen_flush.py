@@ -29,9 +29,13 @@ import json
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+from api_server import RW_TOKEN, ServeProcess
 from fault_tally import FaultTally
 from test_claim_failover import Triggerer, start
 
@@ -44,6 +48,47 @@ MOVED = 300
 OWN = 30
 FLUSH_INTERVAL = 1.0
 STOP_S = float(os.environ.get("LOCALSTATE_FROZEN_STOP_S", "12"))
+#: flush_timeout of the writer stopped between its COMMIT and its timer's check
+FLUSH_TIMEOUT = 2.0
+
+
+@pytest.fixture(params=["sql", "api"])
+def sink(request: pytest.FixtureRequest) -> str:
+    """How the writers reach the central DB: directly, or through a `localstate serve`."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def central_for(sink: str, url: str, monkeypatch: pytest.MonkeyPatch
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """The writers' options to reach the central DB `url` through `sink`: for ``api``, a
+    `localstate serve` over it, its transactions bounded by `BOUND` too."""
+    if sink == "sql":
+        yield {}
+        return
+    monkeypatch.setenv("AIRFLOW__LOCALSTATE__CENTRAL_TRANSACTION_TIMEOUT", str(BOUND))
+    server = ServeProcess(url, store_id="frozen-flush-server")
+    await asyncio.to_thread(server.start)
+    try:
+        yield {"central_url": None, "sink": "api", "api_url": server.url,
+               "api_token": RW_TOKEN}
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+def fresh_database(db_server: PostgresServer | MysqlServer, prefix: str) -> str:
+    if isinstance(db_server, MysqlServer):
+        db_server.ensure_running()
+    return db_server.create_database(
+        f"{prefix}_{os.getpid()}_{int(time.time() * 1000) % 10**8}")
+
+
+async def read_central(url: str, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    central = await CentralStore.open(url, upgrade_schema=False)
+    try:
+        return dict(await central.read_many(keys))
+    finally:
+        await central.close()
 
 
 def stopped(pid: int) -> bool:
@@ -183,3 +228,52 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
     print(f"\nfrozen flush ({backend}, bound {BOUND} s, stop {STOP_S} s): {MOVED} claims "
           f"done {claimed - handover:.2f} s after the freeze (longest {longest_claim:.2f} s); "
           f"survivor's longest central silence {longest_silence:.2f} s")
+
+
+async def test_a_flush_committed_before_a_stop_is_reported_committed_whatever_its_timer_said(
+    db_server: PostgresServer | MysqlServer, sink: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, fault_tally: FaultTally,
+) -> None:
+    """A writer stopped (SIGSTOP) once the central DB committed its flush, before it read the
+    answer, and woken after its ``flush_timeout`` passed: the flush is reported committed (no
+    error, nothing lost, no conflict), its rows are clean, and nothing is written again."""
+    url = fresh_database(db_server, "committed")
+    owners = [f"moved:{i:02d}" for i in range(OWN)]
+    keys = [(o, "watermark") for o in owners]
+    async with central_for(sink, url, monkeypatch) as reach:
+        writer, reader = await start("stopped", reach.pop("central_url", url), tmp_path,
+                                     flush_timeout=FLUSH_TIMEOUT, **reach)
+        try:
+            claims = json.loads(await writer.call(claim_many=owners))
+            assert all(isinstance(epoch, int) for _o, _s, epoch in claims), claims
+            for value in (1, 2):
+                answers = await asyncio.gather(*(
+                    writer.send(write=o, key="watermark", value=value) for o in owners))
+                assert all(a.startswith("ok") for a in answers), answers[:3]
+                if value == 1:
+                    assert (await writer.call(flush=True)).split() == ["0", "0"]
+            flush = writer.send(freeze_after_commit=True)
+            await wait_until_stopped(writer)
+            stopped_at = time.monotonic()
+            # stopped after the commit: the central DB holds the flush already
+            committed = await read_central(url, keys)
+            assert all(json.loads(committed[k].data or "null") == 2 for k in keys), committed
+            await asyncio.sleep(max(0.0, FLUSH_TIMEOUT + 1 - (time.monotonic() - stopped_at)))
+            writer.proc.send_signal(signal.SIGCONT)
+            outcome = await asyncio.wait_for(flush, 60)
+            assert outcome == "0 0", outcome  # reported committed, not failed
+            assert await writer.call(dirty=True) == "0 0"  # rows clean, no central error
+            assert (await writer.call(flush=True)).split() == ["0", "0"]
+            after = await read_central(url, keys)
+            rewritten = [k for k in keys if after[k].version != committed[k].version]
+            assert not rewritten, rewritten[:5]  # not sent again
+            writer.send(quit=True)
+            assert await asyncio.wait_for(writer.proc.wait(), 60) == 0
+            await reader
+        finally:
+            if writer.proc.returncode is None:
+                writer.proc.send_signal(signal.SIGCONT)
+                writer.proc.kill()
+                await writer.proc.wait()
+    fault_tally.add("flushes stopped between their COMMIT and their timer's check")
+    fault_tally.found("committed flushes reported failed after a stop", 0)
