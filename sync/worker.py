@@ -23,8 +23,8 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
 from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey
@@ -42,7 +42,7 @@ from localstate.sync.settle import ConflictInfo, FlushReport, Settler
 from localstate.sync.sinks import EventSink, FleetReporting, Sink, carries_events
 from localstate.sync.waiters import FlushWaiters
 
-__all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker"]
+__all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker", "wait_awake"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,45 @@ log = logging.getLogger(__name__)
 CLOSE_TRIES: Final = 4
 #: seconds a flush cancelled at close may take to unwind before close goes on without it
 CANCEL_GRACE: Final = 1.0
+#: `wait_awake` looks at its clock every this many seconds at most ...
+TIMER_SLICE: Final = 1.0
+#: ... and a look this much later than asked means this process did not run meanwhile
+STALL: Final = 0.5
+
+_T = TypeVar("_T")
+
+
+async def wait_awake(call: Awaitable[_T], timeout: float) -> _T:
+    """`call`'s result, or `asyncio.TimeoutError` once it went unanswered for `timeout` seconds
+    of this process's running time.
+
+    The wall clock runs on while the process does not: stopped (SIGSTOP, a frozen container, a
+    paused VM) or its loop blocked. A central DB that committed a flush during such a stop has
+    its answer waiting, unread, when the process wakes; `asyncio.wait_for` would see its timer
+    expired first and throw the answer away, reporting a committed flush as failed. Here the
+    clock is looked at every `TIMER_SLICE` seconds at most, and a look that comes more than
+    `STALL` late counts half its slice (the process was stopped for the rest): after a stop,
+    the call always gets another slice to deliver what it has."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(call)
+    left = timeout
+    try:
+        while left > 0:
+            step = min(left, TIMER_SLICE)
+            started = loop.time()
+            done, _pending = await asyncio.wait({task}, timeout=step)
+            if done:
+                return task.result()
+            took = loop.time() - started
+            left -= step / 2 if took > step + STALL else took
+        task.cancel()
+        await asyncio.wait({task})  # as wait_for: an answer that came meanwhile counts
+    except BaseException:
+        task.cancel()
+        raise
+    if task.cancelled():
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 class SyncWorker:
@@ -351,9 +390,13 @@ class SyncWorker:
         and fires no timeout of its own: the flush, and every flush after it, would wait until
         TCP gives up (minutes). Abandoned, the batch stays dirty and the next try opens a new
         connection. A commit whose answer was lost so is replayed safely: the version fence
-        takes a write of this file's own chain again (`localstate.sync.fenced_write`)."""
+        takes a write of this file's own chain again (`localstate.sync.fenced_write`).
+
+        The timeout counts the time this process ran (`wait_awake`): a flush that committed
+        while the process was stopped is reported committed when it wakes, whatever its
+        timer said."""
         try:
-            return await asyncio.wait_for(
+            return await wait_awake(
                 self.sink.write_batch(self.claims.stamp(rows), self.policies,
                                       writer=self.cache.writer_id),
                 self.flush_timeout)
@@ -375,9 +418,9 @@ class SyncWorker:
         epoch_of = self.claims.epoch_of
         stamped = [e._replace(epoch=epoch_of(e.owner)) for e in events]
         try:
-            return await asyncio.wait_for(
+            return await wait_awake(
                 sink.write_with_events(self.claims.stamp(rows), stamped, self.policies,
-                                            writer=self.cache.writer_id),
+                                       writer=self.cache.writer_id),
                 self.flush_timeout)
         except asyncio.TimeoutError:
             raise CentralUnavailable(

@@ -41,7 +41,7 @@ from localstate.entry import UNKNOWN_BASE
 from localstate.local_cache import LocalCache
 from localstate.sync.central_store import CentralStore
 from localstate.sync.rows import CentralRow
-from localstate.sync.worker import ConflictInfo, SyncWorker
+from localstate.sync.worker import ConflictInfo, SyncWorker, wait_awake
 from localstate.testing.mysql_server import MysqlServer
 from localstate.testing.postgres_server import PostgresServer
 
@@ -972,3 +972,31 @@ def rows_carried_direct(parameters: Any) -> int:
     values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
     assert not any(isinstance(v, list) for v in values)
     return 1
+
+
+async def test_an_answer_that_came_while_the_loop_did_not_run_is_kept_by_the_flush_timer(
+) -> None:
+    """`wait_awake`: the loop stops for longer than the timeout (a stopped process, here a
+    blocked loop), the answer arrives meanwhile and needs one more turn to be delivered:
+    `asyncio.wait_for` throws it away, `wait_awake` returns it; an answer that never comes
+    still times out."""
+    loop = asyncio.get_running_loop()
+
+    def answered_during_a_stop() -> Awaitable[int]:
+        answer: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.1, answer.set_result, 7)
+        loop.call_soon(time.sleep, 2.0)  # the loop does not run: 0.1 s and 1 s pass
+
+        async def call() -> int:
+            value = await answer
+            await asyncio.sleep(0)  # the rest of the call after its answer (as after COMMIT)
+            return value
+        return call()
+
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(answered_during_a_stop(), 1.0)
+    assert await wait_awake(answered_during_a_stop(), 1.0) == 7
+    started = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        await wait_awake(loop.create_future(), 0.3)
+    assert time.monotonic() - started >= 0.3

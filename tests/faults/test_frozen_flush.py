@@ -14,11 +14,20 @@ central DB, PostgreSQL or MariaDB, with ``central_transaction_timeout`` = `BOUND
   transaction was ended by the server meanwhile, its flush fails, and its next flushes are
   refused for the claims (`OwnerLost`).
 
+Both with ``sink = sql`` (the writers talk to the central DB) and ``sink = api`` (through a
+`localstate serve` over it, bounded the same way). Through the API the zombie holds no
+transaction: it stops once its flush request's headers are sent and its body is not, and the
+server, which reads a whole request before it opens a transaction, holds nothing for it.
+
 Checked: every claim commits, none fails (no pool timeout, no lock timeout reaching the
 caller), each within ``BOUND + 5 s`` of the freeze; the survivor's own owners are never more
 than three flush intervals without a central write; no write of the zombie is central after
 the takeover; every owner ends at its last acknowledged value. The fault summary reports the
-longest claim wait and the longest central silence of the survivor.
+longest claim wait and the longest central silence of the survivor, per sink.
+
+A second schedule stops a writer (SIGSTOP) once the central DB has committed its flush and
+before it reads the answer, and wakes it after its ``flush_timeout``: the flush is reported
+committed, its rows are clean and nothing is written again.
 """
 
 from __future__ import annotations
@@ -29,9 +38,13 @@ import json
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+from api_server import RW_TOKEN, ServeProcess
 from fault_tally import FaultTally
 from test_claim_failover import Triggerer, start
 
@@ -44,6 +57,50 @@ MOVED = 300
 OWN = 30
 FLUSH_INTERVAL = 1.0
 STOP_S = float(os.environ.get("LOCALSTATE_FROZEN_STOP_S", "12"))
+#: flush_timeout of the writer stopped between its COMMIT and its timer's check
+FLUSH_TIMEOUT = 2.0
+#: how long that writer stays stopped (``LOCALSTATE_COMMITTED_STOP_S``; beyond ``central_timeout``,
+#: 30 s, the API sink's HTTP timeouts expire during the stop too)
+COMMITTED_STOP_S = float(os.environ.get("LOCALSTATE_COMMITTED_STOP_S", FLUSH_TIMEOUT + 1))
+
+
+@pytest.fixture(params=["sql", "api"])
+def sink(request: pytest.FixtureRequest) -> str:
+    """How the writers reach the central DB: directly, or through a `localstate serve`."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def central_for(sink: str, url: str, monkeypatch: pytest.MonkeyPatch
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """The writers' options to reach the central DB `url` through `sink`: for ``api``, a
+    `localstate serve` over it, its transactions bounded by `BOUND` too."""
+    if sink == "sql":
+        yield {}
+        return
+    monkeypatch.setenv("AIRFLOW__LOCALSTATE__CENTRAL_TRANSACTION_TIMEOUT", str(BOUND))
+    server = ServeProcess(url, store_id="frozen-flush-server")
+    await asyncio.to_thread(server.start)
+    try:
+        yield {"central_url": None, "sink": "api", "api_url": server.url,
+               "api_token": RW_TOKEN}
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+def fresh_database(db_server: PostgresServer | MysqlServer, prefix: str) -> str:
+    if isinstance(db_server, MysqlServer):
+        db_server.ensure_running()
+    return db_server.create_database(
+        f"{prefix}_{os.getpid()}_{int(time.time() * 1000) % 10**8}")
+
+
+async def read_central(url: str, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    central = await CentralStore.open(url, upgrade_schema=False)
+    try:
+        return dict(await central.read_many(keys))
+    finally:
+        await central.close()
 
 
 def stopped(pid: int) -> bool:
@@ -82,18 +139,25 @@ async def watch_ticks(url: str, owners: list[str], until: asyncio.Event,
 
 
 async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
-    db_server: PostgresServer | MysqlServer, tmp_path: Path, fault_tally: FaultTally,
+    db_server: PostgresServer | MysqlServer, sink: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, fault_tally: FaultTally,
 ) -> None:
-    if isinstance(db_server, MysqlServer):
-        db_server.ensure_running()
-    url = db_server.create_database(f"frozen_{os.getpid()}_{int(time.time() * 1000) % 10**8}")
+    url = fresh_database(db_server, "frozen")
+    async with central_for(sink, url, monkeypatch) as reach:
+        await frozen_flush_schedule(db_server, sink, url, reach, tmp_path, fault_tally)
+
+
+async def frozen_flush_schedule(db_server: PostgresServer | MysqlServer, sink: str, url: str,
+                                reach: dict[str, Any], tmp_path: Path,
+                                fault_tally: FaultTally) -> None:
     moved = [f"moved:{i:03d}" for i in range(MOVED)]
     own = [f"own:{i:02d}" for i in range(OWN)]
-    bound: dict[str, Any] = {"central_transaction_timeout": BOUND}
-    zombie, zombie_reader = await start("zombie", url, tmp_path, **bound)
+    options: dict[str, Any] = {"central_transaction_timeout": BOUND, **reach}
+    writers_url = options.pop("central_url", url)
+    zombie, zombie_reader = await start("zombie", writers_url, tmp_path, **options)
     record = tmp_path / "ticked"
     survivor, survivor_reader = await start(
-        "survivor", url, tmp_path, **bound, tick_owners=own, tick_interval=0.1,
+        "survivor", writers_url, tmp_path, **options, tick_owners=own, tick_interval=0.1,
         tick_record=str(record), flush_interval=FLUSH_INTERVAL)
     procs = [zombie, survivor]
     try:
@@ -118,7 +182,10 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
         failed = [c for c in claims if not isinstance(c[2], int)]
         assert not failed, f"{len(failed)} claims failed: {failed[:5]}"
         longest_claim = max(seconds for _o, seconds, _e in claims)
-        assert longest_claim >= BOUND / 2, "no claim met the frozen writer's locks"
+        if sink == "sql":
+            assert longest_claim >= BOUND / 2, "no claim met the frozen writer's locks"
+        # through the API the frozen writer holds no lock: the server waits for its body
+        # before it opens a transaction
         assert claimed - handover <= BOUND + 5, (claimed - handover)
         answers = await asyncio.gather(*(
             survivor.send(write=o, key="watermark", value=100) for o in moved))
@@ -171,15 +238,68 @@ async def test_a_writer_frozen_in_its_flush_stalls_no_takeover_and_no_peer(
                 t.proc.kill()
                 await t.proc.wait()
     backend = "MariaDB" if isinstance(db_server, MysqlServer) else "PostgreSQL"
-    fault_tally.add("writers frozen inside a flush transaction")
-    fault_tally.add("owners taken over from a frozen writer", MOVED)
+    via = f" (sink = {sink})"
+    fault_tally.add(f"writers frozen inside a flush{via}")
+    fault_tally.add(f"owners taken over from a frozen writer{via}", MOVED)
     fault_tally.found("claims failed behind a frozen writer", len(failed))
     fault_tally.found("zombie writes accepted after a claim", len(zombie_writes))
     fault_tally.found("survivor's central values gone backwards", len(regressions))
     fault_tally.lost("survivor's acknowledged writes (local) beside a frozen writer", len(lost))
-    fault_tally.longest("survivor's longest claim wait behind a frozen writer", longest_claim)
-    fault_tally.longest("survivor's longest central silence while a peer was frozen",
+    fault_tally.longest(f"survivor's longest claim wait behind a frozen writer{via}",
+                        longest_claim)
+    fault_tally.longest(f"survivor's longest central silence while a peer was frozen{via}",
                         longest_silence)
-    print(f"\nfrozen flush ({backend}, bound {BOUND} s, stop {STOP_S} s): {MOVED} claims "
+    print(f"\nfrozen flush ({backend}, sink = {sink}, bound {BOUND} s, stop {STOP_S} s): "
+          f"{MOVED} claims "
           f"done {claimed - handover:.2f} s after the freeze (longest {longest_claim:.2f} s); "
-          f"survivor's longest central silence {longest_silence:.2f} s")
+          f"survivor's longest central silence {longest_silence:.2f} s; the woken writer's "
+          f"frozen flush: {outcome!r}")
+
+
+async def test_a_flush_committed_before_a_stop_is_reported_committed_whatever_its_timer_said(
+    db_server: PostgresServer | MysqlServer, sink: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, fault_tally: FaultTally,
+) -> None:
+    """A writer stopped (SIGSTOP) once the central DB committed its flush, before it read the
+    answer, and woken after its ``flush_timeout`` passed: the flush is reported committed (no
+    error, nothing lost, no conflict), its rows are clean, and nothing is written again."""
+    url = fresh_database(db_server, "committed")
+    owners = [f"moved:{i:02d}" for i in range(OWN)]
+    keys = [(o, "watermark") for o in owners]
+    async with central_for(sink, url, monkeypatch) as reach:
+        writer, reader = await start("stopped", reach.pop("central_url", url), tmp_path,
+                                     flush_timeout=FLUSH_TIMEOUT, **reach)
+        try:
+            claims = json.loads(await writer.call(claim_many=owners))
+            assert all(isinstance(epoch, int) for _o, _s, epoch in claims), claims
+            for value in (1, 2):
+                answers = await asyncio.gather(*(
+                    writer.send(write=o, key="watermark", value=value) for o in owners))
+                assert all(a.startswith("ok") for a in answers), answers[:3]
+                if value == 1:
+                    assert (await writer.call(flush=True)).split() == ["0", "0"]
+            flush = writer.send(freeze_after_commit=True)
+            await wait_until_stopped(writer)
+            stopped_at = time.monotonic()
+            # stopped after the commit: the central DB holds the flush already
+            committed = await read_central(url, keys)
+            assert all(json.loads(committed[k].data or "null") == 2 for k in keys), committed
+            await asyncio.sleep(max(0.0, COMMITTED_STOP_S - (time.monotonic() - stopped_at)))
+            writer.proc.send_signal(signal.SIGCONT)
+            outcome = await asyncio.wait_for(flush, 60)
+            assert outcome == "0 0", outcome  # reported committed, not failed
+            assert await writer.call(dirty=True) == "0 0"  # rows clean, no central error
+            assert (await writer.call(flush=True)).split() == ["0", "0"]
+            after = await read_central(url, keys)
+            rewritten = [k for k in keys if after[k].version != committed[k].version]
+            assert not rewritten, rewritten[:5]  # not sent again
+            writer.send(quit=True)
+            assert await asyncio.wait_for(writer.proc.wait(), 60) == 0
+            await reader
+        finally:
+            if writer.proc.returncode is None:
+                writer.proc.send_signal(signal.SIGCONT)
+                writer.proc.kill()
+                await writer.proc.wait()
+    fault_tally.add("flushes stopped between their COMMIT and their timer's check")
+    fault_tally.found("committed flushes reported failed after a stop", 0)
