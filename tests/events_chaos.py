@@ -215,8 +215,16 @@ class _Run:
     async def zombie(self) -> None:
         """Stop the triggerer running the most triggers until the other one has taken them
         all over (past the health-check threshold), then let it run on: a zombie."""
-        held = {t.name: await self.triggers_of(t.job_id) for t in self.triggerers.values()}
-        most = max(len(h) for h in held.values())
+        # after a SIGKILL the triggers stay on the dead triggerer's job until the threshold
+        # passes: wait until a running triggerer holds them, so that there is something to
+        # take over
+        deadline = time.monotonic() + self.s.health_threshold + 30
+        while True:
+            held = {t.name: await self.triggers_of(t.job_id) for t in self.triggerers.values()}
+            most = max(len(h) for h in held.values())
+            if most > 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
         t = self.triggerers[self.rng.choice(sorted(n for n, h in held.items()
                                                    if len(h) == most))]
         os.killpg(t.process.pid, signal.SIGSTOP)
