@@ -66,6 +66,7 @@ __all__ = [
     "FILLFACTOR",
     "FLEET_TABLE",
     "LATEST_VERSION",
+    "LEGACY_WRITER",
     "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
     "MYSQL_NAME_COLLATION",
@@ -92,6 +93,10 @@ CLAIM_TABLE: Final = "localstate_owner_claim"
 FLEET_TABLE: Final = "localstate_fleet"
 #: one row per event committed (`StateStore.emit`): its (owner, key) de-duplicates replays
 EVENT_TABLE: Final = "localstate_event"
+#: the ``writer`` migration 7 gives the rows of releases that wrote none (central schema
+#: below 3): their identity is their ``updated_by`` (`localstate.sync.fenced_write`, 4). No
+#: file's writer id (hex) is ever this.
+LEGACY_WRITER: Final = "earlier-release"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -297,6 +302,16 @@ def _v6_create_event(conn: Connection) -> None:
     _event_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
 
 
+def _v7_fence_earlier_releases(conn: Connection) -> None:
+    # The rows of releases that wrote no writer id keep their identity (updated_by): marked,
+    # a file's own earlier flush is recognised as its own after the upgrade instead of
+    # becoming a conflict (`localstate.sync.fenced_write`, 4). Rows a current process wrote
+    # with no file behind it (writer NULL) become such rows too: they were written under
+    # that updated_by, the identity every release before writer ids fenced on.
+    conn.execute(text(f"UPDATE {STATE_TABLE} SET writer = :w WHERE writer IS NULL"),
+                 {"w": LEGACY_WRITER})
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
@@ -304,6 +319,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(4, "owner claim epochs", _v4_create_owner_claim),
     Migration(5, "fleet of triggerers", _v5_create_fleet),
     Migration(6, "events committed with watermarks", _v6_create_event),
+    Migration(7, "earlier releases' rows marked", _v7_fence_earlier_releases),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 
