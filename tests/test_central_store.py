@@ -414,11 +414,14 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
 
 
 async def _as_written_by_an_earlier_release(central: CentralStore) -> None:
-    """What an upgrade leaves of rows an earlier release wrote (no writer id): migration 7
-    run on them."""
+    """What an upgrade leaves of rows an earlier release wrote (no writer id): the table as
+    it was before migration 7 (its old name), then migration 7 run on it."""
     migration = next(m for m in MIGRATIONS if m.version == 7)
+    mysql = central.engine.dialect.name in ("mysql", "mariadb")
+    rename = "RENAME TABLE {} TO {}" if mysql else "ALTER TABLE {} RENAME TO {}"
     async with central.engine.begin() as conn:
         await conn.execute(text(f"UPDATE {STATE_TABLE} SET writer = NULL"))
+        await conn.execute(text(rename.format(STATE_TABLE, "localstate_state_variable")))
         await conn.run_sync(migration.apply)
 
 

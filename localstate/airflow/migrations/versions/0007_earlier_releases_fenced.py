@@ -1,4 +1,4 @@
-"""localstate schema migration 7: earlier releases' rows marked.
+"""localstate schema migration 7: earlier releases' rows marked, their writers fenced out.
 
 Its step is `localstate.sync.schema.MIGRATIONS` entry 7.
 """

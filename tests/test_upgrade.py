@@ -1,0 +1,142 @@
+"""Upgrading from the previous release, run for real: its own code (pinned by commit, from
+this repository's history) writes, is SIGKILLed in its flush window and keeps a process
+running; then this tree's code upgrades the same central DB and cache file.
+
+The previous release: 0.1.0 of 2026-12-03 (central schema 2, cache-file schema 1, no claims,
+no writer ids). Its source is unpacked with ``git archive`` and put first on the path of a
+subprocess of this venv (its dependencies are this tree's, which it accepts), so the test
+needs no package index. On SQLite and PostgreSQL (that release had no MySQL support).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate import StateStore
+from localstate.sync.central_store import CentralStore
+from localstate.sync.engine import make_engine
+from localstate.sync.schema import current_version
+
+PREVIOUS_RELEASE = "339ce5c992792dcb1b4390845cc8c9f1478333fe"  # 0.1.0, 2026-12-03
+REPO = Path(__file__).resolve().parent.parent
+WRITER = Path(__file__).resolve().parent / "upgrade" / "old_release_writer.py"
+OWNER = "asset_watcher:upgrade"
+N_KEYS = 300
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's source tree (``localstate`` and its ``sync`` link)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE],
+                             check=True, capture_output=True).stdout
+    root = tmp_path_factory.mktemp("previous-release")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="tar")
+    return root
+
+
+def _old(release: Path, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(release)}
+    return subprocess.Popen([sys.executable, str(WRITER), *args], env=env, text=True,
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _ask(proc: subprocess.Popen[str], line: str) -> str:
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+async def _central_values(url: str) -> dict[str, Any]:
+    async with CentralStore.open(url, upgrade_schema=False) as central:
+        rows = await central.read_many([(OWNER, f"k{i}") for i in range(N_KEYS)])
+    return {k: (None if r.data is None else r.data) for (_o, k), r in rows.items()}
+
+
+async def test_upgrade_from_the_previous_release(
+    previous_release: Path, central_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = str(tmp_path / "old.db")
+    # 1. the previous release writes, and is killed in its flush window: v2 committed
+    #    centrally, v3 acknowledged locally, the mark-clean of v2 lost
+    crash = _old(previous_release, "crash", central_url, cache, str(N_KEYS))
+    out, err = crash.communicate(timeout=120)
+    assert crash.returncode == -9, err
+    assert out.split() == ["acknowledged"]
+    engine = make_engine(central_url)
+    try:
+        async with engine.connect() as conn:
+            assert await current_version(conn) == 2
+    finally:
+        await engine.dispose()
+    # 2. a process of the previous release keeps running, on an owner of its own
+    zombie_cache = str(tmp_path / "zombie.db")
+    zombie = _old(previous_release, "linger", central_url, zombie_cache, stdin=subprocess.PIPE)
+    try:
+        assert zombie.stdout is not None
+        ready = zombie.stdout.readline().split()
+        assert ready[:1] == ["ready"], ready
+        assert ready[1].startswith(str(previous_release)), ready  # the previous release's code
+        assert _ask(zombie, "write asset_watcher:moved wm 1") == "ok"
+        # 3. this release takes over the file (and migrates), announced once
+        caplog.set_level(logging.INFO)
+        store = await StateStore.open(central_url=central_url, cache_path=cache,
+                                      triggerer_id="triggerer-old", upgrade_schema=True,
+                                      flush_interval=3600.0)
+        try:
+            upgrades = [r.getMessage() for r in caplog.records
+                        if "upgraded the localstate schema of the central DB" in r.getMessage()]
+            assert len(upgrades) == 1, upgrades
+            assert "from version 2 to 7" in upgrades[0], upgrades
+            # every acknowledged write is there, and flushes as its own (no conflict)
+            for i in range(N_KEYS):
+                assert await store.get(OWNER, f"k{i}") == {"v": 3}
+            report = await store.flush()
+            assert (report.conflicts, report.written) == (0, N_KEYS), report
+            central = await _central_values(central_url)
+            assert set(central.values()) == {'{"v":3}'}, set(central.values())
+            # 4. the new holder claims the zombie's owner; the zombie's next write fails
+            #    loudly and is not accepted
+            await store.claim("asset_watcher:moved")
+            await store.set("asset_watcher:moved", "wm", 100)
+            await store.flush()
+            answer = _ask(zombie, "write asset_watcher:moved wm 2")
+            print("the previous release's process after the upgrade:", answer)
+            assert answer.startswith("error"), answer
+            assert "localstate_state_variable" in answer, answer
+            async with CentralStore.open(central_url, upgrade_schema=False) as c:
+                row = (await c.read_many([("asset_watcher:moved", "wm")]))[
+                    ("asset_watcher:moved", "wm")]
+            assert row.data == "100"
+        finally:
+            await store.close()
+    finally:
+        zombie.kill()
+        zombie.communicate()
+    # 5. the downgrade is refused: the previous release opens neither the DB nor the file
+    for url, cache_path, what in (
+            (central_url, str(tmp_path / "fresh.db"), "central DB"),
+            (f"sqlite:///{tmp_path / 'other-central.db'}", cache, "local cache")):
+        again = _old(previous_release, "crash", url, cache_path, "1")
+        _out, err = again.communicate(timeout=120)
+        assert again.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("localstate.errors.SchemaError"), last
+        assert what in last, last
+        assert "newer than this" in last, last
