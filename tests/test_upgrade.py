@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PG_LOCALES
 
 from localstate import StateStore
 from localstate.sync.central_store import CentralStore
@@ -140,3 +142,59 @@ async def test_upgrade_from_the_previous_release(
         assert last.startswith("localstate.errors.SchemaError"), last
         assert what in last, last
         assert "newer than this" in last, last
+
+
+#: SIGKILL rounds per backend (each: a fresh DB the previous release writes until killed at a
+#: random point, then this tree upgrades it); LOCALSTATE_UPGRADE_ROUNDS for a longer run
+ROUNDS = int(os.environ.get("LOCALSTATE_UPGRADE_ROUNDS", "50"))
+_KEYS = 40
+
+
+async def test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write(
+    previous_release: Path, backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    """Each round the previous release writes (flushing every 20 ms) and is SIGKILLed after
+    a random number of acknowledged sets, anywhere: mid-set, mid-flush, between its central
+    commit and its mark-clean. This tree then upgrades the DB and the file: each key reads
+    its last acknowledged value or a later write of it, the flush reports no conflict, and
+    the central DB ends equal to the file."""
+    rng = random.Random(ROUNDS)
+    rounds = ROUNDS if backend == "sqlite" else max(1, ROUNDS // 5)
+    lost = conflicts = acknowledged = 0
+    for n in range(rounds):
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / f'central-{n}.db'}"
+        else:
+            url = request.getfixturevalue("pg_server").create_database(
+                f"upgrade_{os.getpid()}_{n}", locale=PG_LOCALES[backend])
+        cache = str(tmp_path / f"cache-{n}.db")
+        old = _old(previous_release, "random", url, cache, str(_KEYS), str(n))
+        assert old.stdout is not None
+        acked: dict[str, int] = {}
+        target = rng.randrange(10, 150)
+        for _ in range(target):
+            key, i = old.stdout.readline().split()
+            acked[key] = int(i)
+        old.kill()
+        rest, _err = old.communicate(timeout=60)
+        for line in rest.splitlines():  # acknowledged before the kill, read after it
+            key, i = line.split()
+            acked[key] = int(i)
+        acknowledged += len(acked)
+        store = await StateStore.open(central_url=url, cache_path=cache,
+                                      triggerer_id="triggerer-old", flush_interval=3600.0)
+        try:
+            got = {k: await store.get(OWNER, k) for k in acked}
+            lost += sum(1 for k, i in acked.items() if got[k] is None or got[k] < i)
+            report = await store.flush()
+            conflicts += report.conflicts
+            async with CentralStore.open(url, upgrade_schema=False) as central:
+                rows = await central.read_many([(OWNER, k) for k in acked])
+            central_values = {k: None if r.data is None else int(r.data)
+                              for (_o, k), r in rows.items()}
+            lost += sum(1 for k in acked if central_values.get(k) != got[k])
+        finally:
+            await store.close()
+    print(f"{backend}: {rounds} SIGKILL rounds, {acknowledged} keys' last acknowledged "
+          f"writes checked, {lost} lost, {conflicts} conflicts")
+    assert (lost, conflicts) == (0, 0)

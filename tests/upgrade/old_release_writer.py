@@ -5,6 +5,9 @@ path), never under this tree's code. Two modes:
 flushes once more and, inside that flush, after its central commit and before its mark-clean,
 writes them a third time (v3, acknowledged locally) and SIGKILLs itself: the flush window.
 
+``random CENTRAL CACHE KEYS SEED``: writes ``i`` to a random one of KEYS keys, i = 1, 2, ...,
+flushing every 20 ms, and prints ``KEY i`` once each set is acknowledged, until killed.
+
 ``linger CENTRAL CACHE``: opens a store and follows commands on stdin, one per line:
 ``write OWNER KEY VALUE`` sets and flushes, answering ``ok`` or ``error <message>``.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 from typing import Any
@@ -51,6 +55,19 @@ async def crash(central: str, cache: str, n: int) -> None:
     await store.flush()
 
 
+async def random_writes(central: str, cache: str, n_keys: int, seed: int) -> None:
+    store = await StateStore.open(central_url=central, cache_path=cache,
+                                  triggerer_id="triggerer-old", flush_interval=0.02,
+                                  upgrade_schema=True)
+    rng = random.Random(seed)
+    i = 0
+    while True:
+        i += 1
+        key = f"k{rng.randrange(n_keys)}"
+        await store.set(OWNER, key, i)
+        print(key, i, flush=True)
+
+
 async def linger(central: str, cache: str) -> None:
     store = await _open(central, cache, "triggerer-zombie")
     print("ready", localstate.__file__, flush=True)
@@ -70,5 +87,7 @@ if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "crash":
         asyncio.run(crash(args[0], args[1], int(args[2])))
+    elif mode == "random":
+        asyncio.run(random_writes(args[0], args[1], int(args[2]), int(args[3])))
     else:
         asyncio.run(linger(args[0], args[1]))
