@@ -185,6 +185,9 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,
             await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             await conn.commit()
+            if app_id == APPLICATION_ID:  # an existing file migrated: said once, here
+                log.info("upgraded the local cache %s from schema version %d to %d "
+                         "(a writer id of its own)", path, user_version, SCHEMA_VERSION)
         if await convert_existing(conn):  # a file made before auto_vacuum, once
             log.info("the local cache %s now gives free pages back (auto_vacuum)", path)
         return str(await _scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))

@@ -106,6 +106,11 @@ async def test_upgrade_from_the_previous_release(
                         if "upgraded the localstate schema of the central DB" in r.getMessage()]
             assert len(upgrades) == 1, upgrades
             assert "from version 2 to 7" in upgrades[0], upgrades
+            cache_upgrades = [r.getMessage() for r in caplog.records
+                              if r.getMessage().startswith("upgraded the local cache")]
+            assert cache_upgrades == [
+                f"upgraded the local cache {cache} from schema version 1 to 2 "
+                "(a writer id of its own)"], cache_upgrades
             # every acknowledged write is there, and flushes as its own (no conflict)
             for i in range(N_KEYS):
                 assert await store.get(OWNER, f"k{i}") == {"v": 3}
