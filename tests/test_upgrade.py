@@ -10,6 +10,7 @@ needs no package index. On SQLite and PostgreSQL (that release had no MySQL supp
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -27,6 +28,7 @@ from localstate import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.engine import make_engine
 from localstate.sync.schema import current_version
+from localstate.version import __version__
 
 PREVIOUS_RELEASE = "339ce5c992792dcb1b4390845cc8c9f1478333fe"  # 0.1.0, 2026-12-03
 REPO = Path(__file__).resolve().parent.parent
@@ -81,6 +83,21 @@ async def test_upgrade_from_the_previous_release(
     out, err = crash.communicate(timeout=120)
     assert crash.returncode == -9, err
     assert out.split() == ["acknowledged"]
+    engine = make_engine(central_url)
+    try:
+        async with engine.connect() as conn:
+            assert await current_version(conn) == 2
+    finally:
+        await engine.dispose()
+    # a read-only command never migrates: status says what to do, and leaves schema 2
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "localstate.cli", "status", "--central-url", central_url],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home")})
+    assert status.returncode == 1, status.stderr
+    assert "schema 2, needs upgrade: run `localstate db upgrade`" in status.stdout, status
+    assert status.stdout.startswith(f"localstate    {__version__}\n"), status.stdout
     engine = make_engine(central_url)
     try:
         async with engine.connect() as conn:

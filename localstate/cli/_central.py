@@ -36,11 +36,14 @@ def central_url_for(settings: Settings) -> str:
 
 
 @contextlib.asynccontextmanager
-async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
+async def open_central(settings: Settings, *, read_only: bool = False
+                       ) -> AsyncIterator[CentralStore]:
+    """`read_only`: a command that only reads never migrates (an older schema raises
+    `SchemaError`, saying to run ``localstate db upgrade``), whatever `upgrade_schema`."""
     from localstate.sync.central_store import CentralStore
 
     central = await CentralStore.open(central_url_for(settings),
-                                      upgrade_schema=settings.upgrade_schema,
+                                      upgrade_schema=settings.upgrade_schema and not read_only,
                                       transaction_timeout=settings.central_transaction_timeout)
     try:
         yield central

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
-from localstate.cli._central import open_central, settings_for
+from localstate.cli._central import central_url_for, open_central, settings_for
+from localstate.cli._exit_codes import EXIT_ERROR
 from localstate.cli._printing import human_time, print_json
 from localstate.cli._state_backend import describe_backend, open_backend
-from localstate.errors import CentralError
+from localstate.errors import CentralError, SchemaError
 from localstate.sync.fleet import STALE_INTERVALS
+from localstate.sync.schema import LATEST_VERSION
+from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
@@ -119,12 +122,26 @@ def _print_api(url: str, server: dict[str, Any]) -> None:
     print("the fleet     `localstate status --fleet`")
 
 
+async def _older_schema(url: str) -> int | None:
+    """The central DB's schema version when it is older than this release's, else None."""
+    from localstate.sync.engine import make_engine, read_connection
+    from localstate.sync.schema import current_version
+
+    engine = make_engine(url)
+    try:
+        async with read_connection(engine) as conn:
+            version = await current_version(conn)
+    finally:
+        await engine.dispose()
+    return version if version < LATEST_VERSION else None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     kind, url = describe_backend(settings)
     if args.fleet:
         async def fleet() -> tuple[str, dict[str, Any]]:
-            async with open_backend(settings) as backend:
+            async with open_backend(settings, read_only=True) as backend:
                 return backend.where, await backend.fleet()
 
         where, view = asyncio.run(fleet())
@@ -146,15 +163,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> dict[str, Any]:
-        async with open_central(settings) as central:
+        async with open_central(settings, read_only=True) as central:
             return await _central_summary(central)
 
-    central = asyncio.run(go())
+    try:
+        central = asyncio.run(go())
+    except SchemaError:
+        behind = asyncio.run(_older_schema(central_url_for(settings)))
+        if behind is None:
+            raise
+        print(f"localstate    {__version__}")
+        print(f"central DB    schema {behind}, needs upgrade: run `localstate db upgrade` "
+              f"(this release uses schema {LATEST_VERSION})")
+        return EXIT_ERROR
     caches = [cache_summary(p) for p in cache_files(settings)]
     if args.json:
         print_json({"central": central, "cache_folder": str(cache_folder(settings)),
                     "caches": caches})
         return 0
+    print(f"localstate    {__version__}")
     print(f"central DB    {central['url']} (schema version {central['schema_version']})")
     print(f"state rows    {central['rows']} in {central['owners']} owners "
           f"({central['deleted']} deleted)")
