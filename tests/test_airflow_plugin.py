@@ -733,7 +733,7 @@ async def test_no_write_goes_through_with_the_login_cookie_alone(
                 assert r.status_code == 403, (method, url, attack, r.text)
                 assert r.json()["error"] == "csrf"
                 refused += 1
-        assert await db.fetchval("SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+        assert await db.fetchval("SELECT count(*) FROM localstate_state WHERE owner = $1",
                                  owner) == 0
         assert await db.fetchval("SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",
                                  owner) == 0
@@ -825,7 +825,7 @@ async def test_pages_on_other_origins_write_nothing_in_chromium(
                 await page.goto(f"{origin}/attack.html")
                 await page.wait_for_function("document.title === 'done'", timeout=60_000)
                 assert await db.fetchval(
-                    "SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+                    "SELECT count(*) FROM localstate_state WHERE owner = $1",
                     owner) == 0, name
                 assert await db.fetchval(
                     "SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",

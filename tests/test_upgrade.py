@@ -126,8 +126,8 @@ async def test_upgrade_from_the_previous_release(
             cache_upgrades = [r.getMessage() for r in caplog.records
                               if r.getMessage().startswith("upgraded the local cache")]
             assert cache_upgrades == [
-                f"upgraded the local cache {cache} from schema version 1 to 2 "
-                "(a writer id of its own)"], cache_upgrades
+                f"upgraded the local cache {cache} from schema version 1 to 3 "
+                "(a writer id of its own; an outbox for emitted events)"], cache_upgrades
             # every acknowledged write is there, and flushes as its own (no conflict)
             for i in range(N_KEYS):
                 assert await store.get(OWNER, f"k{i}") == {"v": 3}
