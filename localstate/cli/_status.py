@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
-from localstate.cli._central import central_url_for, open_central, settings_for
+from localstate.cli._central import (
+    central_url_for,
+    open_central,
+    schema_version,
+    settings_for,
+)
 from localstate.cli._exit_codes import EXIT_ERROR
 from localstate.cli._printing import human_time, print_json
 from localstate.cli._state_backend import describe_backend, open_backend
@@ -122,20 +127,6 @@ def _print_api(url: str, server: dict[str, Any]) -> None:
     print("the fleet     `localstate status --fleet`")
 
 
-async def _older_schema(url: str) -> int | None:
-    """The central DB's schema version when it is older than this release's, else None."""
-    from localstate.sync.engine import make_engine, read_connection
-    from localstate.sync.schema import current_version
-
-    engine = make_engine(url)
-    try:
-        async with read_connection(engine) as conn:
-            version = await current_version(conn)
-    finally:
-        await engine.dispose()
-    return version if version < LATEST_VERSION else None
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     kind, url = describe_backend(settings)
@@ -169,8 +160,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         central = asyncio.run(go())
     except SchemaError:
-        behind = asyncio.run(_older_schema(central_url_for(settings)))
-        if behind is None:
+        behind = asyncio.run(schema_version(central_url_for(settings)))
+        if behind >= LATEST_VERSION:
             raise
         print(f"localstate    {__version__}")
         print(f"central DB    schema {behind}, needs upgrade: run `localstate db upgrade` "
