@@ -11,10 +11,12 @@ needs no package index. On SQLite and PostgreSQL (that release had no MySQL supp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 from conftest import PG_LOCALES
+from sqlalchemy import text
 
 from localstate import StateStore
 from localstate.sync.central_store import CentralStore
@@ -186,6 +189,25 @@ async def test_upgrade_from_the_previous_release(
         assert "newer than this" in last, last
 
 
+async def _flushes_whose_mark_clean_was_lost(url: str, cache: str) -> int:
+    """Keys the previous release's central DB holds at a later version than its cache file
+    knows was flushed: killed between a flush's central commit and its mark-clean (read
+    before this tree touches either)."""
+    with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as conn:
+        synced: dict[str, int] = dict(conn.execute(
+            "SELECT key, synced_version FROM state WHERE owner = ?", (OWNER,)).fetchall())
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as c:
+            rows = (await c.execute(text(
+                "SELECT key, version FROM localstate_state_variable WHERE owner = :o"),
+                {"o": OWNER})).all()
+            central = {str(k): int(v) for k, v in rows}
+    finally:
+        await engine.dispose()
+    return sum(1 for k, v in central.items() if v > synced.get(k, 0))
+
+
 #: SIGKILL rounds per backend (each: a fresh DB the previous release writes until killed at a
 #: random point, then this tree upgrades it); LOCALSTATE_UPGRADE_ROUNDS for a longer run
 ROUNDS = int(os.environ.get("LOCALSTATE_UPGRADE_ROUNDS", "50"))
@@ -202,7 +224,7 @@ async def test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write(
     the central DB ends equal to the file."""
     rng = random.Random(ROUNDS)
     rounds = ROUNDS if backend == "sqlite" else max(1, ROUNDS // 5)
-    lost = conflicts = acknowledged = 0
+    lost = conflicts = acknowledged = window_keys = window_rounds = 0
     for n in range(rounds):
         if backend == "sqlite":
             url = f"sqlite:///{tmp_path / f'central-{n}.db'}"
@@ -223,6 +245,9 @@ async def test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write(
             key, i = line.split()
             acked[key] = int(i)
         acknowledged += len(acked)
+        cut = await _flushes_whose_mark_clean_was_lost(url, cache)
+        window_keys += cut
+        window_rounds += cut > 0
         store = await StateStore.open(central_url=url, cache_path=cache,
                                       triggerer_id="triggerer-old", flush_interval=3600.0)
         try:
@@ -238,5 +263,7 @@ async def test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write(
         finally:
             await store.close()
     print(f"{backend}: {rounds} SIGKILL rounds, {acknowledged} keys' last acknowledged "
-          f"writes checked, {lost} lost, {conflicts} conflicts")
+          f"writes checked, {lost} lost, {conflicts} conflicts; killed in the flush window "
+          f"(central commit made, mark-clean lost) in {window_rounds} rounds, {window_keys} "
+          "keys")
     assert (lost, conflicts) == (0, 0)
