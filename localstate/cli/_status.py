@@ -146,9 +146,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         server = asyncio.run(_api_status(settings))
         caches = [cache_summary(p) for p in cache_files(settings)]
         if args.json:
-            print_json({"api": {"url": url, "status": server},
+            print_json({"localstate": __version__, "api": {"url": url, "status": server},
                         "cache_folder": str(cache_folder(settings)), "caches": caches})
             return 0
+        print(f"localstate    {__version__}")
         _print_api(url, server)
         _print_caches(settings, caches)
         return 0
@@ -169,8 +170,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     caches = [cache_summary(p) for p in cache_files(settings)]
     if args.json:
-        print_json({"central": central, "cache_folder": str(cache_folder(settings)),
-                    "caches": caches})
+        print_json({"localstate": __version__, "central": central,
+                    "cache_folder": str(cache_folder(settings)), "caches": caches})
         return 0
     print(f"localstate    {__version__}")
     print(f"central DB    {central['url']} (schema version {central['schema_version']})")
