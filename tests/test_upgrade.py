@@ -267,3 +267,47 @@ async def test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write(
           f"(central commit made, mark-clean lost) in {window_rounds} rounds, {window_keys} "
           "keys")
     assert (lost, conflicts) == (0, 0)
+
+
+async def test_airflow_db_migrate_upgrades_the_previous_releases_schema(
+    previous_release: Path, central_url: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``airflow db migrate``'s path (localstate's Alembic revisions, run by Alembic) on the
+    schema the previous release left, its flush window cut by a SIGKILL: each missing step is
+    applied and announced, the previous release's rows are marked as its own, and this tree
+    then flushes the file with no conflict; a second run changes nothing."""
+    from test_airflow_migrations import _run_revisions, _state, _sync_engine
+
+    cache = str(tmp_path / "old.db")
+    crash = _old(previous_release, "crash", central_url, cache, "20")
+    _out, err = crash.communicate(timeout=120)
+    assert crash.returncode == -9, err
+    caplog.set_level(logging.INFO)
+    engine = _sync_engine(central_url)
+    try:
+        _run_revisions(engine)
+        steps = [r.getMessage() for r in caplog.records
+                 if "upgraded the localstate schema of the central DB" in r.getMessage()]
+        assert [s.split(" to ")[1].split(":")[0] for s in steps] == [
+            str(v) for v in range(3, 8)], steps  # one line per step, 3 to 7
+        first = _state(engine)
+        with engine.connect() as conn:
+            marked = conn.execute(text(
+                "SELECT count(*) FROM localstate_state WHERE writer = 'earlier-release'"
+            )).scalar_one()
+        assert marked == 20
+        _run_revisions(engine)
+        assert _state(engine) == first
+    finally:
+        engine.dispose()
+    store = await StateStore.open(central_url=central_url, cache_path=cache,
+                                  triggerer_id="triggerer-old", upgrade_schema=False,
+                                  flush_interval=3600.0)
+    try:
+        report = await store.flush()
+        assert (report.conflicts, report.written) == (0, 20), report
+    finally:
+        await store.close()
+    central = await _central_values(central_url)
+    assert [central[f"k{i}"] for i in range(20)] == ['{"v":3}'] * 20
