@@ -120,10 +120,10 @@ async def central_values(sink: str, db: asyncpg.Connection, state: asyncpg.Conne
         rows = await db.fetch("SELECT a.name AS n, s.value FROM asset_state_store s JOIN asset a "
                               "ON a.id = s.asset_id WHERE s.key = 'watermark'")
     else:
-        if not await state.fetchval("SELECT to_regclass('localstate_state_variable') IS NOT NULL"):
+        if not await state.fetchval("SELECT to_regclass('localstate_state') IS NOT NULL"):
             return {}
         rows = await state.fetch(
-            "SELECT substr(owner, 15) AS n, value FROM localstate_state_variable "
+            "SELECT substr(owner, 15) AS n, value FROM localstate_state "
             "WHERE key = 'watermark'")
     return {r["n"]: int(json.loads(r["value"])) for r in rows if r["value"] is not None}
 

@@ -105,7 +105,7 @@ async def run(outage: float, watchers: int, base: Path) -> dict[str, object]:
 
                 async def flushing() -> bool:
                     return bool(await db.fetchval(
-                        "SELECT count(*) FROM localstate_state_variable "
+                        "SELECT count(*) FROM localstate_state "
                         "WHERE key = 'watermark'") == watchers)
 
                 await wait_for("every watermark in the central table", flushing, d, 300)

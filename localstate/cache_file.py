@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 #: "LSt1": marks a SQLite file as a localstate cache, so a stranger's database is never touched.
 APPLICATION_ID: Final = 0x4C537431
 SCHEMA_VERSION: Final = 3
+#: what each schema version added, for the one log line of a file's migration
+_ADDED_BY: Final = ((2, "a writer id of its own"), (3, "an outbox for emitted events"))
 
 SCHEMA: Final = """
 CREATE TABLE state (
@@ -185,6 +187,10 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,
             await conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             await conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             await conn.commit()
+            if app_id == APPLICATION_ID:  # an existing file migrated: said once, here
+                added = [what for version, what in _ADDED_BY if version > user_version]
+                log.info("upgraded the local cache %s from schema version %d to %d (%s)",
+                         path, user_version, SCHEMA_VERSION, "; ".join(added))
         if await convert_existing(conn):  # a file made before auto_vacuum, once
             log.info("the local cache %s now gives free pages back (auto_vacuum)", path)
         return str(await _scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))

@@ -201,8 +201,10 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # the busy timeout first: switching a new file to WAL takes its exclusive lock, and
+        # processes opening it together would otherwise fail at once ("database is locked")
         cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")

@@ -21,6 +21,16 @@ CLI, the REST API) carry none. Invariants:
    write's is a write of mine whose outcome was never recorded: a commit whose answer was
    lost (a cut connection), or a flush whose mark-clean a crash lost. The fence lets my write
    replace it: no one else's write is lost, and a replay of the same version keeps it.
+   Rows of an earlier release. Releases before writer ids (central schema below 3) told their
+   own rows by ``updated_by`` (the triggerer id) alone, and their rows carry no writer.
+   Migration 7 marks every such row ``writer = LEGACY_WRITER``. The rule: a central row
+   marked `LEGACY_WRITER` is the own chain of whichever file flushes a row with the same
+   ``updated_by``, the identity the earlier release itself fenced on; so its flush that
+   committed before a crash lost its mark-clean is a replay after the upgrade, never a
+   conflict nor a reverted write. No process writes such rows any more (the migration
+   fences earlier releases out, `localstate.sync.schema`), so the mark only ever meets
+   writes made before the upgrade. The SQL fence knows only this file's own id: such a
+   replay is refused there and settled below, fenced on the central version it replaces.
 5. Any other central version than my base is a conflict, settled by the owner's policy. That
    includes a row of another file under the same ``updated_by`` (a restart with a new cache
    file, two hosts given one triggerer id) and a write based on an unknown version
@@ -55,7 +65,7 @@ from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import BatchSql, UpsertRow
 from localstate.sync.fleet import FleetStatus, fleet_params, fleet_statement, upsert_with_fleet
 from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row
-from localstate.sync.schema import owner_claim
+from localstate.sync.schema import LEGACY_WRITER, owner_claim
 
 __all__ = ["next_version", "select_rows", "write_fenced"]
 
@@ -107,9 +117,11 @@ async def _write_batch(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
     policies: PolicyMap, writer: str | None, status: FleetStatus | None,
 ) -> list[FlushOutcome]:
-    # this file's own chain: a central row its sync worker wrote (see the module docstring)
-    def own(c: CentralRow) -> bool:
-        return writer is not None and c.writer == writer
+    # this file's own chain: a central row its sync worker wrote, or an earlier release's
+    # row under the same updated_by (see the module docstring, 4)
+    def own(c: CentralRow, r: DirtyRow) -> bool:
+        return writer is not None and (c.writer == writer or (
+            c.writer == LEGACY_WRITER and c.updated_by == r.updated_by))
 
     outcomes: list[FlushOutcome] = []
     uniform = policies.uniform
@@ -141,19 +153,21 @@ async def _write_batch(
             # too. Without this, max reported a spurious conflict and failed the `central`
             # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
             # version (no bump).
-            replay = stale and own(c) and r.base_version < c.version <= r.version
+            replay = stale and own(c, r) and r.base_version < c.version <= r.version
             if replay:
                 stale = False
-            elif own(c) and c.version >= r.version:
+            elif own(c, r) and c.version >= r.version:
                 if r.updated_at <= c.updated_at:
                     # this writer's own later write (see step 3): keep it, no conflict
                     outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
                     continue
                 stale = False  # written after a restart (see step 3): based on c
             # the writer's own chain (based on its own current record) always lands
-            if (not stale and own(c)) or policy.exceeds(
+            if (not stale and own(c, r)) or policy.exceeds(
                     r.owner, r.data, c.data, strictly=stale):
-                to_write.append((r, r.base_version if replay else c.version, stale))
+                # an earlier release's row: the SQL fence knows only `writer`, fence on it
+                fence = (r.base_version if replay and c.writer == writer else c.version)
+                to_write.append((r, fence, stale))
                 if stale:
                     replaced[(r.owner, r.key)] = c
             else:
@@ -191,7 +205,7 @@ async def _write_batch(
         c = current.get((r.owner, r.key))
         if c is None:  # the row vanished meanwhile: nothing to conflict with
             retry.append((r, r.base_version, True))
-        elif own(c) and c.version >= r.version:
+        elif own(c, r) and c.version >= r.version:
             # This file's own chain, further on: a flush took versions whose local commit
             # a crash then lost (flushes do not wait for the local commit). Nobody else
             # wrote, so no conflict; the newer of the two writes stays. Central's, when
@@ -202,6 +216,9 @@ async def _write_batch(
                 outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
             else:
                 retry.append((r, c.version, False))
+        elif own(c, r) and c.version > r.base_version:
+            # a replay of an earlier release's row (module docstring, 4): fenced on it
+            retry.append((r, c.version, False))
         elif policy.local_wins(r, c):
             retry.append((r, c.version, True))
             replaced[(r.owner, r.key)] = c

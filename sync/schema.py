@@ -2,7 +2,7 @@
 
 Two tables, named so they can live beside Airflow's own in its metadata database:
 
-``localstate_state_variable``
+``localstate_state`` (``localstate_state_variable`` before migration 7)
     one row per state variable: owner, key (the primary key), value (JSON text; NULL marks a
     deletion, kept as a tombstone so a late writer cannot bring the key back unseen), version,
     prev_version (the version this write replaced: the flush's fencing condition compares it),
@@ -26,6 +26,21 @@ Two tables, named so they can live beside Airflow's own in its metadata database
 (PostgreSQL: an advisory lock; MySQL: ``GET_LOCK``; SQLite: the write lock of ``BEGIN
 IMMEDIATE``) so that many triggerers starting at once migrate once. A database whose schema is
 newer than this code is refused, never downgraded.
+
+The rule of every migration: it never leaves an older writer able to corrupt newer state. A
+process started under an older schema does not look at the schema again while it runs (it
+checks at open), so a migration that adds a fence older code does not know (a column the
+flush must set, a table it must consult) must also make that older code's statements fail,
+loudly, in the same transaction as it adds the fence; the upgrade notes then say which
+processes must stop first. Migration 7 is one: claims and writer ids came in with 3 to 5, and
+a process of an earlier release kept flushing past a newer holder's claim, with no error on
+either side. It renames the state table (``localstate_state_variable`` to
+``localstate_state``), so such a process fails every read and write with "relation / table
+does not exist" instead; and it marks the rows that process wrote as the earlier release's
+(`LEGACY_WRITER`), so the files it leaves behind flush them as their own. A later migration
+that needs to fence out the current code renames again, or adds a ``NOT NULL`` column with
+no default that older statements leave out (PostgreSQL, SQLite and MySQL in strict mode
+check it on the row an upsert proposes, before the conflict).
 """
 
 from __future__ import annotations
@@ -66,6 +81,7 @@ __all__ = [
     "FILLFACTOR",
     "FLEET_TABLE",
     "LATEST_VERSION",
+    "LEGACY_WRITER",
     "MARIADB_NAME_COLLATION",
     "MIGRATIONS",
     "MYSQL_NAME_COLLATION",
@@ -87,11 +103,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-STATE_TABLE: Final = "localstate_state_variable"
+STATE_TABLE: Final = "localstate_state"
+#: the state table's name until migration 7 (which renames it to fence older writers out)
+_STATE_TABLE_BEFORE_7: Final = "localstate_state_variable"
 CLAIM_TABLE: Final = "localstate_owner_claim"
 FLEET_TABLE: Final = "localstate_fleet"
 #: one row per event committed (`StateStore.emit`): its (owner, key) de-duplicates replays
 EVENT_TABLE: Final = "localstate_event"
+#: the ``writer`` migration 7 gives the rows of releases that wrote none (central schema
+#: below 3): their identity is their ``updated_by`` (`localstate.sync.fenced_write`, 4). No
+#: file's writer id (hex) is ever this.
+LEGACY_WRITER: Final = "earlier-release"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
 _MYSQL_LOCK: Final = "localstate_schema_upgrade"  # GET_LOCK name
 _MYSQL_LOCK_WAIT_S: Final = 300
@@ -226,7 +248,7 @@ def _v1_create_state_variable(conn: Connection) -> None:
     pinned = MetaData()
     names = name_collation(conn.dialect)
     Table(
-        STATE_TABLE,
+        _STATE_TABLE_BEFORE_7,
         pinned,
         Column("owner", _name(names), primary_key=True),
         Column("key", _name(names), primary_key=True),
@@ -253,19 +275,21 @@ def _v2_state_variable_fillfactor(conn: Connection) -> None:
     # 100: 1 %); the price, a table twice as large, is small for rows of a few hundred bytes.
     # Pages written before this migration get the room as they are rewritten.
     if conn.dialect.name == "postgresql":
-        conn.execute(text(f"ALTER TABLE {STATE_TABLE} SET (fillfactor = {FILLFACTOR})"))
+        conn.execute(text(
+            f"ALTER TABLE {_STATE_TABLE_BEFORE_7} SET (fillfactor = {FILLFACTOR})"))
 
 
 def _v3_state_variable_writer(conn: Connection) -> None:
     # The identity of the write itself: a flush recognises a replay of its own file's chain by
     # it, not by updated_by (which restarts and misconfigured hosts share). Rows written
     # before this migration have none: their replays are settled by the conflict policy.
-    if "writer" in {c["name"] for c in inspect(conn).get_columns(STATE_TABLE)}:
+    table = _STATE_TABLE_BEFORE_7
+    if "writer" in {c["name"] for c in inspect(conn).get_columns(table)}:
         return  # MySQL commits DDL at once: a crash before this migration's row was written
     # ids are ASCII (hex); on MySQL compared byte-wise, as everywhere else
     column = ("VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin"
               if conn.dialect.name in ("mysql", "mariadb") else "VARCHAR(64)")
-    conn.execute(text(f"ALTER TABLE {STATE_TABLE} ADD COLUMN writer {column}"))
+    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN writer {column}"))
 
 
 def _v4_create_owner_claim(conn: Connection) -> None:
@@ -297,6 +321,26 @@ def _v6_create_event(conn: Connection) -> None:
     _event_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
 
 
+def _v7_fence_earlier_releases(conn: Connection) -> None:
+    # See the module docstring: the rule of every migration.
+    # 1. The rows of releases that wrote no writer id keep their identity (updated_by):
+    #    marked, a file's own earlier flush is recognised as its own after the upgrade instead
+    #    of becoming a conflict (`localstate.sync.fenced_write`, 4). Rows a current process
+    #    wrote with no file behind it (writer NULL) become such rows too: they were written
+    #    under that updated_by, the identity every release before writer ids fenced on.
+    # 2. The rename: a process of an earlier release, still running, fails every statement
+    #    from now on (it never re-reads the schema), instead of writing past claims it does
+    #    not know. PostgreSQL's rename waits for its flush in progress (ACCESS EXCLUSIVE).
+    tables = set(inspect(conn).get_table_names())
+    if _STATE_TABLE_BEFORE_7 not in tables:
+        return  # MySQL commits DDL at once: renamed before this migration's row was written
+    conn.execute(text(f"UPDATE {_STATE_TABLE_BEFORE_7} SET writer = :w WHERE writer IS NULL"),
+                 {"w": LEGACY_WRITER})
+    rename = ("RENAME TABLE {old} TO {new}" if conn.dialect.name in ("mysql", "mariadb")
+              else "ALTER TABLE {old} RENAME TO {new}")
+    conn.execute(text(rename.format(old=_STATE_TABLE_BEFORE_7, new=STATE_TABLE)))
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
@@ -304,6 +348,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(4, "owner claim epochs", _v4_create_owner_claim),
     Migration(5, "fleet of triggerers", _v5_create_fleet),
     Migration(6, "events committed with watermarks", _v6_create_event),
+    Migration(7, "earlier releases' rows marked, their writers fenced out",
+              _v7_fence_earlier_releases),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -25,7 +25,7 @@ BEGIN
           clock_timestamp());
   RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER e2e_log AFTER INSERT OR UPDATE ON localstate_state_variable
+CREATE CONSTRAINT TRIGGER e2e_log AFTER INSERT OR UPDATE ON localstate_state
 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION e2e_log();
 """
 
@@ -47,7 +47,7 @@ def version_sum(cache: Path) -> int:
 
 
 async def central_values(db: asyncpg.Connection, key: str = "watermark") -> dict[str, float]:
-    rows = await db.fetch("SELECT owner, value FROM localstate_state_variable WHERE key = $1",
+    rows = await db.fetch("SELECT owner, value FROM localstate_state WHERE key = $1",
                           key)
     return {r["owner"]: float(json.loads(r["value"])) for r in rows}
 

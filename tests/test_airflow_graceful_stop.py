@@ -107,11 +107,11 @@ class Central:
                 "JOIN asset a ON a.id = s.asset_id WHERE s.key = $1", key)
         else:
             exists = await self.state.fetchval(
-                "SELECT to_regclass('localstate_state_variable') IS NOT NULL")
+                "SELECT to_regclass('localstate_state') IS NOT NULL")
             if not exists:  # the triggerer's store creates it when it opens
                 return {}
             rows = await self.state.fetch(
-                "SELECT owner, value FROM localstate_state_variable WHERE key = $1 "
+                "SELECT owner, value FROM localstate_state WHERE key = $1 "
                 "AND value IS NOT NULL", key)
         return {r["owner"]: int(json.loads(r["value"])) for r in rows}
 

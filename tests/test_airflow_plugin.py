@@ -87,7 +87,7 @@ def state_path(owner: str, key: str) -> str:
 
 
 async def central_value(db: asyncpg.Connection, owner: str, key: str) -> tuple[object, int]:
-    row = await db.fetchrow("SELECT value, version FROM localstate_state_variable "
+    row = await db.fetchrow("SELECT value, version FROM localstate_state "
                             "WHERE owner = $1 AND key = $2", owner, key)
     return (None, 0) if row is None else (json.loads(row["value"]), int(row["version"]))
 
@@ -216,9 +216,9 @@ async def _schema_snapshot(db: asyncpg.Connection) -> Snapshot:
     heads = await db.fetch("SELECT version_num FROM localstate_alembic_version")
     columns = await db.fetch(
         "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_name = 'localstate_state_variable' ORDER BY column_name")
+        "WHERE table_name = 'localstate_state' ORDER BY column_name")
     options = await db.fetchval("SELECT reloptions FROM pg_class "
-                                "WHERE relname = 'localstate_state_variable'")
+                                "WHERE relname = 'localstate_state'")
     return (tuple(tuple(r) for r in rows), tuple(str(h[0]) for h in heads),
             tuple((str(c[0]), str(c[1])) for c in columns), tuple(options or ()))
 
@@ -733,7 +733,7 @@ async def test_no_write_goes_through_with_the_login_cookie_alone(
                 assert r.status_code == 403, (method, url, attack, r.text)
                 assert r.json()["error"] == "csrf"
                 refused += 1
-        assert await db.fetchval("SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+        assert await db.fetchval("SELECT count(*) FROM localstate_state WHERE owner = $1",
                                  owner) == 0
         assert await db.fetchval("SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",
                                  owner) == 0
@@ -825,7 +825,7 @@ async def test_pages_on_other_origins_write_nothing_in_chromium(
                 await page.goto(f"{origin}/attack.html")
                 await page.wait_for_function("document.title === 'done'", timeout=60_000)
                 assert await db.fetchval(
-                    "SELECT count(*) FROM localstate_state_variable WHERE owner = $1",
+                    "SELECT count(*) FROM localstate_state WHERE owner = $1",
                     owner) == 0, name
                 assert await db.fetchval(
                     "SELECT count(*) FROM localstate_owner_claim WHERE owner = $1",

@@ -113,7 +113,7 @@ async def test_emitted_events_become_asset_events_once_with_the_watermark(
     dedup = await db.fetch("SELECT key, asset_events FROM localstate_event WHERE owner = $1 "
                            "ORDER BY seq", owner)
     assert [(r["key"], r["asset_events"]) for r in dedup] == [(str(i), 1) for i in range(1, 6)]
-    value = await db.fetchval("SELECT value FROM localstate_state_variable WHERE owner = $1 "
+    value = await db.fetchval("SELECT value FROM localstate_state WHERE owner = $1 "
                               "AND key = 'watermark'", owner)
     assert json.loads(value) == 5
 
@@ -147,7 +147,7 @@ async def test_a_replayed_batch_and_a_zombies_batch_add_no_asset_event(
     finally:
         await sink.close()
     assert [e["payload"] for e in await asset_events(db, asset_id)] == ["p1", "p2"]
-    value = await db.fetchval("SELECT value FROM localstate_state_variable WHERE owner = $1 "
+    value = await db.fetchval("SELECT value FROM localstate_state WHERE owner = $1 "
                               "AND key = 'watermark'", owner)
     assert json.loads(value) == 2
 

@@ -413,6 +413,68 @@ async def test_a_replayed_flush_of_the_writers_own_chain_is_accepted(
     assert value_of((await central.read_many([(OWNER, "k")]))[(OWNER, "k")]) == "v4"
 
 
+async def _as_written_by_an_earlier_release(central: CentralStore) -> None:
+    """What an upgrade leaves of rows an earlier release wrote (no writer id): the table as
+    it was before migration 7 (its old name), then migration 7 run on it."""
+    migration = next(m for m in MIGRATIONS if m.version == 7)
+    mysql = central.engine.dialect.name in ("mysql", "mariadb")
+    rename = "RENAME TABLE {} TO {}" if mysql else "ALTER TABLE {} RENAME TO {}"
+    async with central.engine.begin() as conn:
+        await conn.execute(text(f"UPDATE {STATE_TABLE} SET writer = NULL"))
+        await conn.execute(text(rename.format(STATE_TABLE, "localstate_state_variable")))
+        await conn.run_sync(migration.apply)
+
+
+@pytest.mark.parametrize("policy", ["reject", "last_writer_wins", "max"])
+async def test_an_earlier_releases_flush_is_the_own_chain_of_its_updated_by(
+    central: CentralStore, policy: str,
+) -> None:
+    """The earlier release flushed v3 (based on v1) and was killed before its mark-clean;
+    v5 was acknowledged locally meanwhile. After the upgrade the file has a writer id the
+    central row does not carry: its flush of v5 (still based on v1) is a replay of its own
+    chain, written with no conflict, under every policy (under reject it used to adopt v3:
+    an acknowledged write reverted, and a conflict reported against itself)."""
+    policies = PolicyMap(policy)
+    old = [dirty("k", 1, version=1, base=0), dirty("j", 1, version=1, base=0)]
+    await central.write_batch(old, policies, writer=None)
+    await central.write_batch([dirty("k", 3, version=3, base=1),
+                               dirty("j", 3, version=3, base=1)], policies, writer=None)
+    await _as_written_by_an_earlier_release(central)
+    rows = [dirty("k", 5, version=5, base=1), dirty("j", 3, version=3, base=1)]
+    outcomes = await central.write_batch(rows, policies, writer="file-after-upgrade")
+    assert [(o.resolution, o.conflict) for o in outcomes] == [("written", False)] * 2
+    got = await central.read_many([(OWNER, "k"), (OWNER, "j")])
+    assert (value_of(got[(OWNER, "k")]), got[(OWNER, "k")].version) == (5, 5)
+    assert value_of(got[(OWNER, "j")]) == 3  # the very write replayed: the same value
+    # from now on the rows are the file's by its writer id: its next write is on the
+    # common path
+    again = await central.write_batch([dirty("k", 6, version=6, base=5)], policies,
+                                      writer="file-after-upgrade")
+    assert (only(again).resolution, only(again).conflict) == ("written", False)
+
+
+@pytest.mark.parametrize("policy", ["reject", "max"])
+async def test_an_earlier_releases_row_of_another_triggerer_is_still_a_conflict(
+    central: CentralStore, policy: str,
+) -> None:
+    """The mark names the earlier release's identity, updated_by: another triggerer's row
+    is no replay; nor is a row written with no file behind it after the upgrade."""
+    policies = PolicyMap(policy)
+    await central.write_batch([dirty("k", 1, version=1, base=0, by="b"),
+                               dirty("j", 1, version=1, base=0)], policies, writer=None)
+    await central.write_batch([dirty("k", 3, version=3, base=1, by="b")], policies,
+                              writer=None)
+    await _as_written_by_an_earlier_release(central)
+    # after the upgrade, a write with no file behind it (writer NULL, same updated_by)
+    await central.write_batch([dirty("j", 3, version=3, base=1)], policies, writer=None)
+    outcomes = await central.write_batch(
+        [dirty("k", 5, version=5, base=1), dirty("j", 5, version=5, base=1)], policies,
+        writer="file-a")
+    # conflicts, settled by the policy (reject adopts; max keeps the greater value, 5)
+    assert [o.conflict for o in outcomes] == [True, True]
+    assert {o.resolution for o in outcomes} == {"adopted" if policy == "reject" else "written"}
+
+
 @pytest.mark.parametrize(("policy", "value"), [
     ("reject", "v9"), ("last_writer_wins", "v9"), ("max", "v9"), ("max", "v0")])
 async def test_a_write_made_after_a_restart_goes_on_top_of_the_chain_the_crash_cut(

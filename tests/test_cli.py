@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import StoreFactory, collations
 
-from localstate import StateStore
+from localstate import StateStore, __version__
 
 TOKEN = "cli-serve-token-0123456789"
 
@@ -55,7 +55,7 @@ def leave_unflushed(url: str, triggerer_id: str, count: int) -> Path:
     path = cache_folder() / f"{triggerer_id}.db"
     script = f"""
 import asyncio, os
-from localstate import StateStore
+from localstate import StateStore, __version__
 async def main():
     store = await StateStore.open(central_url={url!r}, cache_path={str(path)!r},
                                   triggerer_id={triggerer_id!r}, flush_interval=3600)
@@ -195,6 +195,7 @@ async def test_ls_owner_prefix_is_literal_and_ls_orders_byte_wise(
 def test_status_and_flush_of_a_dead_triggerers_backlog(central_url: str) -> None:
     path = leave_unflushed(central_url, "dead-triggerer", 1500)
     status = json.loads(ok(run("status", "--json", url=central_url)).stdout)
+    assert status["localstate"] == __version__  # the release, beside the schema it found
     assert status["central"]["rows"] == 0
     (cache,) = status["caches"]
     assert (Path(cache["path"]), cache["rows"], cache["dirty"]) == (path, 1500, 1500)
@@ -381,7 +382,7 @@ def test_status_shows_pending_and_committed_events_and_flush_sends_them(
     path = cache_folder() / "dead-emitter.db"
     script = f"""
 import asyncio, os
-from localstate import StateStore
+from localstate import StateStore, __version__
 async def main():
     store = await StateStore.open(central_url={central_url!r}, cache_path={str(path)!r},
                                   triggerer_id="dead-emitter", flush_interval=3600)

@@ -67,7 +67,7 @@ async def test_a_terminated_backend_is_unavailable(pg: PostgresServer, central: 
         # hold the row's lock, so the store's write waits inside its statement...
         tx = blocker.transaction()
         await tx.start()
-        await blocker.execute("SELECT * FROM localstate_state_variable FOR UPDATE")
+        await blocker.execute("SELECT * FROM localstate_state FOR UPDATE")
         write = asyncio.create_task(
             central.write_direct(*KEY, '"w"', updated_at=2.0, updated_by="t"))
         await wait_for_a_lock_wait(blocker)
@@ -121,7 +121,7 @@ def test_transient_driver_errors_are_unreachable(error: BaseException) -> None:
     asyncpg.exceptions.NumericValueOutOfRangeError("bigint out of range"),
     asyncpg.exceptions.InterfaceError("cannot perform operation: another operation is in "
                                       "progress"),
-    sqlite3.OperationalError("no such table: localstate_state_variable"),
+    sqlite3.OperationalError("no such table: localstate_state"),
     sqlite3.IntegrityError("NOT NULL constraint failed"),
 ], ids=lambda e: type(e).__name__)
 def test_real_failures_are_not_unreachable(error: BaseException) -> None:
@@ -134,7 +134,7 @@ async def test_a_real_failure_is_a_central_error_not_unavailable(tmp_path: Path)
     central = await CentralStore.open(url)
     try:
         async with central.engine.begin() as conn:
-            await conn.exec_driver_sql("DROP TABLE localstate_state_variable")
+            await conn.exec_driver_sql("DROP TABLE localstate_state")
         with pytest.raises(CentralError, match="no such table") as caught:
             await central.read_many([KEY])
         assert not isinstance(caught.value, CentralUnavailable)

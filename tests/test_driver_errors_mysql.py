@@ -69,7 +69,7 @@ async def hold_the_row_and_start_a_write(url: str, central: CentralStore
     (returned once the server shows it waiting)."""
     blocker = await connect(url)
     async with blocker.cursor() as cur:
-        await cur.execute("SELECT * FROM localstate_state_variable FOR UPDATE")
+        await cur.execute("SELECT * FROM localstate_state FOR UPDATE")
     write: asyncio.Task[object] = asyncio.create_task(
         central.write_direct(*KEY, '"w"', updated_at=2.0, updated_by="t"))
     for _ in range(500):
@@ -83,7 +83,7 @@ async def the_waiting_write(conn: aiomysql.Connection) -> int | None:
     """The connection id of the store's write waiting in its statement, if any."""
     async with conn.cursor() as cur:
         await cur.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() "
-                          "AND info LIKE 'INSERT INTO localstate_state_variable%'")
+                          "AND info LIKE 'INSERT INTO localstate_state%'")
         row = await cur.fetchone()
     return None if row is None else int(row[0])
 
@@ -186,7 +186,7 @@ def test_transient_mysql_errors_are_unreachable(error: BaseException) -> None:
 
 
 @pytest.mark.parametrize("error", [
-    pymysql.err.ProgrammingError(1146, "Table 'x.localstate_state_variable' doesn't exist"),
+    pymysql.err.ProgrammingError(1146, "Table 'x.localstate_state' doesn't exist"),
     pymysql.err.IntegrityError(1062, "Duplicate entry"),
     pymysql.err.DataError(1406, "Data too long for column 'owner'"),
     pymysql.err.OperationalError(1045, "Access denied for user"),
@@ -201,7 +201,7 @@ async def test_a_real_mysql_failure_is_a_central_error_not_unavailable(
     central: CentralStore,
 ) -> None:
     async with central.engine.begin() as conn:
-        await conn.exec_driver_sql("DROP TABLE localstate_state_variable")
+        await conn.exec_driver_sql("DROP TABLE localstate_state")
     with pytest.raises(CentralError, match="doesn't exist") as caught:
         await central.read_many([KEY])
     assert not isinstance(caught.value, CentralUnavailable)

@@ -126,7 +126,7 @@ def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(tmp_path: Path) 
         tables = {row[0] for row in db.execute(
             "SELECT name FROM sqlite_master WHERE name LIKE 'localstate%'")}
         head = db.execute("SELECT version_num FROM localstate_alembic_version").fetchall()
-    assert {"localstate_state_variable", "localstate_owner_claim", "localstate_fleet",
+    assert {"localstate_state", "localstate_owner_claim", "localstate_fleet",
             "localstate_alembic_version"} <= tables
     revisions = len(list((ROOT / "localstate/airflow/migrations/versions").glob("*.py")))
     assert head == [(f"localstate_{revisions:04d}",)]

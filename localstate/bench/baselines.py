@@ -63,7 +63,7 @@ async def aiosqlite_executemany(folder: Path, rows: int, batch: int = 1000) -> f
 
 
 _PG_INSERT = (
-    'INSERT INTO localstate_state_variable AS t (owner, "key", value, version, prev_version, '
+    'INSERT INTO localstate_state AS t (owner, "key", value, version, prev_version, '
     "updated_at, updated_by) "
 )
 _PG_ON_CONFLICT = (
@@ -77,7 +77,7 @@ _PG_UNNEST = (
 )
 _PG_VALUES = _PG_INSERT + "VALUES ($1, $2, $3, $4, $5, $6, $7)" + _PG_ON_CONFLICT
 _SQLITE_UPSERT = (
-    'INSERT INTO localstate_state_variable (owner, "key", value, version, prev_version, '
+    'INSERT INTO localstate_state (owner, "key", value, version, prev_version, '
     "updated_at, updated_by) VALUES (?, ?, ?, ?, ?, ?, ?) "
     'ON CONFLICT (owner, "key") DO UPDATE SET value = excluded.value, '
     "version = excluded.version, prev_version = excluded.prev_version, "
@@ -141,7 +141,7 @@ async def central_bulk_upsert(url: str, rows: int, *, batch: int | None = None,
     return rows / elapsed
 
 
-_MY_INSERT = ("INSERT INTO localstate_state_variable (owner, `key`, value, version, "
+_MY_INSERT = ("INSERT INTO localstate_state (owner, `key`, value, version, "
               "prev_version, updated_at, updated_by) ")
 _MY_UPDATE = (" ON DUPLICATE KEY UPDATE value = VALUES(value), version = VALUES(version), "
               "prev_version = VALUES(prev_version), updated_at = VALUES(updated_at), "

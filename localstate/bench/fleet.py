@@ -57,15 +57,15 @@ BEGIN
         ('c', NEW.owner, NEW.claimant, NEW.epoch, txid_current(), clock_timestamp());
     RETURN NEW;
 END $$;
-DROP TRIGGER IF EXISTS {_HISTORY}_write ON localstate_state_variable;
-CREATE TRIGGER {_HISTORY}_write AFTER INSERT OR UPDATE ON localstate_state_variable
+DROP TRIGGER IF EXISTS {_HISTORY}_write ON localstate_state;
+CREATE TRIGGER {_HISTORY}_write AFTER INSERT OR UPDATE ON localstate_state
     FOR EACH ROW EXECUTE FUNCTION {_HISTORY}_write();
 DROP TRIGGER IF EXISTS {_HISTORY}_claim ON localstate_owner_claim;
 CREATE TRIGGER {_HISTORY}_claim AFTER INSERT OR UPDATE ON localstate_owner_claim
     FOR EACH ROW EXECUTE FUNCTION {_HISTORY}_claim();
 """
 _REMOVE = f"""
-DROP TRIGGER IF EXISTS {_HISTORY}_write ON localstate_state_variable;
+DROP TRIGGER IF EXISTS {_HISTORY}_write ON localstate_state;
 DROP TRIGGER IF EXISTS {_HISTORY}_claim ON localstate_owner_claim;
 DROP FUNCTION IF EXISTS {_HISTORY}_write();
 DROP FUNCTION IF EXISTS {_HISTORY}_claim();

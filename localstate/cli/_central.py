@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from localstate.config import Settings
-from localstate.errors import ConfigError
+from localstate.errors import ConfigError, SchemaError
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
 
-__all__ = ["central_url_for", "open_central", "settings_for"]
+__all__ = ["central_url_for", "open_central", "schema_version", "settings_for"]
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -35,13 +35,38 @@ def central_url_for(settings: Settings) -> str:
     return settings.resolved_central_url
 
 
+async def schema_version(url: str) -> int:
+    """The central DB's localstate schema version (0: none of its tables there)."""
+    from localstate.sync.engine import make_engine, read_connection
+    from localstate.sync.schema import current_version
+
+    engine = make_engine(url)
+    try:
+        async with read_connection(engine) as conn:
+            return await current_version(conn)
+    finally:
+        await engine.dispose()
+
+
 @contextlib.asynccontextmanager
-async def open_central(settings: Settings) -> AsyncIterator[CentralStore]:
+async def open_central(settings: Settings, *, read_only: bool = False
+                       ) -> AsyncIterator[CentralStore]:
+    """`read_only`: a command that only reads never migrates an existing schema, whatever
+    `upgrade_schema`: processes of the release that wrote it may still be running (an older
+    schema raises `SchemaError`, saying to run ``localstate db upgrade``). A database with
+    none of localstate's tables gets them, as on any first use (under `upgrade_schema`)."""
     from localstate.sync.central_store import CentralStore
 
-    central = await CentralStore.open(central_url_for(settings),
-                                      upgrade_schema=settings.upgrade_schema,
-                                      transaction_timeout=settings.central_transaction_timeout)
+    url = central_url_for(settings)
+    timeout = settings.central_transaction_timeout
+    try:
+        central = await CentralStore.open(
+            url, upgrade_schema=settings.upgrade_schema and not read_only,
+            transaction_timeout=timeout)
+    except SchemaError:
+        if not (read_only and settings.upgrade_schema and await schema_version(url) == 0):
+            raise
+        central = await CentralStore.open(url, upgrade_schema=True, transaction_timeout=timeout)
     try:
         yield central
     finally:

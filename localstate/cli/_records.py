@@ -74,7 +74,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     settings = settings_for(args)
 
     async def go() -> CentralRow | None:
-        async with open_backend(settings) as backend:
+        async with open_backend(settings, read_only=True) as backend:
             return await backend.read(owner, key)
 
     row = asyncio.run(go())
@@ -192,7 +192,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         widths: list[int] | None = None
         if args.json:
             sys.stdout.write("[")
-        async with open_backend(settings) as backend:
+        async with open_backend(settings, read_only=True) as backend:
             page: list[CentralRow] = []
             async for row in backend.rows(prefix, args.limit):
                 if args.json:

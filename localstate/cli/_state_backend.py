@@ -72,7 +72,10 @@ def describe_backend(settings: Settings) -> tuple[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def open_backend(settings: Settings) -> AsyncIterator[StateBackend]:
+async def open_backend(settings: Settings, *, read_only: bool = False
+                       ) -> AsyncIterator[StateBackend]:
+    """`read_only`: the command only reads, so a central DB is never migrated (see
+    `open_central`)."""
     kind, url = describe_backend(settings)
     if kind == "api":
         from localstate.client import AsyncStateClient
@@ -81,7 +84,7 @@ async def open_backend(settings: Settings) -> AsyncIterator[StateBackend]:
                                     timeout=settings.central_timeout) as client:
             yield _ApiBackend(client, url)
         return
-    async with open_central(settings) as central:
+    async with open_central(settings, read_only=read_only) as central:
         yield _CentralBackend(central)
 
 

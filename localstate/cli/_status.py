@@ -13,11 +13,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
-from localstate.cli._central import open_central, settings_for
+from localstate.cli._central import (
+    central_url_for,
+    open_central,
+    schema_version,
+    settings_for,
+)
+from localstate.cli._exit_codes import EXIT_ERROR
 from localstate.cli._printing import human_time, print_json
 from localstate.cli._state_backend import describe_backend, open_backend
-from localstate.errors import CentralError
+from localstate.errors import CentralError, SchemaError
 from localstate.sync.fleet import STALE_INTERVALS
+from localstate.sync.schema import LATEST_VERSION
+from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.sync.central_store import CentralStore
@@ -124,7 +132,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     kind, url = describe_backend(settings)
     if args.fleet:
         async def fleet() -> tuple[str, dict[str, Any]]:
-            async with open_backend(settings) as backend:
+            async with open_backend(settings, read_only=True) as backend:
                 return backend.where, await backend.fleet()
 
         where, view = asyncio.run(fleet())
@@ -138,23 +146,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         server = asyncio.run(_api_status(settings))
         caches = [cache_summary(p) for p in cache_files(settings)]
         if args.json:
-            print_json({"api": {"url": url, "status": server},
+            print_json({"localstate": __version__, "api": {"url": url, "status": server},
                         "cache_folder": str(cache_folder(settings)), "caches": caches})
             return 0
+        print(f"localstate    {__version__}")
         _print_api(url, server)
         _print_caches(settings, caches)
         return 0
 
     async def go() -> dict[str, Any]:
-        async with open_central(settings) as central:
+        async with open_central(settings, read_only=True) as central:
             return await _central_summary(central)
 
-    central = asyncio.run(go())
+    try:
+        central = asyncio.run(go())
+    except SchemaError:
+        behind = asyncio.run(schema_version(central_url_for(settings)))
+        if behind >= LATEST_VERSION:
+            raise
+        print(f"localstate    {__version__}")
+        print(f"central DB    schema {behind}, needs upgrade: run `localstate db upgrade` "
+              f"(this release uses schema {LATEST_VERSION})")
+        return EXIT_ERROR
     caches = [cache_summary(p) for p in cache_files(settings)]
     if args.json:
-        print_json({"central": central, "cache_folder": str(cache_folder(settings)),
-                    "caches": caches})
+        print_json({"localstate": __version__, "central": central,
+                    "cache_folder": str(cache_folder(settings)), "caches": caches})
         return 0
+    print(f"localstate    {__version__}")
     print(f"central DB    {central['url']} (schema version {central['schema_version']})")
     print(f"state rows    {central['rows']} in {central['owners']} owners "
           f"({central['deleted']} deleted)")

@@ -1,6 +1,6 @@
 """Every write the central DB ever took, recorded by the database itself.
 
-`install` puts a trigger on ``localstate_state_variable`` (PostgreSQL, MySQL, SQLite) that appends
+`install` puts a trigger on ``localstate_state`` (PostgreSQL, MySQL, SQLite) that appends
 each row an INSERT or UPDATE leaves, ``(owner, key, value, version, prev_version, updated_by)``,
 to ``fault_history`` under an increasing id. A write the flush's fence refused changes no row,
 so it leaves no history (on MySQL the fence's ``IF()``s rewrite a refused row with its own values:
@@ -45,7 +45,7 @@ BEGIN
     VALUES (NEW.owner, NEW."key", NEW.value, NEW.version, NEW.prev_version, NEW.updated_by);
     RETURN NEW;
 END $$;
-CREATE TRIGGER fault_history_append AFTER INSERT OR UPDATE ON localstate_state_variable
+CREATE TRIGGER fault_history_append AFTER INSERT OR UPDATE ON localstate_state
     FOR EACH ROW EXECUTE FUNCTION fault_history_append();
 """
 _SQLITE_INSTALL = [
@@ -53,7 +53,7 @@ _SQLITE_INSTALL = [
     '"key" TEXT NOT NULL, value TEXT, version INTEGER NOT NULL, prev_version INTEGER NOT NULL, '
     "updated_by TEXT NOT NULL)",
 ] + [
-    f"CREATE TRIGGER fault_history_{event.lower()} AFTER {event} ON localstate_state_variable "
+    f"CREATE TRIGGER fault_history_{event.lower()} AFTER {event} ON localstate_state "
     'BEGIN INSERT INTO fault_history (owner, "key", value, version, prev_version, updated_by) '
     'VALUES (NEW.owner, NEW."key", NEW.value, NEW.version, NEW.prev_version, NEW.updated_by); '
     "END"
@@ -66,9 +66,9 @@ _MYSQL_INSTALL = [
     "owner VARCHAR(250) NOT NULL, `key` VARCHAR(250) NOT NULL, value LONGTEXT, "
     "version BIGINT NOT NULL, prev_version BIGINT NOT NULL, updated_by VARCHAR(250) NOT NULL) "
     "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-    "CREATE TRIGGER fault_history_insert AFTER INSERT ON localstate_state_variable "
+    "CREATE TRIGGER fault_history_insert AFTER INSERT ON localstate_state "
     f"FOR EACH ROW INSERT INTO fault_history ({_MY_COLUMNS}) VALUES ({_MY_NEW})",
-    "CREATE TRIGGER fault_history_update AFTER UPDATE ON localstate_state_variable "
+    "CREATE TRIGGER fault_history_update AFTER UPDATE ON localstate_state "
     "FOR EACH ROW BEGIN IF NOT (NEW.version <=> OLD.version AND NEW.value <=> OLD.value "
     "AND NEW.prev_version <=> OLD.prev_version AND NEW.updated_by <=> OLD.updated_by "
     "AND NEW.updated_at <=> OLD.updated_at) THEN "

@@ -77,7 +77,7 @@ Row = tuple[str | None, int]  # a central record: (value JSON text, None for a t
 def central_row(db: Path, owner: str, key: str) -> Row | None:
     """One record of an embedded central DB, read apart from the code under test."""
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        found = conn.execute("SELECT value, version FROM localstate_state_variable "
+        found = conn.execute("SELECT value, version FROM localstate_state "
                              "WHERE owner = ? AND key = ?", (owner, key)).fetchone()
     return None if found is None else (found[0], int(found[1]))
 

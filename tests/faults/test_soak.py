@@ -142,7 +142,7 @@ async def test_a_minute_of_1000_triggers_through_a_30s_outage_stays_flat(
     conn = await asyncpg.connect(pg_server.dsn_for(dbname))
     try:
         rows = await conn.fetch("SELECT owner, key, value, version FROM "
-                                "localstate_state_variable")
+                                "localstate_state")
     finally:
         await conn.close()
     central = {(r["owner"], r["key"]): (r["version"], json.loads(r["value"])) for r in rows}
