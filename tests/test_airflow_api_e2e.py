@@ -44,7 +44,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow
+from airflow_api_server import api_server, new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop, wait_for
 from e2e_observe import (
     HISTORY_SQL,
@@ -162,7 +162,8 @@ def _triggerer(d: Deployment, name: str, probes: Path) -> Triggerer:
     env = {
         "AIRFLOW__LOCALSTATE__SINK": "api",
         "AIRFLOW__LOCALSTATE__API_URL": f"{d.env['AIRFLOW__API__BASE_URL']}/localstate",
-        "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
+        # its own token, bound to its id: the server records its rows as written by it
+        "AIRFLOW__LOCALSTATE__API_TOKEN": triggerer_token(name),
         "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL),
         "AIRFLOW__LOCALSTATE__CONFLICT_POLICY": "asset_watcher:*=max, *=reject",
         "AIRFLOW__LOCALSTATE__TRIGGERER_ID": name,
