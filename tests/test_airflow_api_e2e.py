@@ -6,7 +6,8 @@ machine token (``api_tokens``, read-write, ``asset_watcher:`` owners only), the 
 and the scheduler (they register `N` asset watchers, `e2e_tick_trigger.TickTrigger`, and
 activate their assets; then they are stopped so the two cores go to what is measured), and
 ``airflow triggerer`` processes with ``sink = api``, ``api_url`` the API server's
-``/localstate``, ``api_token`` the machine token. Each trigger sets its watermark to the time
+``/localstate``, ``api_token`` a token of its own bound to its triggerer id (the server
+records each row as written by that triggerer). Each trigger sets its watermark to the time
 of the set every `PERIOD` seconds.
 
 A deferred PostgreSQL trigger on localstate's table logs every central write at its commit
