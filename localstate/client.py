@@ -29,6 +29,7 @@ server answer                            raised
                                          `delete` False
 409 version_conflict / write_rejected    `VersionConflict` (``expected``, ``actual``) /
                                          `WriteRejected`
+409 version_exhausted                    `VersionExhausted` (``owner``, ``key``)
 422                                      `InvalidName`, `ValueEncodingError`, `InvalidInput`
 413                                      `ValueTooLarge` (``size``, ``limit``)
 401, 403                                 `AccessDenied` (``status``)
@@ -63,6 +64,7 @@ from localstate.errors import (
     ValueEncodingError,
     ValueTooLarge,
     VersionConflict,
+    VersionExhausted,
     WriteRejected,
 )
 from localstate.model import FlushState, Record, check_name
@@ -145,6 +147,9 @@ def error_for(response: httpx.Response) -> LocalStateError:
     if status == 409 and code == "version_conflict":
         return VersionConflict(message, expected=int(detail.get("expected_version", -1)),
                                actual=int(detail.get("actual_version", -1)))
+    if status == 409 and code == "version_exhausted":
+        return VersionExhausted(message, owner=str(detail.get("owner", "")),
+                                key=str(detail.get("key", "")))
     if status == 409:
         return WriteRejected(message)
     if status == 413:

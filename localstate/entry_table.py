@@ -67,10 +67,15 @@ from localstate.entry import (
     take_row,
     unknown_base_version,
 )
+from localstate.errors import VersionExhausted
 from localstate.eviction import grown, second_chance_scan
 from localstate.local_cache import LocalCache
 from localstate.owner_index import OwnerIndex
 from localstate.sync.rows import CentralRow, DirtyRow
+
+#: the last version a write may make: 2^63 - 2, one below the ceiling of the BIGINT columns
+#: (a key at the ceiling could never be written or deleted again; the API refuses it too)
+_LAST_VERSION = 2**63 - 2
 
 __all__ = ["EntryTable"]
 
@@ -164,6 +169,8 @@ class EntryTable:
         `memory`: the write's durability is ``memory``: it is staged for the local writer
         here (the other durabilities commit it themselves, see `LocalCache.commit`).
         """
+        if e.version >= _LAST_VERSION:  # the next would not fit a version column
+            raise VersionExhausted.at_ceiling(*k)
         e.data = data
         e.obj = obj
         version = e.version = e.version + 1
@@ -182,6 +189,8 @@ class EntryTable:
     def write_first(self, k: StateKey, e: Entry, data: str | None, obj: Any,
                     memory: bool) -> int:
         """`write` of an entry `first_write_base` made: it joins the table now."""
+        if e.version >= _LAST_VERSION:  # before it joins: a refused write leaves nothing
+            raise VersionExhausted.at_ceiling(*k)
         held = self.entries.setdefault(k, e)
         assert held is e, "first_write_base and write_first run without an await between"
         self._owners.add(*k)

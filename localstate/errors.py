@@ -8,6 +8,7 @@
     ├── ConfigError                    a setting with a bad value (names the setting and its source)
     ├── StoreClosed                    a call on a store after `close()`
     ├── VersionConflict                `compare_and_set` saw another version
+    ├── VersionExhausted               a key at version 2^63 - 1: no write can follow it
     ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
     ├── OwnerLost                      another writer claimed the owner (a higher claim epoch)
     ├── EventsUnsupported              emit where an event cannot commit with its watermark
@@ -49,6 +50,7 @@ __all__ = [
     "ValueEncodingError",
     "ValueTooLarge",
     "VersionConflict",
+    "VersionExhausted",
     "WriteRejected",
     "reason",
 ]
@@ -101,6 +103,25 @@ class VersionConflict(LocalStateError):
         super().__init__(message)
         self.expected = expected
         self.actual = actual
+
+
+class VersionExhausted(LocalStateError):
+    """The key's version is 2^63 - 1, the largest its 64-bit column holds: no write or
+    deletion can give it the next one. Nothing was written."""
+
+    def __init__(self, message: str, *, owner: str, key: str) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.key = key
+
+    @classmethod
+    def at_ceiling(cls, owner: str, key: str) -> VersionExhausted:
+        return cls(f"owner {owner!r} key {key!r} is at the last version a key can have (2^63 "
+                   "- 1 is the largest a version column holds): it can be neither written nor "
+                   "deleted, and nothing was written. "
+                   "Keep the value under a new key; to reuse this one, stop the triggers that "
+                   "use it and delete its row from the central DB's localstate_state "
+                   "table by hand", owner=owner, key=key)
 
 
 class WriteRejected(LocalStateError):

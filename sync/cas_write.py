@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from localstate.errors import InvalidInput, VersionConflict
+from localstate.errors import InvalidInput, VersionConflict, VersionExhausted
 from localstate.sync.dialects import BatchSql
 from localstate.sync.fenced_write import select_rows
 from localstate.sync.schema import state_variable
@@ -78,6 +78,10 @@ async def compare_and_set(
         (await conn.execute(stmt)).scalar_one_or_none() if stmt is not None
         else await _write_returning_nothing(
             conn, sql, owner, key, value, expected_version, when, updated_by, writer))
+    if version is not None and (not isinstance(version, int) or version > MAX_VERSION):
+        # SQLite's version + 1 past the ceiling is a REAL, not an error: the caller's
+        # transaction rolls back on this
+        raise VersionExhausted.at_ceiling(owner, key)
     if version is None:
         current = (await select_rows(conn, sql, [(owner, key)], lock=False)).get((owner, key))
         actual = 0 if current is None or current.data is None else current.version

@@ -33,11 +33,12 @@ from localstate.errors import (
     LocalStateError,
     OwnerLost,
     VersionConflict,
+    VersionExhausted,
     WriteRejected,
 )
 from localstate.sync.asset_events import AssetEvents, run_callbacks
 from localstate.sync.asset_mirror import AssetMirror
-from localstate.sync.cas_write import check_expected_version, compare_and_set
+from localstate.sync.cas_write import MAX_VERSION, check_expected_version, compare_and_set
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
@@ -179,6 +180,25 @@ class CentralStore:
         except SQLAlchemyError as exc:
             raise CentralError(f"central DB {self.url} failed to {doing}: {_short(exc)}") from exc
 
+    @contextlib.asynccontextmanager
+    async def _at_ceiling(self, owner: str, key: str) -> AsyncIterator[None]:
+        """A one-key write that failed (rolled back: nothing written) because the key's
+        version is at `MAX_VERSION` becomes `VersionExhausted`: every dialect fails the
+        statement's ``version + 1`` on a BIGINT at the ceiling, each in its own words, so
+        the key is read to tell it from any other failure."""
+        try:
+            yield
+        except CentralError as exc:
+            if isinstance(exc, CentralUnavailable):
+                raise
+            try:
+                row = (await self.read_many([(owner, key)])).get((owner, key))
+            except LocalStateError:
+                raise exc from None
+            if row is not None and row.version >= MAX_VERSION:
+                raise VersionExhausted.at_ceiling(owner, key) from exc
+            raise
+
     # -- reading -------------------------------------------------------------------------
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
@@ -315,11 +335,14 @@ class CentralStore:
         await self._ready()
         params = {"owner": owner, "key": key, "value": data,
                   "at": self._sql.timestamp(updated_at), "by": updated_by, "writer": writer}
-        async with self._errors("write"), self.engine.begin() as conn:
+        async with (self._at_ceiling(owner, key), self._errors("write"),
+                    self.engine.begin() as conn):
             result = await conn.execute(self._sql.direct_upsert, params)
             if self._sql.direct_version is not None:  # no RETURNING: read it back, locked
                 result = await conn.execute(self._sql.direct_version, params)
             version = result.scalar_one()
+            if not isinstance(version, int) or version > MAX_VERSION:  # SQLite: a REAL
+                raise VersionExhausted.at_ceiling(owner, key)  # rolled back
         self.transactions += 1
         self.rows_written += 1
         return CentralRow(owner, key, data, int(version), updated_at, updated_by)
@@ -338,6 +361,8 @@ class CentralStore:
             row = (await self.read_many([(owner, key)])).get((owner, key))
             if row is None or row.data is None:
                 return False
+            if row.version >= MAX_VERSION:  # its tombstone would need the next version
+                raise VersionExhausted.at_ceiling(owner, key)
             try:
                 await self.write_if_version(owner, key, None, row.version, updated_by=updated_by,
                                             writer=writer)
@@ -371,7 +396,9 @@ class CentralStore:
         )
         value = data.decode() if isinstance(data, bytes) else data  # JSON text, None: delete
         await self._ready()
-        async with self._errors("write"), self.engine.begin() as conn:
+        # _at_ceiling: the key at the ceiling (expected there, or a tombstone there with 0)
+        async with (self._at_ceiling(owner, key), self._errors("write"),
+                    self.engine.begin() as conn):
             version = await compare_and_set(conn, self._sql, self.dialect, owner, key, value,
                                             expected_version, when, updated_by, writer)
         self.transactions += 1

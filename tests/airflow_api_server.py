@@ -29,6 +29,23 @@ USERS = {"admin": ("ADMIN", "admin-pw"), "op": ("OP", "op-pw"),
 #: the machine token the API server knows (a triggerer's: read-write, asset watchers only)
 MACHINE_TOKEN = "machine-token-0123456789abcdef"
 MACHINE_PREFIX = "asset_watcher:"
+#: triggerers' own tokens, each bound to its triggerer id (what its rows record as who wrote)
+TRIGGERER_NAMES = ("triggerer-a", "triggerer-b", "triggerer-c")
+
+
+def triggerer_token(name: str) -> str:
+    """The token of triggerer `name` (one of `TRIGGERER_NAMES`), bound to its identity."""
+    assert name in TRIGGERER_NAMES, name
+    return f"{name}-token-0123456789abcdef"
+
+
+def _api_tokens() -> str:
+    """``api_tokens``: the machine token (no identity: recorded by its name, ``token 1``) and
+    one token per triggerer bound to its id, asset watchers only."""
+    return json.dumps([
+        {"token": MACHINE_TOKEN, "role": "read-write", "owners": [MACHINE_PREFIX]},
+        *({"token": triggerer_token(n), "role": "read-write", "owners": [MACHINE_PREFIX],
+           "name": n, "identity": n} for n in TRIGGERER_NAMES)])
 
 
 def free_port() -> int:
@@ -58,7 +75,7 @@ def new_airflow(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
     port = free_port()
     return new_deployment(
         pg_server, tmp_path,
-        cfg=f"[localstate]\napi_tokens = {MACHINE_TOKEN}:read-write:{MACHINE_PREFIX}\n",
+        cfg=f"[localstate]\napi_tokens = {_api_tokens()}\n",
         env={
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
                 f"{u}:{role}" for u, (role, _) in USERS.items()),

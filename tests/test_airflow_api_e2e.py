@@ -6,7 +6,8 @@ machine token (``api_tokens``, read-write, ``asset_watcher:`` owners only), the 
 and the scheduler (they register `N` asset watchers, `e2e_tick_trigger.TickTrigger`, and
 activate their assets; then they are stopped so the two cores go to what is measured), and
 ``airflow triggerer`` processes with ``sink = api``, ``api_url`` the API server's
-``/localstate``, ``api_token`` the machine token. Each trigger sets its watermark to the time
+``/localstate``, ``api_token`` a token of its own bound to its triggerer id (the server
+records each row as written by that triggerer). Each trigger sets its watermark to the time
 of the set every `PERIOD` seconds.
 
 A deferred PostgreSQL trigger on localstate's table logs every central write at its commit
@@ -44,7 +45,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow
+from airflow_api_server import api_server, new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop, wait_for
 from e2e_observe import (
     HISTORY_SQL,
@@ -162,7 +163,8 @@ def _triggerer(d: Deployment, name: str, probes: Path) -> Triggerer:
     env = {
         "AIRFLOW__LOCALSTATE__SINK": "api",
         "AIRFLOW__LOCALSTATE__API_URL": f"{d.env['AIRFLOW__API__BASE_URL']}/localstate",
-        "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
+        # its own token, bound to its id: the server records its rows as written by it
+        "AIRFLOW__LOCALSTATE__API_TOKEN": triggerer_token(name),
         "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL),
         "AIRFLOW__LOCALSTATE__CONFLICT_POLICY": "asset_watcher:*=max, *=reject",
         "AIRFLOW__LOCALSTATE__TRIGGERER_ID": name,

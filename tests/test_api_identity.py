@@ -96,6 +96,36 @@ async def test_no_request_chooses_who_wrote(
     assert not any(OPS in line or TRIGGERER in line for line in caplog.messages)
 
 
+async def test_a_token_without_an_identity_records_its_name_not_the_requests(
+        served: tuple[httpx.AsyncClient, CentralStore, httpx.ASGITransport],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A token with no bound identity (one a fleet may share) is recorded by its name on
+    every route; the name the request gives itself is only a note in the audit line."""
+    client, central, transport = served
+    caplog.set_level(logging.INFO, logger="localstate.api.audit")
+    r = await client.post("/api/v1/write", headers=bearer(OPS), json={
+        "op": "direct", "owner": "dag:u", "key": "w", "data": "1", "updated_at": time.time(),
+        "updated_by": "triggerer-a.example.com"})  # another triggerer's identity
+    assert r.status_code == 200, r.text
+    sink = ApiSink("http://localstate.test", OPS, transport=transport)
+    try:
+        rows = [DirtyRow("dag:u", f"k{i}", str(i), 1, 0, time.time(), "evil") for i in range(3)]
+        assert [o.resolution for o in await sink.write_batch(rows, PolicyMap("reject"))] == [
+            "written"] * 3
+        assert await sink.claim("dag:u", claimant="evil") == 1
+        assert await sink.delete_current("dag:u", "k0", updated_by="evil")
+    finally:
+        await sink.close()
+    found = await central.read_many([("dag:u", "w"), ("dag:u", "k1"), ("dag:u", "k0")])
+    assert {row.updated_by for row in found.values()} == {"ops"}
+    assert await central.read_claims(["dag:u"]) == {"dag:u": (1, "ops")}
+    lines = [r.getMessage() for r in caplog.records if r.name == "localstate.api.audit"]
+    assert len(lines) == 4, lines
+    assert all(line.startswith("write by 'ops' (unbound)") for line in lines), lines
+    assert "request named 'triggerer-a.example.com'" in lines[0]
+    assert all("request named 'evil'" in line for line in lines[1:]), lines
+
+
 def test_a_token_may_be_bound_to_an_identity() -> None:
     [ops, trig] = Settings.resolve({"api_tokens": TOKENS}).api_tokens
     assert (ops.identity, trig.identity) == ("", "triggerer-a.example.com")
@@ -139,6 +169,17 @@ async def test_narrow_tokens_see_no_db_location_and_no_other_tenants_triggerers(
         # a tenant's token: not the shared server's triggerer, nor any other
         tenant = (await client.get("/api/v1/fleet", headers=bearer(TENANT))).json()
         assert tenant["triggerers"] == []
+        # the sink's read of the fleet table (a write budget's): the rates, no one's name,
+        # host or pid but an admin's
+        for token, named in ((OPS, True), (READER, False), (TENANT, False), (TRIGGERER, False)):
+            r = await client.post("/api/v1/read", headers=bearer(token), json={"fleet": True})
+            assert r.status_code == 200, r.text
+            [row] = r.json()["rows"]
+            fields = r.json()["fields"]
+            fields = fields[next(iter(fields))] if isinstance(fields, dict) else fields
+            got = dict(zip(fields, row, strict=True))
+            assert ("api-server" in r.text, str(os.getpid()) in r.text) == (named, named)
+            assert got["rows_per_s"] >= 0.0
 
 
 async def test_a_flush_over_the_row_bound_is_413_and_writes_nothing(

@@ -222,8 +222,9 @@ async def test_conflicts_are_settled_by_the_clients_policy(
         central_value)
     if resolution == "written":  # the record the local write replaced travels back too
         assert outcome.replaced is not None
-        # a token shared by a fleet (no identity bound): each row names its triggerer
-        assert outcome.replaced.updated_by == "other"
+        # a token shared by a fleet (no identity bound): its rows name the token, not the
+        # triggerer the request gives (the server decides who wrote)
+        assert outcome.replaced.updated_by == RW_NAME
         assert outcome.replaced.writer == tagged("cache-file-other")
     stored = await endpoint.value("asset_watcher:o", "wm")
     assert stored is not None
@@ -501,7 +502,7 @@ async def test_claims_and_the_fleet_table_work_through_the_server(
         row = (await central.read_many([("trigger:t", "wm")]))[("trigger:t", "wm")]
         claims = await central.read_claims(["trigger:t"])
     assert row.data == "11"
-    assert claims == {"trigger:t": (2, "b")}
+    assert claims == {"trigger:t": (2, RW_NAME)}  # the token that claimed, not the request
 
 
 async def test_a_triggerer_stopped_mid_request_holds_no_lock_in_the_server(

@@ -48,6 +48,11 @@ ADVICE: dict[str, str] = {
     "mixin's store rather than keeping one across runs.",
     "VersionConflict": "A compare-and-set expected one version and found another (CLI exit 4, "
     "REST 409). Read the key again and retry with the version you read.",
+    "VersionExhausted": "The key's version reached 2^63 - 1, the largest a 64-bit version "
+    "holds (REST 409 `version_exhausted`), so it can be neither written nor deleted; nothing "
+    "was written. Keep the value under a new key; to reuse the key, stop the triggers that "
+    "use it and delete its row from the central DB's `localstate_state` table by "
+    "hand. Versions count writes from 1, so only a row written outside localstate gets there.",
     "WriteRejected": "A `central`-durability write lost to another writer's record under the "
     "owner's conflict policy. Read the key: it now holds the central record. See the "
     "conflicts guide.",
@@ -119,6 +124,7 @@ def troubleshooting_page() -> str:
     ]
     status = {"InvalidInput": "422", "InvalidName": "422", "ValueEncodingError": "422",
               "ValueTooLarge": "413", "VersionConflict": "409", "WriteRejected": "409",
+              "VersionExhausted": "409",
               "AccessDenied": "401 / 403", "CentralUnavailable": "503",
               "CentralError": "503"}
     for cls in classes:

@@ -44,10 +44,11 @@ class Principal:
 
     `identity` names it in what it writes: the identity bound to its token, else the token's
     name, or ``airflow:<user>``; None only for the open API (no token configured), which has
-    no caller to name. `bound`: its writes are recorded as `identity` (``updated_by``, a
-    claim's claimant) whatever the request says: an Airflow user, a token with an identity. A
-    token without one may be shared by a fleet of triggerers, so each row keeps the triggerer
-    the request names (the audit log names the token).
+    no caller to name. Its writes are recorded as `identity` (``updated_by``, a claim's
+    claimant) whatever the request says (`localstate.api.audit.recorded_as`). `bound`: the
+    identity is one triggerer's (an Airflow user, a token with an ``identity``), so its flush's
+    fleet report is recorded under it too, and a tenant's token sees that fleet row; a token
+    without one may be shared by several triggerers, each reporting under its own name.
     """
 
     name: str

@@ -7,6 +7,7 @@ InvalidName, ValueEncodingError, InvalidInput          422    invalid_name, inva
                                                               invalid_input
 ValueTooLarge                                          413    value_too_large
 VersionConflict                                        409    version_conflict
+VersionExhausted (a key at version 2^63 - 1)           409    version_exhausted
 WriteRejected (the central DB kept another writer's)   409    write_rejected
 CentralUnavailable                                     503    central_unavailable
 CentralError                                           502    central_error
@@ -44,6 +45,7 @@ from localstate.errors import (
     ValueEncodingError,
     ValueTooLarge,
     VersionConflict,
+    VersionExhausted,
     WriteRejected,
 )
 
@@ -80,6 +82,9 @@ def from_store_error(exc: LocalStateError) -> ApiError:
     if isinstance(exc, VersionConflict):
         return ApiError(409, "version_conflict", msg,
                         detail={"expected_version": exc.expected, "actual_version": exc.actual})
+    if isinstance(exc, VersionExhausted):
+        return ApiError(409, "version_exhausted", msg, detail={"owner": exc.owner,
+                                                               "key": exc.key})
     if isinstance(exc, WriteRejected):
         return ApiError(409, "write_rejected", msg)
     if isinstance(exc, ValueTooLarge):

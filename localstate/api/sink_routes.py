@@ -32,7 +32,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from localstate.api.audit import audit, recorded_as
+from localstate.api.audit import audit, claimed_detail, recorded_as
 from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.routes import caller_of, central_or_503
@@ -269,8 +269,10 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         return await flush_batch(await request.body(), caller)
 
     def parse_flush(raw: bytes, caller: Principal
-                    ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None]:
-        """Decode and check a flush body: no I/O, so a large one runs off the event loop."""
+                    ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None, str]:
+        """Decode and check a flush body: no I/O, so a large one runs off the event loop.
+        The rows come back recorded as the caller (`recorded_as`), with the audit line's note
+        of the names the request gave them."""
         body = decode_body(raw)
         rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
         if len(rows) > max_rows:
@@ -278,21 +280,25 @@ def build_sink_router(store: StateStore, auth: Authorizer,
                            f"api_max_batch_rows ({max_rows}); send smaller batches")
         _require_owners(caller, (r.owner for r in rows), write=True)
         status = None
+        named = ""
         if rows:
             _check_rows(rows, max_value_bytes)
-            if caller.bound and caller.identity is not None:  # the server says who wrote
+            if caller.identity is not None:  # the server says who wrote, not the request
                 by = caller.identity
+                named = claimed_detail(caller, map(attrgetter("updated_by"), rows))
                 rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
             if body.get("fleet") is not None:
                 status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
                 _check_fleet(status)
-        return body, rows, status
+                if caller.bound and caller.identity is not None:  # its own fleet row only
+                    status = status._replace(triggerer=caller.identity)
+        return body, rows, status, named
 
     async def flush_batch(raw: bytes, caller: Principal) -> Response:
         if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
-            body, rows, status = await asyncio.to_thread(parse_flush, raw, caller)
+            body, rows, status, named = await asyncio.to_thread(parse_flush, raw, caller)
         else:
-            body, rows, status = parse_flush(raw, caller)
+            body, rows, status, named = parse_flush(raw, caller)
         writer = caller.writer_tag(_writer(body.get("writer")))
         policy_map = policies.get(body.get("policies", "reject"))
         require_open(store)
@@ -301,7 +307,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             c.note_fleet(status)
         if "events" not in body:  # a flush without events (any client)
             outcomes = await c.write_batch(rows, policy_map, writer=writer)
-            audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows))
+            audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows), named)
             written, full = encode_outcomes(outcomes, rows)
             return _json({"fields": outcome_header, "written": written, "outcomes": full})
         events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
@@ -311,7 +317,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
         audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows),
                                               *(e.owner for e in events)},
-              len(rows), f"{len(events)} events")
+              len(rows), f"{len(events)} events", named)
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": outcome_header, "written": written, "outcomes": full,
                       "event_statuses": statuses})
@@ -322,7 +328,11 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         body = decode_body(await request.body())
         c = central_or_503(central)
         if body.get("fleet") is True:  # the fleet table (what a write budget reads)
-            return _json({"fields": fleet_header, "rows": encode_rows(await c.read_fleet())})
+            fleet = await c.read_fleet()
+            if not caller.admin:  # the rates a budget sums; no one else's name, host or pid
+                fleet = [r if caller.bound and r.triggerer == caller.identity
+                         else r._replace(triggerer="", host="", pid=0) for r in fleet]
+            return _json({"fields": fleet_header, "rows": encode_rows(fleet)})
         source = body.get("source")
         if source not in (None, ASSET_STATE_SOURCE):
             raise WireError(f"'source' must be {ASSET_STATE_SOURCE!r} or absent")
@@ -353,7 +363,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
     async def claim(request: Request, caller: Caller) -> Response:
         body = decode_body(await request.body())
         owner = check_name("owner", body.get("owner"))
-        claimant = recorded_as(caller, check_name("claimant", body.get("claimant")))
+        named = check_name("claimant", body.get("claimant"))
+        claimant = recorded_as(caller, named)
         writer = caller.writer_tag(_writer(body.get("writer")))
         since = body.get("unless_claimed_since")
         if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
@@ -365,9 +376,11 @@ def build_sink_router(store: StateStore, auth: Authorizer,
             epoch = await central_or_503(central).claim(
                 owner, claimant=claimant, writer=writer, unless_claimed_since=since)
         except OwnerLost as exc:  # a newer claim stands: the caller's OwnerLost
-            audit(caller, "POST /api/v1/claim", (owner,), 0, f"refused: epoch {exc.current}")
+            audit(caller, "POST /api/v1/claim", (owner,), 0, f"refused: epoch {exc.current}",
+                  claimed_detail(caller, (named,)))
             return _json({"claimed_since": exc.current})
-        audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}")
+        audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}",
+              claimed_detail(caller, (named,)))
         return _json({"epoch": epoch})
 
     @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
@@ -377,7 +390,8 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         op = body.get("op")
         owner = check_name("owner", body.get("owner"))
         key = check_name("key", body.get("key"))
-        by = recorded_as(caller, check_name("updated_by", body.get("updated_by")))
+        named = check_name("updated_by", body.get("updated_by"))
+        by = recorded_as(caller, named)
         caller.require_write(owner)
         data = body.get("data")
         _check_data(owner, key, data, max_value_bytes)
@@ -400,9 +414,9 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         elif op == "if_version":
             expected = body.get("expected_version")
             if (isinstance(expected, bool) or not isinstance(expected, int)
-                    or not 0 <= expected < _MAX_VERSION):
+                    or not 0 <= expected <= _MAX_VERSION):
                 raise WireError(f"'expected_version' must be an integer from 0 to "
-                                f"{_MAX_VERSION - 1}")
+                                f"{_MAX_VERSION}")
             row = await c.write_if_version(owner, key, data, expected, updated_by=by,
                                            updated_at=None if at is None else float(at),
                                            writer=writer)
@@ -411,7 +425,7 @@ def build_sink_router(store: StateStore, auth: Authorizer,
         else:
             raise WireError("'op' must be direct, if_version or delete_current")
         audit(caller, "POST /api/v1/write", (owner,), 1 if row is not None or deleted else 0,
-              f"{op} {owner}/{key}")
+              f"{op} {owner}/{key}", claimed_detail(caller, (named,)))
         return _json({"fields": central_header,
                       "row": None if row is None else encode_rows([row])[0],
                       "deleted": deleted})
