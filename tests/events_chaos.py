@@ -40,7 +40,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from airflow_api_server import MACHINE_TOKEN, new_airflow
+from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
 
 from localstate.bench.airflow_deployment import activate_watchers, wait_until
@@ -168,7 +168,7 @@ class _Run:
         env = {
             "AIRFLOW__LOCALSTATE__SINK": "api",
             "AIRFLOW__LOCALSTATE__API_URL": f"{self.d.env['AIRFLOW__API__BASE_URL']}/localstate",
-            "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
+            "AIRFLOW__LOCALSTATE__API_TOKEN": triggerer_token(name),
             "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL),
             "AIRFLOW__LOCALSTATE__TRIGGERER_ID": name,
         }
