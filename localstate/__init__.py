@@ -27,11 +27,13 @@ from localstate.errors import (
     InvalidInput,
     InvalidName,
     LocalStateError,
+    OwnerLost,
     SchemaError,
     StoreClosed,
     ValueEncodingError,
     ValueTooLarge,
     VersionConflict,
+    VersionExhausted,
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
@@ -39,9 +41,11 @@ from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.blocking import BlockingStateStore
+    from localstate.release import ReleaseReport
     from localstate.reload import ConfigWatcher
     from localstate.stats import StoreStats
     from localstate.store import StateStore
+    from localstate.sync.settle import ConflictInfo, FlushReport
     from localstate.variable import StateVariable
 
 # The store and what is built on it load on first use, not with the package: importing a lower
@@ -50,6 +54,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "BlockingStateStore": "localstate.blocking",
     "ConfigWatcher": "localstate.reload",
+    "ConflictInfo": "localstate.sync.settle",
+    "FlushReport": "localstate.sync.settle",
+    "ReleaseReport": "localstate.release",
     "StoreStats": "localstate.stats",
     "StateStore": "localstate.store",
     "StateVariable": "localstate.variable",
@@ -82,13 +89,17 @@ __all__ = [
     "CentralUnavailable",
     "ConfigError",
     "ConfigWatcher",
+    "ConflictInfo",
     "Durability",
     "EventsUnsupported",
+    "FlushReport",
     "FlushState",
     "InvalidInput",
     "InvalidName",
     "LocalStateError",
+    "OwnerLost",
     "Record",
+    "ReleaseReport",
     "SchemaError",
     "Settings",
     "StateStore",
@@ -99,6 +110,7 @@ __all__ = [
     "ValueEncodingError",
     "ValueTooLarge",
     "VersionConflict",
+    "VersionExhausted",
     "WriteRejected",
     "__version__",
 ]
