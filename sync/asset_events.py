@@ -109,6 +109,7 @@ class AssetEvents:
                         {"name": name}).first()
                     if row is None:
                         continue
+                    asset = SerializedAssetUniqueKey(name=row[0], uri=row[1])
                     extras = [{"from_trigger": True, "payload": json.loads(events[i].payload)}
                               for i in indexes]
                     # The first event of the asset goes through Airflow's own path, which
@@ -116,8 +117,7 @@ class AssetEvents:
                     # (by asset, alias and name/URI reference; the queue holds one row per
                     # DAG) and prepares the listener calls.
                     first = AssetManager.register_asset_change(
-                        asset=SerializedAssetUniqueKey(name=row[0], uri=row[1]),
-                        extra=extras[0], session=session, callback_sink=callbacks)
+                        asset=asset, extra=extras[0], session=session, callback_sink=callbacks)
                     if first is None:
                         continue
                     counts[indexes[0]] += 1
@@ -131,8 +131,7 @@ class AssetEvents:
                     if calls is None:  # an Airflow whose calls look otherwise: its own path
                         for i, extra in zip(indexes[1:], extras[1:], strict=True):
                             if AssetManager.register_asset_change(
-                                    asset=SerializedAssetUniqueKey(name=row[0], uri=row[1]),
-                                    extra=extra, session=session,
+                                    asset=asset, extra=extra, session=session,
                                     callback_sink=callbacks) is not None:
                                 counts[i] += 1
                         continue
