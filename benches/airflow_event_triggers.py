@@ -40,7 +40,9 @@ async def _paced(count: int, rate: float) -> AsyncIterator[int]:
         yield n
 
 
-class YieldEventsTrigger(BaseEventTrigger):
+class _PhaseTrigger(BaseEventTrigger):
+    """A watcher of phase `label`: `count` events at `rate` per second (0: at once)."""
+
     def __init__(self, *, label: str, count: int, rate: float) -> None:
         super().__init__()
         self.label = label
@@ -51,6 +53,8 @@ class YieldEventsTrigger(BaseEventTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"label": self.label, "count": self.count, "rate": self.rate})
 
+
+class YieldEventsTrigger(_PhaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await _go(self.label)
         async for n in _paced(self.count, self.rate):
@@ -60,17 +64,7 @@ class YieldEventsTrigger(BaseEventTrigger):
         await asyncio.Event().wait()
 
 
-class EmitEventsTrigger(StateEnabledTrigger, BaseEventTrigger):
-    def __init__(self, *, label: str, count: int, rate: float) -> None:
-        super().__init__()
-        self.label = label
-        self.count = count
-        self.rate = rate
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"label": self.label, "count": self.count, "rate": self.rate})
-
+class EmitEventsTrigger(StateEnabledTrigger, _PhaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await _go(self.label)
         async for n in _paced(self.count, self.rate):

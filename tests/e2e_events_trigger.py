@@ -34,8 +34,8 @@ def _new_items(index: int, after: int) -> list[int]:
     return sorted(n for n in map(int, names) if n > after)
 
 
-class PlainSourceTrigger(BaseEventTrigger):
-    """Yield the event, then save the cursor in Airflow's ``asset_state_store``."""
+class _SourceTrigger(BaseEventTrigger):
+    """A watcher of source `index`: its one argument, serialized by its own class name."""
 
     def __init__(self, *, index: int) -> None:
         super().__init__()
@@ -43,6 +43,10 @@ class PlainSourceTrigger(BaseEventTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {"index": self.index})
+
+
+class PlainSourceTrigger(_SourceTrigger):
+    """Yield the event, then save the cursor in Airflow's ``asset_state_store``."""
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         store = self.asset_state_store
@@ -56,15 +60,8 @@ class PlainSourceTrigger(BaseEventTrigger):
             await asyncio.sleep(POLL)
 
 
-class EmitSourceTrigger(StateEnabledTrigger, BaseEventTrigger):
+class EmitSourceTrigger(StateEnabledTrigger, _SourceTrigger):
     """Emit each item with the watermark it advances to: one commit, exactly once."""
-
-    def __init__(self, *, index: int) -> None:
-        super().__init__()
-        self.index = index
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {"index": self.index})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         last = int(await self.get_watermark(default=0))
