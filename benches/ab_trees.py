@@ -2,7 +2,11 @@
 
     python benches/ab_trees.py OLD_TREE NEW_TREE [--rounds 5] [--seconds 0.5]
 
-Each round runs one fresh subprocess per tree (``PYTHONPATH=<tree>``), which measures the
+Each tree is first copied into the layout it installs as (``localstate/`` with the top-level
+``sync/`` as ``localstate/sync/``; a tree of an earlier layout, with a symlink there, is copied
+through it), so that each run imports that tree's code only, whatever the venv's editable
+install points at. Each round runs one fresh subprocess per tree (``PYTHONPATH=<copy>``), which
+measures the
 memory-durability set, the cached get and the local set against the bare limit (an ``await`` of
 a coroutine that sets a dict) in that same process; only those ratios are compared, since the
 machines are shared and noisy. Prints the median ratio per tree and figure, their quotient, and
@@ -15,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 _INNER = r"""
@@ -72,6 +78,15 @@ asyncio.run(main(float(sys.argv[1])))
 """
 
 
+def installed_layout(tree: Path, into: Path) -> Path:
+    """A copy of the tree's package as it installs: `into`/localstate, with sync/ inside."""
+    package = into / "localstate"
+    shutil.copytree(tree / "localstate", package)  # follows a symlinked localstate/sync
+    if not (package / "sync").exists():
+        shutil.copytree(tree / "sync", package / "sync")
+    return into
+
+
 def measure(tree: Path, seconds: float) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.run([sys.executable, "-c", _INNER, str(seconds)], env=env, cwd=tree,
@@ -88,7 +103,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
-    trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    staging = Path(tempfile.mkdtemp(prefix="ab-trees-"))
+    trees = {which: installed_layout(tree.resolve(), staging / which)
+             for which, tree in (("old", args.old), ("new", args.new))}
     for i in range(args.rounds):
         # the order alternates too: old first in even rounds, new first in odd ones
         for which in ("old", "new") if i % 2 == 0 else ("new", "old"):
@@ -104,6 +121,7 @@ def main() -> None:
         paired = [n[name] / o[name] for o, n in zip(runs["old"], runs["new"], strict=True)]
         spread = f"{statistics.median(paired):.3f} ({min(paired):.2f}-{max(paired):.2f})"
         print(f"{name:<20} {old:>8.3f} {new:>8.3f} {new / old:>8.3f}  {spread:>34}")
+    shutil.rmtree(staging)
 
 if __name__ == "__main__":
     main()

@@ -18,24 +18,18 @@ from pathlib import Path
 import pytest
 
 import localstate
+import localstate.sync
 
 PACKAGE_DIR = Path(localstate.__file__).resolve().parent
+#: the top-level sync/ folder, which installs as the subpackage localstate.sync
+SYNC_DIR = Path(localstate.sync.__file__).resolve().parent
 
 
 def all_modules() -> list[str]:
-    names = []
-    files = [Path(folder, name) for folder, _dirs, found in os.walk(PACKAGE_DIR, followlinks=True)
-             for name in found if name.endswith(".py")]  # followlinks: localstate/sync -> sync/
-    for path in sorted(files):
-        parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
-        if parts[-1] == "__main__":
-            continue
-        if parts[-2:] == ("migrations", "env"):  # a script Alembic runs inside its context
-            continue
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        names.append(".".join(("localstate", *parts)))
-    return names
+    """The modules to import: every one but `__main__`s and Alembic's env script (which runs
+    only inside Alembic's context)."""
+    return [name for name, path in module_files().items()
+            if path.stem != "__main__" and path.parts[-2:] != ("migrations", "env.py")]
 
 
 def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[str]:
@@ -144,6 +138,20 @@ def test_there_is_no_top_level_sync_package() -> None:
     assert "No module named 'sync'" in result.stderr
 
 
+def test_the_repository_holds_no_symlink() -> None:
+    # a symlinked package gives each module two names (and path-based tools a second copy)
+    tracked = subprocess.run(["git", "ls-files", "--stage"], capture_output=True, text=True,
+                             cwd=PACKAGE_DIR.parent, timeout=60, check=True).stdout.splitlines()
+    assert len(tracked) > 200
+    links = [line.split("\t", 1)[1] for line in tracked if line.startswith("120000 ")]
+    assert links == []
+
+
+def test_sync_installs_as_the_subpackage_from_the_top_level_folder() -> None:
+    assert SYNC_DIR == PACKAGE_DIR.parent / "sync"
+    assert not (PACKAGE_DIR / "sync").exists()
+
+
 # -- the import graph, read from the source -------------------------------------------------
 
 #: imports made inside a function, on use, that close a circle if counted: the class-level
@@ -162,15 +170,14 @@ SYNC_MAY_IMPORT = {"localstate", "localstate.model", "localstate.codec", "locals
 
 
 def module_files() -> dict[str, Path]:
+    """Each module of localstate, sync/ under its installed name `localstate.sync`, and its file."""
     files = {}
-    for folder, _dirs, found in os.walk(PACKAGE_DIR, followlinks=True):
-        for name in found:
-            if name.endswith(".py"):
-                path = Path(folder, name)
-                parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
-                if parts[-1] == "__init__":
-                    parts = parts[:-1]
-                files[".".join(("localstate", *parts))] = path
+    for package, folder in (("localstate", PACKAGE_DIR), ("localstate.sync", SYNC_DIR)):
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join((package, *parts))] = path
     return files
 
 

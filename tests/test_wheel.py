@@ -2,8 +2,9 @@
 the wheel installs into a fresh virtual environment beside Airflow 3.3 under pinned
 constraints, where Airflow finds the plugin and the provider and migrates localstate's tables.
 
-`localstate/sync` is a symlink to the top-level `sync/`: the archives must hold its modules as
-files under ``localstate/sync/``. The pins are `tests/data/constraints-airflow-3.3.2-py3.11.txt`
+The top-level `sync/` installs as `localstate.sync` (pyproject's package-dir mapping): the sdist
+holds it as `sync/`, the wheel built from that sdist under ``localstate/sync/``, and neither has
+a top-level `sync` package to install. The pins are `tests/data/constraints-airflow-3.3.2-py3.11.txt`
 (its header says where they come from). The install reuses pip's cache.
 """
 
@@ -47,6 +48,10 @@ def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(tmp_path: P
     in_wheel_sync = {n.removeprefix("localstate/sync/") for n in names
                      if n.startswith("localstate/sync/") and n.endswith(".py")}
     assert in_wheel_sync == _sync_modules()
+    # pyproject lists the packages one by one (sync/ is mapped): a new folder left out of the
+    # list would be missing from the wheel while an editable install still finds it
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "localstate").rglob("*.py")}
+    assert sources - names == set()
     assert not any(n.startswith("sync/") for n in names)  # never a top-level `sync`
     for path in ("localstate/py.typed", "localstate/sync/py.typed",
                  "localstate/api/static/index.html", "localstate/api/static/app.js",
@@ -66,8 +71,8 @@ def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(tmp_path: P
         members = {m.name: m for m in tar.getmembers()}
     top = f"localstate-{VERSION}"
     for module in _sync_modules():
-        member = members[f"{top}/localstate/sync/{module}"]
-        assert member.isfile(), module  # the symlink's target, as files
+        assert members[f"{top}/sync/{module}"].isfile(), module
+    assert not any(name.startswith(f"{top}/localstate/sync") for name in members)
     assert f"{top}/LICENSE" in members
 
 
