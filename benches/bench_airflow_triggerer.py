@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from localstate.bench.airflow_deployment import fast_loops
 from localstate.testing.postgres_server import PostgresServer
 
 HERE = Path(__file__).resolve().parent
@@ -100,12 +101,8 @@ async def bench(seconds: float, base: Path) -> dict[str, Any]:
             "PYTHONPATH": str(HERE),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": dsn.replace("postgresql://",
                                                                "postgresql+psycopg://"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            **fast_loops(dags),
             "PYTHONWARNINGS": "ignore",
         })
         await asyncio.to_thread(subprocess.run, [str(AIRFLOW), "db", "migrate"], env=env,

@@ -38,6 +38,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from localstate.bench.airflow_deployment import fast_loops
 from localstate.testing.postgres_server import PostgresServer
 
 HERE = Path(__file__).resolve().parent
@@ -158,12 +159,8 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
             "LOCALSTATE_BENCH_RESULTS": str(results),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": dsn.replace("postgresql://",
                                                                "postgresql+psycopg://"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            **fast_loops(dags, parse_every=5),
             "PYTHONWARNINGS": "ignore",
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__HOST": "127.0.0.1",

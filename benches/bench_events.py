@@ -43,6 +43,7 @@ from airflow_harness import ROOT  # noqa: E402
 
 from localstate.bench.airflow_deployment import (  # noqa: E402
     activate_watchers,
+    fast_loops,
     stop,
     wait_until,
 )
@@ -122,11 +123,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         d.env.update({
             "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests'}",
             "LOCALSTATE_BENCH_GO": str(go),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            **fast_loops(dags),
         })
         print("airflow db migrate ...", flush=True)
         await d.run("db", "migrate", timeout=600)

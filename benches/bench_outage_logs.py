@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow  # noqa: E402
-from airflow_harness import stop, wait_for  # noqa: E402
+from airflow_harness import fast_loops, stop, wait_for  # noqa: E402
 
 from localstate.testing.postgres_server import PostgresServer  # noqa: E402
 
@@ -72,11 +72,7 @@ async def run(outage: float, watchers: int, base: Path) -> dict[str, object]:
         (base / "probes").mkdir()
         d.env.update({
             "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            **fast_loops(dags),
             "LOCALSTATE_E2E_PROBE": str(base / "probes"),
         })
         await d.run("db", "migrate")

@@ -23,7 +23,13 @@ from typing import Any
 import pytest
 
 from localstate.bench import airflow_deployment
-from localstate.bench.airflow_deployment import AIRFLOW, Deployment, DeploymentError, stop
+from localstate.bench.airflow_deployment import (
+    AIRFLOW,
+    Deployment,
+    DeploymentError,
+    fast_loops,
+    stop,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,8 +38,8 @@ else:  # pip's own copy of tomli, which became tomllib
 from localstate.testing.postgres_server import PostgresServer
 from localstate.version import __version__
 
-__all__ = ["AIRFLOW", "ROOT", "Deployment", "new_deployment", "stop", "tree_metadata",
-           "wait_for"]
+__all__ = ["AIRFLOW", "ROOT", "Deployment", "fast_loops", "new_deployment", "stop",
+           "tree_metadata", "wait_for"]
 
 ROOT = Path(__file__).parents[1]
 

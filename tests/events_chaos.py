@@ -43,7 +43,7 @@ import httpx
 from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
 
-from localstate.bench.airflow_deployment import activate_watchers, wait_until
+from localstate.bench.airflow_deployment import activate_watchers, fast_loops, wait_until
 from localstate.testing.postgres_server import PostgresServer
 
 FLUSH_INTERVAL = 1.0
@@ -318,14 +318,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
     d.env.update({
         "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
         "LOCALSTATE_E2E_SOURCE": str(source),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(schedule.health_threshold),
+        **fast_loops(dags, health_threshold=schedule.health_threshold, executor="LocalExecutor"),
     })
     w = schedule.watchers
     emit_names = [f"emit_{i}" for i in range(w)]

@@ -46,7 +46,7 @@ from typing import Any
 import asyncpg
 import pytest
 from airflow_api_server import api_server, new_airflow, triggerer_token
-from airflow_harness import ROOT, Deployment, stop, wait_for
+from airflow_harness import ROOT, Deployment, fast_loops, stop, wait_for
 from e2e_observe import (
     HISTORY_SQL,
     cached,
@@ -143,14 +143,7 @@ def scenario(pg_server: PostgresServer,
     probes.mkdir()
     d.env.update({
         "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
+        **fast_loops(dags, health_threshold=4, executor="LocalExecutor"),
     })
     try:
         yield asyncio.run(asyncio.wait_for(_scenario(d, probes), BOUND))

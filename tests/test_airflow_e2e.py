@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
-from airflow_harness import Deployment, new_deployment, stop, wait_for
+from airflow_harness import Deployment, fast_loops, new_deployment, stop, wait_for
 
 from localstate.testing.postgres_server import PostgresServer
 
@@ -69,14 +69,7 @@ def deployment(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
         cfg="[localstate]\nsink = airflow\nflush_interval = 1.0\n"
             "conflict_policy = asset_watcher:*=max, *=reject\n",
         env={
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
+            **fast_loops(dags, health_threshold=4, executor="LocalExecutor"),
             "LOCALSTATE_EXAMPLE_DSN": pg_server.dsn_for(source),
             "LOCALSTATE_EXAMPLE_TABLE": "orders",
             "LOCALSTATE_EXAMPLE_BATCH": "20",

@@ -34,7 +34,7 @@ import asyncpg
 import pytest
 from airflow_harness import Deployment, new_deployment, stop, wait_for
 
-from localstate.bench.airflow_deployment import activate_watchers
+from localstate.bench.airflow_deployment import activate_watchers, fast_loops
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -132,15 +132,7 @@ async def test_sigterm_flushes_every_acknowledged_write(
         pg_server, tmp_path, pythonpath=[code],
         cfg=f"[localstate]\nsink = {sink}\nflush_interval = 1.0\ndurability = local\n"
             f"conflict_policy = max\ncentral_url = {state_dsn}\n",
-        env={
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "4",
-        })
+        env=fast_loops(dags, health_threshold=4))
     try:
         await asyncio.wait_for(_scenario(d, state_dsn, sink), BOUND)
     except asyncio.TimeoutError:

@@ -30,7 +30,7 @@ import asyncpg
 import httpx
 import pytest
 from airflow_api_server import api_server, free_port, migrate
-from airflow_harness import AIRFLOW, ROOT, Deployment, new_deployment, stop, wait_for
+from airflow_harness import AIRFLOW, ROOT, Deployment, fast_loops, new_deployment, stop, wait_for
 
 from localstate.testing.postgres_server import PostgresServer
 
@@ -80,10 +80,7 @@ def deployment(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API_AUTH__JWT_SECRET": "localstate-tests-jwt-secret-0123456789abcdef",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        **fast_loops(dags),
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "LOCALSTATE_EXAMPLE_DSN": f"sqlite:///{source}",
         "LOCALSTATE_EXAMPLE_ACK_DELAY": "1",

@@ -148,7 +148,7 @@ def test_the_repository_holds_no_symlink() -> None:
 
 
 def test_sync_installs_as_the_subpackage_from_the_top_level_folder() -> None:
-    assert SYNC_DIR == PACKAGE_DIR.parent / "sync"
+    assert PACKAGE_DIR.parent / "sync" == SYNC_DIR
     assert not (PACKAGE_DIR / "sync").exists()
 
 

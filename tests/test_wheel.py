@@ -2,10 +2,11 @@
 the wheel installs into a fresh virtual environment beside Airflow 3.3 under pinned
 constraints, where Airflow finds the plugin and the provider and migrates localstate's tables.
 
-The top-level `sync/` installs as `localstate.sync` (pyproject's package-dir mapping): the sdist
-holds it as `sync/`, the wheel built from that sdist under ``localstate/sync/``, and neither has
-a top-level `sync` package to install. The pins are `tests/data/constraints-airflow-3.3.2-py3.11.txt`
-(its header says where they come from). The install reuses pip's cache.
+The top-level `sync/` installs as `localstate.sync` (pyproject's package-dir mapping): the
+sdist holds it as `sync/`, the wheel built from that sdist under ``localstate/sync/``, and
+neither has a top-level `sync` package to install. The pins are
+`tests/data/constraints-airflow-3.3.2-py3.11.txt` (its header says where they come from). The
+install reuses pip's cache.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from localstate.bench.airflow_deployment import (
     DeploymentError,
     activate_watchers,
     airflow_command,
+    fast_loops,
     new_deployment,
     stop,
     wait_until,
@@ -156,11 +157,7 @@ async def measure_airflow_flush(central_url: str, folder: Path, keys: int,
     talk, dags = _folders(folder)
     async with _metadata_db(central_url, folder) as (dsn, watch_dsn, where):
         d = new_deployment(dsn, folder, cfg=_config(keys), command=command, env={
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            **fast_loops(dags),
             "LOCALSTATE_BENCH_FOLDER": str(talk),
             "LOCALSTATE_BENCH_KEYS": str(keys),
         })
