@@ -47,7 +47,13 @@ _STATE_PATH = STATE_PATH.encode()
 
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, before they are read whole; the
-    paths ending in one of `batch_paths` (a flush, a batched read) over `batch_limit`."""
+    paths ending in one of `batch_paths` (a flush, a batched read) over `batch_limit`.
+
+    A request that declares its length (``Content-Length``, no ``Transfer-Encoding``) is
+    judged by it, once: the HTTP server delivers no more body than that (h11 and httptools
+    refuse a request whose body runs past it, or that declares both). A body of no declared
+    length (chunked) is counted as it comes, and refused once it passes the limit.
+    """
 
     def __init__(self, app: ASGIApp, limit: int, batch_paths: tuple[str, ...] = (),
                  batch_limit: int = 0) -> None:
@@ -63,15 +69,22 @@ class BodyLimit:
         limit = (self.batch_limit if str(scope.get("path", "")).endswith(self.batch_paths)
                  else self.default_limit)
         message = f"the request body is over {limit} bytes"
+        declared: int | None = None
+        chunked = False
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > limit
+                    declared = int(value)
                 except ValueError:
-                    too_big = False
-                if too_big:
+                    declared = None
+                if declared is not None and declared > limit:
                     await error_response(413, "too_large", message)(scope, receive, send)
                     return
+            elif name == b"transfer-encoding":
+                chunked = True
+        if declared is not None and declared >= 0 and not chunked:
+            await self.app(scope, receive, send)  # within the limit, and no more comes
+            return
         received = 0
 
         async def limited() -> Message:

@@ -3,8 +3,7 @@
 The app (`localstate.api.app.create_app`) keeps one `ServerContext` on ``app.state``: its
 settings, its authorizer, its own `CentralStore` (opened by the app's lifespan, or given), the
 optional local `StateStore` whose unfinished writes ``?pending=true`` overlays (``localstate
-serve``'s), and what the handlers keep between requests (the status page's rate meter, the
-clients' parsed conflict policies). Handlers are module-level functions that take these
+serve``'s), and the status page's rate meter. Handlers are module-level functions that take these
 through FastAPI dependencies: `Caller` (the request's `Principal`, 401 without a valid
 token), `Context`, `Central` (503 before the lifespan opened the central DB) and `Writable`
 (also 503 once the server is shutting down, or its local store is closed).
@@ -13,10 +12,10 @@ token), `Context`, `Central` (503 before the lifespan opened the central DB) and
 # No `from __future__ import annotations`: FastAPI reads the dependencies' signatures at run
 # time.
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
@@ -25,18 +24,12 @@ from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.schemas import Throughput
 from localstate.config import Settings
-from localstate.errors import ConfigError, StoreClosed
+from localstate.errors import StoreClosed
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.wire import WireError, encode_body
 
-__all__ = ["Caller", "Central", "Context", "PolicyMaps", "RateMeter", "ServerContext",
+__all__ = ["Caller", "Central", "Context", "RateMeter", "ServerContext",
            "Writable", "caller", "central", "context", "writable"]
-
-#: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
-_POLICY_CACHE: Final = 64
-
 
 class RateMeter:
     """Recent rates of two counters, from samples at most one a second over `window` s."""
@@ -61,33 +54,6 @@ class RateMeter:
                           central_rows_per_s=max(0, rows - rows0) / span)
 
 
-class PolicyMaps:
-    """The clients' policy maps, parsed once per distinct spec (a bounded LRU)."""
-
-    def __init__(self) -> None:
-        self._maps: OrderedDict[str, PolicyMap] = OrderedDict()
-
-    def get(self, spec: Any) -> PolicyMap:
-        if not isinstance(spec, str) and not (
-                isinstance(spec, dict)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items())):
-            raise WireError("'policies' must be a policy spec (a string) or an object mapping "
-                            "owner globs to policy specs (the conflict_policy setting)")
-        key = encode_body({"p": spec}).decode()
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-            return found
-        try:
-            made = PolicyMap(spec)
-        except ConfigError as exc:
-            raise WireError(f"'policies' is not a valid conflict_policy: {exc}") from None
-        self._maps[key] = made
-        if len(self._maps) > _POLICY_CACHE:
-            self._maps.popitem(last=False)
-        return made
-
-
 @dataclass
 class ServerContext:
     """One app's server: what every handler reads (see the module)."""
@@ -104,7 +70,6 @@ class ServerContext:
     #: the lifespan has ended: writes answer 503
     stopped: bool = False
     meter: RateMeter = field(default_factory=RateMeter)
-    policies: PolicyMaps = field(default_factory=PolicyMaps)
 
     @property
     def closed(self) -> bool:

@@ -28,7 +28,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from localstate import __version__
-from localstate.api.audit import audit
+from localstate.api.auth import audit
 from localstate.api.context import Caller, Central, Context, Writable
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name

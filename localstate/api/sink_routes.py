@@ -22,6 +22,7 @@ nothing is read or written. The body is read only after the token is checked.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
+import functools
 import logging
 import math
 import re
@@ -31,16 +32,15 @@ from typing import Any, Final
 
 from fastapi import APIRouter, Request, Response
 
-from localstate.api.audit import audit, claimed_detail, recorded_as
-from localstate.api.auth import Principal
+from localstate.api.auth import Principal, audit, claimed_detail, recorded_as
 from localstate.api.context import Caller, Central, Context, ServerContext, Writable
 from localstate.api.errors import ApiError
 from localstate.codec import decode
 from localstate.entry import UNKNOWN_BASE, StateKey
-from localstate.errors import OwnerLost, ValueTooLarge
-from localstate.model import check_name, check_names
-from localstate.sync.asset_mirror import asset_name
+from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
+from localstate.model import asset_name, check_name, check_names
 from localstate.sync.asset_states import read_asset_states
+from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
 from localstate.sync.wire import (
@@ -74,6 +74,8 @@ _OFF_LOOP_BYTES: Final = 256 * 1024
 #: a run of digits as long as 2^63's: the only JSON texts that may hold a wider integer
 _LONG_DIGITS: Final = re.compile(r"\d{19}")
 _JSON: Final = "application/json"
+#: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
+_POLICY_CACHE: Final = 64
 _OUTCOME_HEADER: Final = field_header(FlushOutcome, CentralRow)
 _CENTRAL_HEADER: Final = field_header(CentralRow)
 _FLEET_HEADER: Final = field_header(FleetStatus)
@@ -81,6 +83,24 @@ _FLEET_HEADER: Final = field_header(FleetStatus)
 
 def _json(body: dict[str, Any]) -> Response:
     return Response(encode_body(body), media_type=_JSON)
+
+
+def _policies(spec: Any) -> PolicyMap:
+    """A client's policy map (its conflict_policy setting), parsed once per distinct spec."""
+    if not isinstance(spec, str) and not (
+            isinstance(spec, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items())):
+        raise WireError("'policies' must be a policy spec (a string) or an object mapping "
+                        "owner globs to policy specs (the conflict_policy setting)")
+    try:
+        return _policy_map(spec if isinstance(spec, str) else tuple(spec.items()))
+    except ConfigError as exc:
+        raise WireError(f"'policies' is not a valid conflict_policy: {exc}") from None
+
+
+@functools.lru_cache(maxsize=_POLICY_CACHE)
+def _policy_map(spec: str | tuple[tuple[str, str], ...]) -> PolicyMap:
+    return PolicyMap(spec if isinstance(spec, str) else dict(spec))
 
 
 def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
@@ -229,7 +249,7 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
     else:
         body, rows, status, named = _parse_flush(raw, caller, ctx)
     writer = caller.writer_tag(_writer(body.get("writer")))
-    policy_map = ctx.policies.get(body.get("policies", "reject"))
+    policy_map = _policies(body.get("policies", "reject"))
     if status is not None:  # no await until write_batch takes it: this batch's own
         c.note_fleet(status)
     if "events" not in body:  # a flush without events (any client)
