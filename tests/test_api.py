@@ -764,3 +764,31 @@ async def test_me_says_what_the_caller_may_do(api: Api) -> None:
     r = await api.client.get("/api/v1/me", headers=auth(RO_ASSET))
     assert (r.json()["can_write"], r.json()["owners"]) == (False, ["asset_watcher:"])
     assert (await api.client.get("/api/v1/me")).status_code == 401
+
+
+async def test_a_server_of_settings_alone_serves_and_says_what_it_committed(
+        central_url: str, tmp_path: Any) -> None:
+    """The Airflow plugin's shape: settings and the app's own central store, no local store.
+    Writes go to the central DB as the server's triggerer id (the open API names no caller),
+    /status shows what it committed, ?pending=true has nothing to overlay, and once the
+    lifespan ends the server says it is closed."""
+    settings = Settings.resolve({"central_url": central_url, "triggerer_id": "api@host",
+                                 "cache_path": str(tmp_path / "never.db")})
+    app = create_app(settings)
+    async with client_for(app) as client:
+        r = await client.put(path("dag:s", "k"), json={"value": {"n": 1}})
+        assert (r.status_code, r.json()["updated_by"]) == (200, "api@host")
+        r = await client.get(path("dag:s", "k"), params={"pending": "true"})
+        assert (r.json()["value"], r.json()["flush_state"]) == ({"n": 1}, "flushed")
+        status = (await client.get("/api/v1/status")).json()
+        assert (status["triggerer_id"], status["cache_enabled"], status["dirty_keys"]) == (
+            "api@host", False, 0)
+        assert (status["central_transactions"], status["central_rows"]) == (1, 1)
+        assert (await client.get("/api/v1/health")).json()["status"] == "ok"
+    assert not (tmp_path / "never.db").exists()  # no local store was opened
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://localstate.test") as client:
+        r = await client.get("/api/v1/health")
+        assert (r.status_code, r.json()["status"]) == (503, "closed")
+        r = await client.put(path("dag:s", "k"), json={"value": 2})
+        assert (r.status_code, r.json()["error"]) == (503, "store_unavailable")
