@@ -18,6 +18,7 @@ from typing import Any, Final, Literal, NoReturn
 from localstate.errors import InvalidInput, InvalidName
 
 __all__ = [
+    "ASSET_OWNER_PREFIX",
     "DURABILITIES",
     "MAX_NAME_LENGTH",
     "UNSET",
@@ -25,6 +26,7 @@ __all__ = [
     "FlushState",
     "Record",
     "Unset",
+    "asset_name",
     "check_durability",
     "check_key",
     "check_name",
@@ -34,6 +36,16 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH: Final = 250
+#: an owner naming an Airflow asset (an asset watcher's): this prefix, then the asset's name
+ASSET_OWNER_PREFIX: Final = "asset_watcher:"
+
+
+def asset_name(owner: str) -> str | None:
+    """The asset an owner names (``asset_watcher:<name>``), else None."""
+    if owner.startswith(ASSET_OWNER_PREFIX) and len(owner) > len(ASSET_OWNER_PREFIX):
+        return owner[len(ASSET_OWNER_PREFIX):]
+    return None
+
 
 Durability = Literal["memory", "local", "central"]
 DURABILITIES: Final[frozenset[str]] = frozenset({"memory", "local", "central"})

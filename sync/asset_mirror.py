@@ -31,14 +31,14 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate.errors import ConfigError
+from localstate.model import asset_name
 from localstate.sync.rows import FlushOutcome
 
-__all__ = ["ACTIVE_ASSETS", "ASSET_OWNER_PREFIX", "MIRROR_MODES", "AssetMirror", "asset_name"]
+# asset_name: imported from here by localstate.store (to be imported from localstate.model)
+__all__ = ["ACTIVE_ASSETS", "MIRROR_MODES", "AssetMirror", "asset_name"]
 
 log = logging.getLogger(__name__)
 
-#: an owner naming an asset: this prefix, then the asset's name
-ASSET_OWNER_PREFIX: Final = "asset_watcher:"
 MIRROR_MODES: Final = ("auto", "on", "off")
 _AIRFLOW_TABLES: Final = ("asset", "asset_active", "asset_state_store")
 
@@ -62,13 +62,6 @@ _UPSERT_MYSQL: Final = text(f"{_INSERT} ON DUPLICATE KEY UPDATE value = :value, 
                             f"updated_at = :at, {_WATCHER}")
 _DELETE: Final = text("DELETE FROM asset_state_store WHERE key = :key AND asset_id IN "
                       f"(SELECT a.id {_ACTIVE_ASSET})")
-
-
-def asset_name(owner: str) -> str | None:
-    """The asset an owner names (``asset_watcher:<name>``), else None."""
-    if owner.startswith(ASSET_OWNER_PREFIX) and len(owner) > len(ASSET_OWNER_PREFIX):
-        return owner[len(ASSET_OWNER_PREFIX):]
-    return None
 
 
 def _has_airflow_tables(conn: Connection) -> bool:

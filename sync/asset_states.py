@@ -26,8 +26,9 @@ from sqlalchemy import bindparam, text
 
 from localstate.codec import encode
 from localstate.entry import StateKey
+from localstate.model import asset_name
 from localstate.sync.airflow_sink import AIRFLOW_WRITER, READ_VERSION
-from localstate.sync.asset_mirror import ACTIVE_ASSETS, asset_name
+from localstate.sync.asset_mirror import ACTIVE_ASSETS
 from localstate.sync.central_store import CentralStore
 from localstate.sync.rows import CentralRow, posix_time
 

@@ -43,8 +43,7 @@ from localstate.sync.conflicts import PolicyMap
 from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
 from localstate.sync.driver_errors import is_unreachable
 from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
-from localstate.sync.event_write import write_events
-from localstate.sync.fenced_write import select_rows, write_fenced
+from localstate.sync.fenced_write import select_rows, write_events, write_fenced
 from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.rows import (
     CentralRow,
@@ -434,7 +433,7 @@ class CentralStore:
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """`write_batch` of `rows` and `events` in ONE transaction (`EventSink`): the fenced
         state rows, then each event's claim fence, de-duplication row and, for an asset's
-        owner on Airflow's metadata DB, its asset events (`localstate.sync.event_write`).
+        owner on Airflow's metadata DB, its asset events (`localstate.sync.fenced_write`).
         Airflow's listeners hear of the asset events once the transaction has committed."""
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
@@ -448,7 +447,8 @@ class CentralStore:
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         self.events_committed += statuses.count("committed")
-        run_callbacks(callbacks)
+        if callbacks:  # Airflow's listeners, of the asset events just committed
+            run_callbacks(callbacks)
         return outcomes, statuses
 
 

@@ -1,5 +1,6 @@
-"""The only dialect-specific SQL: a many-row conditional upsert, a many-key lookup, and the
-byte-wise collation that every ordered or range read over owner and key uses.
+"""The only dialect-specific SQL: a many-row conditional upsert, a many-key lookup, the
+byte-wise collation that every ordered or range read over owner and key uses, and the fleet
+row a flush records (`fleet_statement`, or inside the upsert: `upsert_with_fleet`).
 
 Both dialects get one statement with a fixed number of parameters however many rows it carries,
 so SQLAlchemy compiles it once and no driver parameter limit is ever reached:
@@ -46,20 +47,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from functools import cache
 from typing import Any, Final
 
 import orjson
 from sqlalchemy import ColumnElement, TextClause, text
 
 from localstate.entry import StateKey
+from localstate.sync.fleet import FleetStatus
 from localstate.sync.schema import (
     CLAIM_TABLE,
+    FLEET_TABLE,
     MARIADB_NAME_COLLATION,
     MYSQL_NAME_COLLATION,
     STATE_TABLE,
 )
 
-__all__ = ["BatchSql", "batch_sql_for", "prefix_upper_bound"]
+__all__ = ["BatchSql", "batch_sql_for", "fleet_params", "fleet_statement", "prefix_upper_bound",
+           "upsert_with_fleet"]
 
 _SET: Final = (
     'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
@@ -395,3 +400,56 @@ def batch_sql_for(dialect: str) -> BatchSql:
         raise NotImplementedError(
             f"central DB dialect {dialect!r} is not supported: use postgresql, mysql or sqlite"
         ) from None
+
+
+# -- the fleet row of a flush (`localstate.sync.fleet`) --------------------------------------
+
+_FLEET_COLUMNS: Final = ("triggerer, host, pid, last_flush_at, dirty_keys, "
+                          "oldest_unflushed_at, rows_per_s, flush_interval")
+_FLEET_UPDATE: Final = ("host", "pid", "last_flush_at", "dirty_keys", "oldest_unflushed_at",
+                        "rows_per_s", "flush_interval")
+
+
+def _fleet_values(dialect: str) -> str:
+    if dialect == "postgresql":
+        ts = "to_timestamp(CAST({} AS float8))"
+    elif dialect in ("mysql", "mariadb"):
+        ts = "FROM_UNIXTIME({})"
+    else:
+        ts = "{}"  # SQLite: the text form, packed by `fleet_params`
+    return (f"(:f_id, :f_host, :f_pid, {ts.format(':f_at')}, :f_dirty, "
+            f"{ts.format(':f_oldest')}, :f_rate, :f_interval)")
+
+
+@cache
+def fleet_statement(dialect: str) -> TextClause:
+    """The fleet row's upsert as a statement of its own."""
+    if dialect in ("mysql", "mariadb"):
+        sets = ", ".join(f"{c} = VALUES({c})" for c in _FLEET_UPDATE)
+        return text(f"INSERT INTO {FLEET_TABLE} ({_FLEET_COLUMNS}) VALUES {_fleet_values(dialect)} "
+                    f"ON DUPLICATE KEY UPDATE {sets}")
+    sets = ", ".join(f"{c} = excluded.{c}" for c in _FLEET_UPDATE)
+    return text(f"INSERT INTO {FLEET_TABLE} ({_FLEET_COLUMNS}) VALUES {_fleet_values(dialect)} "
+                f"ON CONFLICT (triggerer) DO UPDATE SET {sets}")
+
+
+@cache
+def upsert_with_fleet(dialect: str, upsert: TextClause) -> TextClause | None:
+    """`upsert` with the fleet row's upsert in the same statement; None where the dialect
+    cannot (the caller runs `fleet_statement` first, in the same transaction)."""
+    if dialect != "postgresql":
+        return None
+    return text(f"WITH fleet AS ({fleet_statement(dialect).text}) {upsert.text}")
+
+
+def fleet_params(dialect: str, status: FleetStatus,
+                 timestamp: Any = None) -> dict[str, Any]:
+    """The statement's parameters; `timestamp`: the dialect's packing of a POSIX time
+    (SQLite's text form), None where the SQL converts it."""
+    at, oldest = status.flushed_at, status.oldest_unflushed
+    if timestamp is not None:
+        at = timestamp(at)
+        oldest = None if oldest is None else timestamp(oldest)
+    return {"f_id": status.triggerer, "f_host": status.host, "f_pid": status.pid,
+            "f_at": at, "f_dirty": status.dirty_keys, "f_oldest": oldest,
+            "f_rate": status.rows_per_s, "f_interval": status.flush_interval}

@@ -1,6 +1,7 @@
-"""The fenced batch write of a flush: functions that take an open transaction's connection
-and the dialect's `BatchSql`; `CentralStore.write_batch` owns the engine, the transaction and
-the counters and calls `write_fenced`.
+"""The fenced writes of a flush, its state rows and its events: functions that take an open
+transaction's connection and the dialect's `BatchSql`; `CentralStore.write_batch` and
+`write_with_events` own the engine, the transaction and the counters, and call `write_fenced`
+(then `write_events`).
 
 How a flush tells a replay from a stale write. Each row a sync worker writes carries the id of
 its local cache file (``writer``, `LocalCache.writer_id`). The same store's writes with the
@@ -49,25 +50,57 @@ owner's, before any version fence or policy (`localstate.sync.dialects`), so wit
 the rules above apply unchanged and across claims a lower epoch never goes in. A refused row
 comes back "adopted" with ``lost_to`` set (`_claim_losses`); telling it apart costs a query on
 the refusal path only.
+
+Events. The events of a flush (`StateStore.emit`) are written inside the flush's transaction,
+after the fenced state rows (`write_events`).
+
+For each event, in emit order:
+
+1. **Claim fence.** An event whose claim epoch is below its owner's central epoch (and whose
+   cache file is not the claim's own) is "refused": a zombie's event, nothing is written. The
+   owner's claim rows are read with a shared lock, so a claim committing meanwhile waits for
+   this flush: the new holder then reads the watermark committed with these events.
+2. **De-duplication.** An event whose ``(owner, key)`` the event table holds (or that came
+   earlier in this batch) is a "duplicate": nothing is written. A replayed batch is a no-op.
+3. Otherwise it is "committed": its de-duplication row, and for an asset's owner its asset
+   events (`localstate.sync.asset_events`), in emit order.
+
+Two flushes of the same new key at once (a zombie racing its successor) meet on the event
+table's primary key: one commits, the other fails whole and is retried, and finds a duplicate.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate.entry import StateKey
+from localstate.model import asset_name
+from localstate.sync.asset_events import AssetEvents
 from localstate.sync.conflicts import ConflictPolicy, PolicyMap
-from localstate.sync.dialects import BatchSql, UpsertRow
-from localstate.sync.fleet import FleetStatus, fleet_params, fleet_statement, upsert_with_fleet
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row
-from localstate.sync.schema import LEGACY_WRITER, owner_claim
+from localstate.sync.dialects import (
+    BatchSql,
+    UpsertRow,
+    fleet_params,
+    fleet_statement,
+    upsert_with_fleet,
+)
+from localstate.sync.fleet import FleetStatus
+from localstate.sync.rows import (
+    CentralRow,
+    DirtyRow,
+    EventRow,
+    EventStatus,
+    FlushOutcome,
+    central_row,
+)
+from localstate.sync.schema import LEGACY_WRITER, event, owner_claim
 
-__all__ = ["next_version", "select_rows", "write_fenced"]
+__all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
 
 
 async def write_fenced(
@@ -319,3 +352,60 @@ def next_version(version: int, base: int) -> int:
     """The central version of a write of local `version` replacing central version `base`:
     above both chains."""
     return version if version > base else base + 1
+
+
+#: keys per IN list when looking up known events
+_EVENT_CHUNK: Final = 500
+
+
+async def write_events(
+    conn: AsyncConnection, events: Sequence[EventRow], writer: str | None,
+    assets: AssetEvents, now: Any,
+) -> tuple[list[EventStatus], list[Callable[[], Any]]]:
+    """Write `events` in `conn`'s transaction (see "Events" above); one status per event,
+    and the Airflow listener callbacks to run once the transaction committed. `now`: the
+    commit time (an aware datetime)."""
+    if not events:
+        return [], []
+    owners = {e.owner for e in events}
+    c = owner_claim.c
+    claims = {o: (int(ep), w) for o, ep, w in await conn.execute(
+        select(c.owner, c.epoch, c.writer).where(c.owner.in_(owners))
+        .with_for_update(read=True))}
+    statuses: list[EventStatus] = []
+    candidates: list[EventRow] = []
+    for e in events:
+        claim = claims.get(e.owner)
+        if claim is not None and e.epoch < claim[0] and (writer is None or claim[1] != writer):
+            statuses.append("refused")
+        else:
+            statuses.append("committed")
+            candidates.append(e)
+    known: set[tuple[str, str]] = set()
+    t = event.c
+    keys = list({(e.owner, e.key) for e in candidates})
+    for start in range(0, len(keys), _EVENT_CHUNK):
+        chunk = keys[start:start + _EVENT_CHUNK]
+        known.update((o, k) for o, k in await conn.execute(
+            select(t.owner, t.key).where(tuple_(t.owner, t.key).in_(chunk))))
+    new: list[EventRow] = []
+    for i, e in enumerate(events):
+        if statuses[i] != "committed":
+            continue
+        k = (e.owner, e.key)
+        if k in known:
+            statuses[i] = "duplicate"
+        else:
+            known.add(k)
+            new.append(e)
+    if not new:
+        return statuses, []
+    if any(asset_name(e.owner) is not None for e in new):  # an asset watcher's events
+        counts, callbacks = await assets.apply(conn, new)
+    else:
+        counts, callbacks = [0] * len(new), []
+    await conn.execute(insert(event), [
+        {"owner": e.owner, "key": e.key, "seq": e.seq, "writer": writer, "epoch": e.epoch,
+         "asset_events": n, "committed_at": now}
+        for e, n in zip(new, counts, strict=True)])
+    return statuses, callbacks

@@ -1,19 +1,20 @@
 """The fleet table: what each triggerer's flushes say about it, for the fleet view and budget.
 
-Each flush records one row for its triggerer (`FleetStatus`) in the flush's own transaction:
-on PostgreSQL inside the upsert statement itself (a data-modifying ``WITH``), so it costs no
-round trip; on SQLite (in-process, no network) and MySQL (no data-modifying ``WITH``) as a
-second statement of the same transaction. The figures are the triggerer's as the flush began:
-the dirty keys it carries, the time of the oldest write among them (its lag is the flush time
-minus that), the rows per second it has been writing, its flush interval.
+Each flush records one row for its triggerer (`FleetStatus`) in the flush's own transaction: on
+PostgreSQL inside the upsert statement itself (a data-modifying ``WITH``), so it costs no round
+trip; on SQLite (in-process, no network) and MySQL (no data-modifying ``WITH``) as a second
+statement of the same transaction (the statements are `localstate.sync.dialects`'). The figures
+are the triggerer's as the flush began: the dirty keys it carries, the time of the oldest write
+among them (its lag is the flush time minus that), the rows per second it has been writing, its
+flush interval.
 
-Readers (`CentralStore.read_fleet`) get `FleetRow`s; `lag_and_backlog` turns them into the
-view the API, the CLI and the UI show. The backlog a row records is the keys still waiting
-once its flush's first batch commits (the keys it carries are not a backlog). A triggerer
-whose last flush is older than `STALE_INTERVALS` of its flush intervals is **idle** when that
-flush left nothing waiting (it had nothing to write since: a triggerer flushes only what is
-dirty) and **stalled** when it left keys waiting (they should have gone out by now);
-``stale`` flags the stalled ones only.
+Readers (`CentralStore.read_fleet`) get `FleetRow`s; `lag_and_backlog` turns them into the view
+the API, the CLI and the UI show. The backlog a row records is the keys still waiting once its
+flush's first batch commits (the keys it carries are not a backlog). A triggerer whose last
+flush is older than `STALE_INTERVALS` of its flush intervals is **idle** when that flush left
+nothing waiting (it had nothing to write since: a triggerer flushes only what is dirty) and
+**stalled** when it left keys waiting (they should have gone out by now); ``stale`` flags the
+stalled ones only.
 """
 
 from __future__ import annotations
@@ -21,26 +22,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from functools import cache
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import TextClause, text
-
-from localstate.sync.schema import FLEET_TABLE
-
-__all__ = [
-    "STALE_INTERVALS", "FleetRow", "FleetStatus", "fleet_params", "fleet_statement",
-    "fleet_summary", "fleet_total_rate", "lag_and_backlog", "this_host", "upsert_with_fleet",
-]
+__all__ = ["STALE_INTERVALS", "FleetRow", "FleetStatus", "fleet_summary", "fleet_total_rate",
+           "lag_and_backlog", "this_host"]
 
 #: a triggerer whose last flush is older than this many of its flush intervals is flagged
 STALE_INTERVALS: Final = 3.0
-
-_COLUMNS: Final = ("triggerer, host, pid, last_flush_at, dirty_keys, oldest_unflushed_at, "
-                   "rows_per_s, flush_interval")
-_UPDATE: Final = ("host", "pid", "last_flush_at", "dirty_keys", "oldest_unflushed_at",
-                  "rows_per_s", "flush_interval")
-
 
 class FleetStatus(NamedTuple):
     """One triggerer as a flush reports it."""
@@ -63,51 +51,6 @@ FleetRow = FleetStatus
 
 def this_host() -> tuple[str, int]:
     return socket.gethostname(), os.getpid()
-
-
-def _values(dialect: str) -> str:
-    if dialect == "postgresql":
-        ts = "to_timestamp(CAST({} AS float8))"
-    elif dialect in ("mysql", "mariadb"):
-        ts = "FROM_UNIXTIME({})"
-    else:
-        ts = "{}"  # SQLite: the text form, packed by `fleet_params`
-    return (f"(:f_id, :f_host, :f_pid, {ts.format(':f_at')}, :f_dirty, "
-            f"{ts.format(':f_oldest')}, :f_rate, :f_interval)")
-
-
-@cache
-def fleet_statement(dialect: str) -> TextClause:
-    """The fleet row's upsert as a statement of its own."""
-    if dialect in ("mysql", "mariadb"):
-        sets = ", ".join(f"{c} = VALUES({c})" for c in _UPDATE)
-        return text(f"INSERT INTO {FLEET_TABLE} ({_COLUMNS}) VALUES {_values(dialect)} "
-                    f"ON DUPLICATE KEY UPDATE {sets}")
-    sets = ", ".join(f"{c} = excluded.{c}" for c in _UPDATE)
-    return text(f"INSERT INTO {FLEET_TABLE} ({_COLUMNS}) VALUES {_values(dialect)} "
-                f"ON CONFLICT (triggerer) DO UPDATE SET {sets}")
-
-
-@cache
-def upsert_with_fleet(dialect: str, upsert: TextClause) -> TextClause | None:
-    """`upsert` with the fleet row's upsert in the same statement; None where the dialect
-    cannot (the caller runs `fleet_statement` first, in the same transaction)."""
-    if dialect != "postgresql":
-        return None
-    return text(f"WITH fleet AS ({fleet_statement(dialect).text}) {upsert.text}")
-
-
-def fleet_params(dialect: str, status: FleetStatus,
-                 timestamp: Any = None) -> dict[str, Any]:
-    """The statement's parameters; `timestamp`: the dialect's packing of a POSIX time
-    (SQLite's text form), None where the SQL converts it."""
-    at, oldest = status.flushed_at, status.oldest_unflushed
-    if timestamp is not None:
-        at = timestamp(at)
-        oldest = None if oldest is None else timestamp(oldest)
-    return {"f_id": status.triggerer, "f_host": status.host, "f_pid": status.pid,
-            "f_at": at, "f_dirty": status.dirty_keys, "f_oldest": oldest,
-            "f_rate": status.rows_per_s, "f_interval": status.flush_interval}
 
 
 def fleet_total_rate(rows: Sequence[FleetRow], now: float) -> float:

@@ -12,7 +12,7 @@ What goes (at ``now``):
   that can still arrive based on it. The horizon (default 30 days, at least one day) is far
   longer than any flush, backoff or handover window;
 * nothing of an owner whose rule says ``never``;
-* an event's de-duplication row (`localstate.sync.event_write`) older than the *event
+* an event's de-duplication row (`localstate.sync.fenced_write`) older than the *event
   horizon* (default 7 days, at least one hour) once its owner's state was written after it:
   that later write is the watermark at or past the event's key, from which a trigger that
   takes over resumes, so the key is never emitted again. The horizon covers the other replay,

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.exceptions import StarletteDeprecationWarning
 from starlette.types import ASGIApp
 
-from localstate import Settings, StateStore
+from localstate import Settings
 from localstate.airflow.mount import LocalStateMount
 from localstate.api import create_app
 from localstate.errors import CentralUnavailable
@@ -47,7 +47,6 @@ class Opener:
         self.failures = failures
         self.opened = 0
         self.closed = 0
-        self.stores: list[StateStore] = []
 
     async def __call__(self) -> tuple[ASGIApp, Callable[[], Awaitable[None]]]:
         await asyncio.sleep(0.2)  # an opening takes a while: concurrent requests meet it
@@ -55,19 +54,17 @@ class Opener:
             self.failures -= 1
             raise CentralUnavailable("central DB test failed to open: connection refused")
         self.opened += 1
-        # as `localstate.airflow.serving` does: one central DB, the store's sink and the app's
+        # as `localstate.airflow.serving` does: settings and one central DB, no local store
         central = await CentralStore.open(self.central_url)
-        store = await StateStore.open(central_url=self.central_url, cache_path=self.cache,
-                                      enabled=False, triggerer_id="mounted", sink=central)
-        self.stores.append(store)
-        tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
+        settings = Settings.resolve({"central_url": self.central_url,
+                                     "triggerer_id": "mounted",
+                                     "api_tokens": f"{TOKEN}:read-write:*"})
 
         async def close() -> None:
             self.closed += 1
-            await store.close()
             await central.close()
 
-        return create_app(store, tokens=tokens, central=central), close
+        return create_app(settings, central=central), close
 
 
 @pytest_asyncio.fixture
@@ -91,7 +88,6 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Opener, list[Opener
     await task
     for o in openers:  # Airflow's lifespan closed what the requests opened
         assert o.closed == o.opened
-        assert all(s.closed for s in o.stores)
 
 
 async def test_opens_once_at_the_first_requests(served: tuple[str, Opener, list[Opener]]

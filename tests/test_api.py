@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from localstate import Settings, StateStore
 from localstate.api import create_app
-from localstate.api.routes import RateMeter
+from localstate.api.context import RateMeter
 from localstate.sync.central_store import CentralStore
 from localstate.sync.engine import make_engine
 
@@ -60,7 +60,7 @@ async def api(open_store: StoreFactory, central_url: str) -> AsyncIterator[Api]:
     tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
     central = await CentralStore.open(central_url)
     try:
-        async with client_for(create_app(store, tokens=tokens)) as client:
+        async with client_for(create_app(store.settings, local=store, tokens=tokens)) as client:
             yield Api(client, store, central, open_store)
     finally:
         await central.close()
@@ -179,7 +179,7 @@ async def test_a_direct_mode_store_serves_conditional_writes_too(
     open_store: StoreFactory, central_url: str
 ) -> None:
     store = await open_store(triggerer_id="api-direct", enabled=False)
-    async with client_for(create_app(store, tokens=())) as client:
+    async with client_for(create_app(store.settings, local=store, tokens=())) as client:
         url = path("dag:x", "k")
         r = await client.put(url, json={"value": 1, "expected_version": 0})
         assert r.status_code == 200
@@ -414,7 +414,7 @@ async def api_direct_reads(open_store: StoreFactory, central_url: str,
     store = await open_store(triggerer_id="api-server", central_thread=False)
     central = await CentralStore.open(central_url)
     try:
-        async with client_for(create_app(store, tokens=())) as client:
+        async with client_for(create_app(store.settings, local=store, tokens=())) as client:
             yield Api(client, store, central, open_store)
     finally:
         await central.close()
@@ -523,7 +523,7 @@ async def test_bad_bodies_are_422_and_change_nothing(api: Api, content: bytes,
 
 async def test_a_value_over_the_limit_is_413(open_store: StoreFactory) -> None:
     store = await open_store(triggerer_id="small", max_value_bytes=100)
-    async with client_for(create_app(store, tokens=())) as client:
+    async with client_for(create_app(store.settings, local=store, tokens=())) as client:
         r = await client.put(path("dag:x", "k"), json={"value": "x" * 200})
         assert r.status_code == 413
         assert r.json()["error"] == "value_too_large"
@@ -548,7 +548,8 @@ async def test_an_unreachable_central_db_is_503(open_store: StoreFactory,
     store = await open_store(triggerer_id="api-server")
     gone = CentralStore(make_engine("postgresql://nobody@127.0.0.1:1/none"))
     try:
-        async with client_for(create_app(store, tokens=(), central=gone)) as client:
+        app = create_app(store.settings, local=store, tokens=(), central=gone)
+        async with client_for(app) as client:
             r = await client.get("/api/v1/state")
             assert r.status_code == 503
             assert r.json()["error"] == "central_unavailable"
@@ -657,7 +658,8 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
 
 async def test_without_tokens_configured_the_api_is_open(open_store: StoreFactory) -> None:
     store = await open_store(triggerer_id="open")
-    async with client_for(create_app(store)) as client:  # the store's settings: no tokens
+    # the store's settings: no tokens
+    async with client_for(create_app(store.settings, local=store)) as client:
         r = await client.put(path("dag:x", "k"), json={"value": 1})
         assert r.status_code == 200
         assert (await client.get("/api/v1/health")).json()["auth_required"] is False
@@ -709,7 +711,7 @@ def test_rate_meter_measures_over_its_window() -> None:
 
 async def test_an_app_whose_lifespan_never_ran_says_so(open_store: StoreFactory) -> None:
     store = await open_store(triggerer_id="no-lifespan")
-    app = create_app(store)
+    app = create_app(store.settings, local=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://localstate.test") as client:
         r = await client.get("/api/v1/state")
@@ -721,7 +723,7 @@ async def test_manage_store_opens_and_closes_the_store(tmp_path: Any, central_ur
                                                        ) -> None:
     store = StateStore(cache_path=tmp_path / "managed.db", central_url=central_url,
                        triggerer_id="managed")
-    app = create_app(store, manage_store=True)
+    app = create_app(store.settings, local=store, manage_local=True)
     async with client_for(app) as client:
         r = await client.put(path("dag:m", "k"), json={"value": 1})
         assert r.status_code == 200
@@ -731,7 +733,7 @@ async def test_manage_store_opens_and_closes_the_store(tmp_path: Any, central_ur
 
 async def test_health_says_closed_when_the_store_is(open_store: StoreFactory) -> None:
     store = await open_store(triggerer_id="closing")
-    async with client_for(create_app(store)) as client:
+    async with client_for(create_app(store.settings, local=store)) as client:
         assert (await client.get("/api/v1/health")).status_code == 200
         await store.close()
         r = await client.get("/api/v1/health")
@@ -762,3 +764,31 @@ async def test_me_says_what_the_caller_may_do(api: Api) -> None:
     r = await api.client.get("/api/v1/me", headers=auth(RO_ASSET))
     assert (r.json()["can_write"], r.json()["owners"]) == (False, ["asset_watcher:"])
     assert (await api.client.get("/api/v1/me")).status_code == 401
+
+
+async def test_a_server_of_settings_alone_serves_and_says_what_it_committed(
+        central_url: str, tmp_path: Any) -> None:
+    """The Airflow plugin's shape: settings and the app's own central store, no local store.
+    Writes go to the central DB as the server's triggerer id (the open API names no caller),
+    /status shows what it committed, ?pending=true has nothing to overlay, and once the
+    lifespan ends the server says it is closed."""
+    settings = Settings.resolve({"central_url": central_url, "triggerer_id": "api@host",
+                                 "cache_path": str(tmp_path / "never.db")})
+    app = create_app(settings)
+    async with client_for(app) as client:
+        r = await client.put(path("dag:s", "k"), json={"value": {"n": 1}})
+        assert (r.status_code, r.json()["updated_by"]) == (200, "api@host")
+        r = await client.get(path("dag:s", "k"), params={"pending": "true"})
+        assert (r.json()["value"], r.json()["flush_state"]) == ({"n": 1}, "flushed")
+        status = (await client.get("/api/v1/status")).json()
+        assert (status["triggerer_id"], status["cache_enabled"], status["dirty_keys"]) == (
+            "api@host", False, 0)
+        assert (status["central_transactions"], status["central_rows"]) == (1, 1)
+        assert (await client.get("/api/v1/health")).json()["status"] == "ok"
+    assert not (tmp_path / "never.db").exists()  # no local store was opened
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://localstate.test") as client:
+        r = await client.get("/api/v1/health")
+        assert (r.status_code, r.json()["status"]) == (503, "closed")
+        r = await client.put(path("dag:s", "k"), json={"value": 2})
+        assert (r.status_code, r.json()["error"]) == (503, "store_unavailable")

@@ -89,7 +89,7 @@ async def open_api(open_store: StoreFactory, central_url: str
     store = await open_store(triggerer_id="api-server")
     central = await CentralStore.open(central_url)
     try:
-        async with client_for(create_app(store, tokens=())) as client:
+        async with client_for(create_app(store.settings, local=store, tokens=())) as client:
             yield client, central
     finally:
         await central.close()
@@ -138,7 +138,7 @@ async def test_scripts_without_a_browser_and_bearer_tokens_are_not_asked(
         open_store: StoreFactory, central_url: str) -> None:
     store = await open_store(triggerer_id="api-server")
     tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
-    async with client_for(create_app(store, tokens=tokens)) as client:
+    async with client_for(create_app(store.settings, local=store, tokens=tokens)) as client:
         bearer = {"Authorization": f"Bearer {TOKEN}"}
         # a bearer token: a browser never attaches one on its own, whatever the Origin
         r = await client.put(path(OWNER, "a"), json={"value": 1},
@@ -155,7 +155,7 @@ async def test_a_trusted_origin_may_write(open_store: StoreFactory) -> None:
     store = await open_store(triggerer_id="api-server")
     settings = Settings.resolve({"api_trusted_origins": "https://airflow.example.com",
                                  "central_url": store.settings.central_url})
-    async with client_for(create_app(store, settings=settings, tokens=())) as client:
+    async with client_for(create_app(settings, local=store, tokens=())) as client:
         page = {**COOKIE, **PROOF}
         r = await client.put(path(OWNER, "a"), json={"value": 1},
                              headers={**page, "Origin": "https://airflow.example.com"})

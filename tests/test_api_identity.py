@@ -42,7 +42,8 @@ async def served(open_store: StoreFactory, central_url: str
                  ) -> AsyncIterator[tuple[httpx.AsyncClient, CentralStore, httpx.ASGITransport]]:
     store = await open_store(triggerer_id="api-server")
     central = await CentralStore.open(central_url)
-    app = create_app(store, tokens=Settings.resolve({"api_tokens": TOKENS}).api_tokens)
+    app = create_app(store.settings, local=store,
+                     tokens=Settings.resolve({"api_tokens": TOKENS}).api_tokens)
     try:
         async with client_for(app) as client:
             yield client, central, httpx.ASGITransport(app=app)
@@ -149,8 +150,8 @@ async def test_narrow_tokens_see_no_db_location_and_no_other_tenants_triggerers(
         *json.loads(TOKENS),
         {"token": READER, "role": "read", "owners": ["*"], "name": "reader"},
         {"token": TENANT, "role": "read-write", "owners": ["tenant_a:"], "name": "tenant-a"}]
-    app = create_app(store, tokens=Settings.resolve({"api_tokens": json.dumps(tokens)}
-                                                     ).api_tokens)
+    app = create_app(store.settings, local=store,
+                     tokens=Settings.resolve({"api_tokens": json.dumps(tokens)}).api_tokens)
     where = central_url.rsplit("/", 1)[-1]
     async with client_for(app) as client:
         admin = (await client.get("/api/v1/status", headers=bearer(OPS))).json()
@@ -187,7 +188,7 @@ async def test_a_flush_over_the_row_bound_is_413_and_writes_nothing(
     store = await open_store(triggerer_id="api-server")
     settings = Settings.resolve({"central_url": central_url, "api_max_batch_rows": 50,
                                  "api_tokens": TOKENS})
-    async with client_for(create_app(store, settings=settings)) as client:
+    async with client_for(create_app(settings, local=store)) as client:
         fields = ["owner", "key", "data", "version", "base_version", "updated_at",
                   "updated_by", "epoch"]
         rows = [["dag:b", f"k{i}", "1", 1, 0, time.time(), "t", 0] for i in range(51)]

@@ -84,7 +84,7 @@ async def endpoint(open_store: StoreFactory, central_url: str) -> AsyncIterator[
     store = await open_store(triggerer_id="api-server")
     tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
     central = await CentralStore.open(central_url)
-    app = create_app(store, tokens=tokens)
+    app = create_app(store.settings, tokens=tokens)
     ep = Endpoint(app, central)
     try:
         async with app.router.lifespan_context(app):
@@ -110,7 +110,7 @@ async def test_an_event_the_server_refuses_is_dropped_not_stuck(
 
     server_store = await open_store(triggerer_id="api-server", max_value_bytes=1024)
     tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
-    app = create_app(server_store, tokens=tokens)
+    app = create_app(server_store.settings, tokens=tokens)
     async with app.router.lifespan_context(app):
         sink = ApiSink("http://localstate.test", RW_TOKEN,
                        transport=httpx.ASGITransport(app=app))

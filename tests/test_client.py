@@ -51,7 +51,7 @@ def server(central_url: str, tmp_path: Path) -> Iterator[Server]:
     """`create_app` served by uvicorn on its own thread and loop, on 127.0.0.1:<free port>."""
     store = StateStore(central_url=central_url, cache_path=tmp_path / "api.db",
                        triggerer_id="api-server", max_value_bytes=1024, api_tokens=TOKENS)
-    app = create_app(store, manage_store=True)
+    app = create_app(store.settings, local=store, manage_local=True)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

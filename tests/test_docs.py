@@ -331,12 +331,12 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
     will read it; a command no rule knows fails the test."""
     from localstate.api import create_app
     from localstate.cli import build_parser
-    from localstate.store import StateStore
+    from localstate.config import Settings
 
     installed = metadata.metadata("localstate")
     extras = set(installed.get_all("Provides-Extra") or ())
     wheel = f"dist/localstate-{installed['Version']}-py3-none-any.whl"
-    routes = set(create_app(StateStore(central_url="sqlite:////never/opened.db"))
+    routes = set(create_app(Settings.resolve({"central_url": "sqlite:////never/opened.db"}))
                  .openapi()["paths"])
     airflow_commands: list[list[str]] = []
     seen: set[str] = set()

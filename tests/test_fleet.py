@@ -94,7 +94,7 @@ async def test_the_api_and_the_cli_show_the_fleet(
     await store.set("asset_watcher:f", "wm", 1)
     await store.flush()
     await record_stale(central, "fleet-stuck", ago=600.0)
-    async with client_for(create_app(store)) as client:
+    async with client_for(create_app(store.settings, local=store)) as client:
         answer = await client.get("/api/v1/fleet")
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -119,7 +119,7 @@ async def test_the_fleet_route_needs_a_token_when_tokens_are_set(
         open_store: StoreFactory) -> None:
     store: StateStore = await open_store(triggerer_id="fleet-auth")
     tokens = Settings.resolve({"api_tokens": "fleet-token-0123456789:read:*"}).api_tokens
-    async with client_for(create_app(store, tokens=tokens)) as client:
+    async with client_for(create_app(store.settings, local=store, tokens=tokens)) as client:
         assert (await client.get("/api/v1/fleet")).status_code == 401
         answer = await client.get("/api/v1/fleet", headers={
             "Authorization": "Bearer fleet-token-0123456789"})

@@ -67,7 +67,7 @@ async def setting(open_store: StoreFactory, central_url: str) -> AsyncIterator[S
     finally:
         await central.close()
     writers = [await open_store(triggerer_id=f"writer-{n}") for n in range(WRITERS)]
-    async with client_for(create_app(writers[0])) as client:
+    async with client_for(create_app(writers[0].settings, local=writers[0])) as client:
         yield Setting(client, writers)
 
 

@@ -173,7 +173,7 @@ def test_cli_prune(central_url: str, capsys: pytest.CaptureFixture[str]) -> None
 async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
     central_url: str,
 ) -> None:
-    """An emitted event's de-duplication row (`localstate.sync.event_write`): pruned when older
+    """An emitted event's de-duplication row (`localstate.sync.fenced_write`): pruned when older
     than the event horizon and its owner's state was written after it (the watermark moved
     past it); kept otherwise, and for owners a ``never`` rule keeps."""
     from sqlalchemy import select, update

@@ -36,8 +36,8 @@ async def live_url(open_store: StoreFactory) -> AsyncIterator[str]:
     """The app over a serving store, on a free loopback port, in this test's event loop."""
     store = await open_store(triggerer_id="ui-api")
     tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
-    config = uvicorn.Config(create_app(store, tokens=tokens), host="127.0.0.1", port=0,
-                            log_level="warning", lifespan="on")
+    config = uvicorn.Config(create_app(store.settings, local=store, tokens=tokens),
+                            host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve())
     for _ in range(500):

@@ -75,7 +75,7 @@ async def test_the_api_answers_409_version_exhausted_and_the_clients_raise_it(
         open_store: StoreFactory, central: CentralStore) -> None:
     before = await _at_ceiling(central, "full", "41")
     store = await open_store(triggerer_id="api-server")
-    app = create_app(store)
+    app = create_app(store.settings, local=store)
     async with client_for(app) as client:
         answers = [
             await client.put(path(OWNER, "full"), json={"value": 42}),

@@ -226,10 +226,10 @@ def cli_page() -> str:
 
 def _openapi() -> dict[str, Any]:
     from localstate.api import create_app
-    from localstate.store import StateStore
+    from localstate.config import Settings
 
-    store = StateStore(central_url="sqlite:////nonexistent/never-opened.db")
-    document: dict[str, Any] = create_app(store).openapi()
+    settings = Settings.resolve({"central_url": "sqlite:////nonexistent/never-opened.db"})
+    document: dict[str, Any] = create_app(settings).openapi()
     return document
 
 

@@ -5,10 +5,10 @@ metadata DB.
 
 * the central DB is Airflow's metadata DB (``[database] sql_alchemy_conn``, whatever sync
   driver Airflow uses there, turned into the dialect's async driver by `central_url_of`);
-* the serving store runs with the cache off (``enabled = false``, direct): every REST write is
-  already one statement on the central DB, and a flush posted by a triggerer is one
+* the server is its settings and one `CentralStore` on that DB, with no local store: every
+  REST write is one statement on the central DB, and a flush posted by a triggerer is one
   transaction; nothing waits in this process to be flushed;
-* its flushes also write Airflow's ``asset_state_store`` for asset owners (the
+* those flushes also write Airflow's ``asset_state_store`` for asset owners (the
   ``asset_mirror`` setting, ``auto``: on, since this DB is Airflow's);
 * callers are authorized by `AirflowAuthorizer`: Airflow's users, and the machine tokens of
   the ``api_tokens`` setting;
@@ -32,7 +32,6 @@ from sqlalchemy.engine import make_url
 from localstate.airflow.auth import AirflowAuthorizer
 from localstate.api.app import create_app
 from localstate.config import Settings, default_triggerer_id
-from localstate.store import StateStore
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.engine import async_url
@@ -71,8 +70,6 @@ async def open_app(central_url: str, *, asset_states: bool, **more: Any
     other settings, over those resolved from the configuration)."""
     settings = Settings.resolve({
         "central_url": central_url,
-        "enabled": False,
-        "central_thread": False,
         "triggerer_id": f"api-server@{default_triggerer_id()}",
         **more,
     })
@@ -83,9 +80,7 @@ async def open_app(central_url: str, *, asset_states: bool, **more: Any
         stack.push_async_callback(central.close)
         if settings.asset_mirror != "off":
             central.asset_mirror = AssetMirror(settings.asset_mirror)
-        store = await StateStore.open(settings=settings, sink=central)
-        stack.push_async_callback(store.close)
-        app = create_app(store, central=central, auth=AirflowAuthorizer(settings.api_tokens),
-                         asset_states=asset_states)
+        app = create_app(settings, central=central,
+                         auth=AirflowAuthorizer(settings.api_tokens), asset_states=asset_states)
         return app, stack.pop_all().aclose
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns

@@ -1,7 +1,8 @@
-"""The REST API and web UI of a `StateStore` (needs the ``api`` extra: fastapi, uvicorn).
+"""The REST API and web UI of localstate's central DB (needs the ``api`` extra: fastapi,
+uvicorn).
 
     from localstate.api import create_app
-    app = create_app(store)
+    app = create_app(settings)
 """
 
 from localstate.api.app import create_app

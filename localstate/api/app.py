@@ -1,19 +1,20 @@
-"""`create_app`: the FastAPI application over one `StateStore`.
+"""`create_app`: the FastAPI application of a localstate API server.
 
-    store = await StateStore.open(...)
-    app = create_app(store)                 # tokens from store.settings.api_tokens
+    app = create_app(settings)              # tokens from settings.api_tokens
 
 Routes: ``/api/v1/state`` (list), ``/api/v1/state/{owner}/{key}`` (GET, PUT, DELETE),
-``/api/v1/status``, ``/api/v1/health``; the OpenAPI document at ``/api/v1/openapi.json`` (and
-its browser view at ``/api/docs``); the web UI at ``/``. See `localstate.api.routes` for what
-each read shows and how writes are made.
+``/api/v1/status``, ``/api/v1/health``; the batched endpoints of ``sink = api``
+(``/api/v1/flush``, ``/read``, ``/claim``, ``/write``); the OpenAPI document at
+``/api/v1/openapi.json`` (and its browser view at ``/api/docs``); the web UI at ``/``. See
+`localstate.api.routes` and `localstate.api.sink_routes` for what each route does.
 
-The application's lifespan (run by any ASGI server) opens its own `CentralStore` on the store's
-``central_url`` for every read and write of the routes (each write one statement on the central
-DB, see `localstate.api.writes`): the store itself may talk to the central DB from a thread of
-its own, so its client is not borrowed. Pass `central` to use another one (then the caller
-closes it). With ``manage_store=True`` the lifespan also opens the store and closes it at
-shutdown; otherwise the caller owns the store.
+The server is its settings and a `CentralStore`: the application's lifespan (run by any ASGI
+server) opens one on ``settings.central_url`` for every read and write of the routes, and
+closes it at shutdown; pass `central` to use another one (then the caller closes it). A local
+`StateStore` (``localstate serve``'s) is optional: ``?pending=true`` reads overlay its
+unfinished writes, and the status shows its cache and flush figures. With
+``manage_local=True`` the lifespan also opens that store and closes it at shutdown;
+otherwise the caller owns it.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localstate import __version__
 from localstate.api.auth import Authorizer
+from localstate.api.context import ServerContext
 from localstate.api.csrf import CsrfGuard
 from localstate.api.errors import error_response, install_error_handlers
 from localstate.api.paths import STATE_PATH
-from localstate.api.routes import build_router
-from localstate.api.sink_routes import SINK_PATHS, build_sink_router
+from localstate.api.routes import router
+from localstate.api.sink_routes import SINK_PATHS
+from localstate.api.sink_routes import router as sink_router
 from localstate.api.ui import build_ui_router
 from localstate.config import ApiToken, Settings
 from localstate.store import StateStore
@@ -44,7 +47,13 @@ _STATE_PATH = STATE_PATH.encode()
 
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, before they are read whole; the
-    paths ending in one of `batch_paths` (a flush, a batched read) over `batch_limit`."""
+    paths ending in one of `batch_paths` (a flush, a batched read) over `batch_limit`.
+
+    A request that declares its length (``Content-Length``, no ``Transfer-Encoding``) is
+    judged by it, once: the HTTP server delivers no more body than that (h11 and httptools
+    refuse a request whose body runs past it, or that declares both). A body of no declared
+    length (chunked) is counted as it comes, and refused once it passes the limit.
+    """
 
     def __init__(self, app: ASGIApp, limit: int, batch_paths: tuple[str, ...] = (),
                  batch_limit: int = 0) -> None:
@@ -60,15 +69,22 @@ class BodyLimit:
         limit = (self.batch_limit if str(scope.get("path", "")).endswith(self.batch_paths)
                  else self.default_limit)
         message = f"the request body is over {limit} bytes"
+        declared: int | None = None
+        chunked = False
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > limit
+                    declared = int(value)
                 except ValueError:
-                    too_big = False
-                if too_big:
+                    declared = None
+                if declared is not None and declared > limit:
                     await error_response(413, "too_large", message)(scope, receive, send)
                     return
+            elif name == b"transfer-encoding":
+                chunked = True
+        if declared is not None and declared >= 0 and not chunked:
+            await self.app(scope, receive, send)  # within the limit, and no more comes
+            return
         received = 0
 
         async def limited() -> Message:
@@ -108,42 +124,43 @@ class RawStatePath:
 
 
 def create_app(
-    store: StateStore,
+    settings: Settings,
     *,
-    settings: Settings | None = None,
-    tokens: Sequence[ApiToken] | None = None,
     central: CentralStore | None = None,
-    manage_store: bool = False,
+    local: StateStore | None = None,
+    manage_local: bool = False,
+    tokens: Sequence[ApiToken] | None = None,
     auth: Authorizer | None = None,
     asset_states: bool = False,
 ) -> FastAPI:
-    """The API and UI over `store`.
+    """The API and UI of a server with `settings` (its central DB, limits and tokens).
 
-    `tokens` default to ``settings.api_tokens`` (`settings` defaults to the store's); with
-    none the API is open. `auth` replaces the token check altogether (the Airflow plugin's
-    authorizer also admits Airflow's users). `central` defaults to one the lifespan opens on
-    the store's ``central_url`` (give one when the store's sink is not the SQL central DB).
+    `tokens` default to ``settings.api_tokens``; with none the API is open. `auth` replaces
+    the token check altogether (the Airflow plugin's authorizer also admits Airflow's users).
+    `central` defaults to one the lifespan opens on ``settings.central_url``. `local`: the
+    local store whose unfinished writes ``?pending=true`` overlays (see the module).
     `asset_states`: the central DB is Airflow's metadata DB, whose ``asset_state_store`` holds
     Airflow's asset state (`localstate.api.sink_routes` then reads it for ``sink = airflow``).
     """
-    s = settings or store.settings
     if auth is None:
-        auth = Authorizer(s.api_tokens if tokens is None else tokens)
-    reader: list[CentralStore | None] = [central]
+        auth = Authorizer(settings.api_tokens if tokens is None else tokens)
+    ctx = ServerContext(settings, auth, local=local, asset_states=asset_states,
+                        central=central)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            if manage_store:
-                await stack.enter_async_context(store)
+            ctx.stopped = False
+            stack.callback(setattr, ctx, "stopped", True)
+            if manage_local and local is not None:
+                await stack.enter_async_context(local)
             if central is None:
                 opened = await CentralStore.open(
-                    store.settings.resolved_central_url,
-                    upgrade_schema=store.settings.upgrade_schema,
-                    transaction_timeout=store.settings.central_transaction_timeout)
+                    settings.resolved_central_url, upgrade_schema=settings.upgrade_schema,
+                    transaction_timeout=settings.central_transaction_timeout)
                 stack.push_async_callback(opened.close)
-                reader[0] = opened
-                stack.callback(reader.__setitem__, 0, None)
+                ctx.central = opened
+                stack.callback(setattr, ctx, "central", None)
             yield
 
     app = FastAPI(
@@ -156,17 +173,16 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
+    app.state.localstate = ctx
     install_error_handlers(app)
-    app.include_router(build_router(store, auth, lambda: reader[0]))
-    app.include_router(build_sink_router(store, auth, lambda: reader[0],
-                                         asset_states=asset_states,
-                                         max_rows=s.api_max_batch_rows))
+    app.include_router(router)
+    app.include_router(sink_router)
     app.include_router(build_ui_router())
     # value limit, room for JSON whitespace and escapes, and the body's own fields; a batch
     # (sink = api) splits its requests below MAX_BATCH_BODY
-    app.add_middleware(BodyLimit, limit=4 * s.max_value_bytes + 64 * 1024,
-                       batch_paths=SINK_PATHS, batch_limit=s.api_max_request_bytes)
+    app.add_middleware(BodyLimit, limit=4 * settings.max_value_bytes + 64 * 1024,
+                       batch_paths=SINK_PATHS, batch_limit=settings.api_max_request_bytes)
     app.add_middleware(RawStatePath)
     # outermost: a cross-site write is refused before its body is read
-    app.add_middleware(CsrfGuard, trusted_origins=s.api_trusted_origins)
+    app.add_middleware(CsrfGuard, trusted_origins=settings.api_trusted_origins)
     return app

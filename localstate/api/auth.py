@@ -8,6 +8,17 @@ API is open (and `localstate serve` binds loopback only). A request
 * reading or writing an owner outside its prefixes, or writing with a read token, gets 403,
   before anything is read or written.
 
+Every write through the API, on any route, leaves one log line on the logger
+``localstate.api.audit`` (`audit`), after it commits (a write refused before is not one):
+
+    localstate.api.audit INFO write by 'triggerer-a' (bound) on POST /api/v1/flush:
+        3 row(s) of owners ['dag:a', 'dag:b']
+
+The caller is named by its principal (a token's name, never its secret; an Airflow user),
+whether its token is bound to an identity, the route, the owners (the first ten, and how many
+more) and the row count, then what else the route notes (the name the request gave itself when
+it is not the one recorded, an epoch, an operation).
+
 Tokens are compared in constant time: the candidate's SHA-256 digest against every configured
 token's digest with `hmac.compare_digest`, all of them each time, so neither the length of a
 token nor which one matched shows in the time taken. Tokens are never logged: messages name a
@@ -18,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +38,11 @@ from starlette.requests import Request
 from localstate.api.errors import ApiError
 from localstate.config import ApiToken
 
-__all__ = ["Authorizer", "Principal", "unauthorized"]
+__all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "recorded_as", "unauthorized"]
+
+#: the audit lines' logger (named apart from this module's: operators route it on its own)
+_audit_log = logging.getLogger("localstate.api.audit")
+_SHOWN = 10
 
 
 def _minimal(prefixes: Iterable[str]) -> tuple[str, ...]:
@@ -45,7 +61,7 @@ class Principal:
     `identity` names it in what it writes: the identity bound to its token, else the token's
     name, or ``airflow:<user>``; None only for the open API (no token configured), which has
     no caller to name. Its writes are recorded as `identity` (``updated_by``, a claim's
-    claimant) whatever the request says (`localstate.api.audit.recorded_as`). `bound`: the
+    claimant) whatever the request says (`recorded_as`). `bound`: the
     identity is one triggerer's (an Airflow user, a token with an ``identity``), so its flush's
     fleet report is recorded under it too, and a tenant's token sees that fleet row; a token
     without one may be shared by several triggerers, each reporting under its own name.
@@ -172,3 +188,37 @@ class Authorizer:
 def unauthorized(message: str) -> ApiError:
     """401 with ``WWW-Authenticate: Bearer``."""
     return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+# -- who a write is recorded as, and its audit line ------------------------------------------
+
+
+def recorded_as(caller: Principal, claimed: str) -> str:
+    """The ``updated_by`` (or claimant) a write of `caller` records: its identity (an Airflow
+    user's ``airflow:<user>``, a token's bound identity, else the token's name), whatever the
+    request names; `claimed` (the request's name) only for the open API, which has no caller
+    to name. The server, not the request, says who wrote."""
+    return caller.identity if caller.identity is not None else claimed
+
+
+def claimed_detail(caller: Principal, claimed: Iterable[str]) -> str:
+    """The audit line's note of the names a request gave itself, when they are not the
+    recorded one: kept for the operator (which triggerer behind a shared token), never
+    recorded as who wrote."""
+    other = sorted(set(claimed) - {caller.identity})
+    if caller.identity is None or not other:
+        return ""
+    return "request named " + ", ".join(repr(n) for n in other[:3]) + (
+        f" and {len(other) - 3} more" if len(other) > 3 else "")
+
+
+def audit(caller: Principal, route: str, owners: Iterable[str], rows: int,
+          *details: str) -> None:
+    """Log one committed write: who, where, which owners, how many rows (and `details`)."""
+    detail = "; ".join(d for d in details if d)
+    distinct = sorted(set(owners))
+    shown = repr(distinct[:_SHOWN]) + (f" and {len(distinct) - _SHOWN} more"
+                                       if len(distinct) > _SHOWN else "")
+    _audit_log.info("write by %r (%s) on %s: %d row(s) of owners %s%s", caller.name,
+             "bound" if caller.bound else "unbound", route, rows, shown,
+             f"; {detail}" if detail else "")

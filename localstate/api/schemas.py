@@ -38,9 +38,9 @@ class StateItem(BaseModel):
     updated_by: str = Field(description="the id of the process that wrote it")
     flush_state: FlushStateName = Field(
         description="flushed: the central DB committed this version (every plain read); with "
-                    "?pending=true also dirty: the serving store holds a write the central DB "
-                    "lacks (it may yet be refused), and conflict: the serving store's last "
-                    "flush of it met another writer's record")
+                    "?pending=true also dirty: the server's local store holds a write the "
+                    "central DB lacks (it may yet be refused), and conflict: the server's local "
+                    "store's last flush of it met another writer's record")
 
 
 class StateList(BaseModel):
@@ -68,7 +68,9 @@ class Throughput(BaseModel):
 
 
 class Status(BaseModel):
-    """The serving store's cache and sync-worker health."""
+    """The server's health: its local store's cache and sync worker (``localstate serve``),
+    or, for a server without one (the Airflow plugin's), what it committed to the central
+    DB."""
 
     triggerer_id: str
     cache_enabled: bool
@@ -94,16 +96,16 @@ class Status(BaseModel):
     central_rows: int
     keys_in_memory: int
     throughput: Throughput | None = Field(
-        description="recent rates of the serving store (null until two samples exist)")
+        description="recent rates of the server (null until two samples exist)")
     events_committed: int = Field(
         0, description="events emitted with watermarks that this server committed to the "
         "central DB since it started (new keys; flushes of sink = api triggerers)")
     events_pending: int = Field(
-        0, description="events the serving store emitted that the central DB lacks")
+        0, description="events the server's local store emitted that the central DB lacks")
     oldest_pending_event_s: float = Field(
         0.0, description="age of the oldest of those (0: none)")
     events_by_owner: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="the serving store's event figures per owner")
+        default_factory=dict, description="the server's local store's event figures per owner")
 
 
 class FleetMember(BaseModel):

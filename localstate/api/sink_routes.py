@@ -22,29 +22,24 @@ nothing is read or written. The body is read only after the token is checked.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
+import functools
 import logging
 import math
 import re
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
-from localstate.api.audit import audit, claimed_detail, recorded_as
-from localstate.api.auth import Authorizer, Principal
+from localstate.api.auth import Principal, audit, claimed_detail, recorded_as
+from localstate.api.context import Caller, Central, Context, ServerContext, Writable
 from localstate.api.errors import ApiError
-from localstate.api.routes import caller_of, central_or_503
-from localstate.api.writes import require_open
 from localstate.codec import decode
 from localstate.entry import UNKNOWN_BASE, StateKey
 from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
-from localstate.model import check_name, check_names
-from localstate.store import StateStore
-from localstate.sync.asset_mirror import asset_name
+from localstate.model import asset_name, check_name, check_names
 from localstate.sync.asset_states import read_asset_states
-from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
 from localstate.sync.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
@@ -59,7 +54,7 @@ from localstate.sync.wire import (
     field_header,
 )
 
-__all__ = ["SINK_PATHS", "build_sink_router"]
+__all__ = ["SINK_PATHS", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -81,37 +76,31 @@ _LONG_DIGITS: Final = re.compile(r"\d{19}")
 _JSON: Final = "application/json"
 #: distinct conflict_policy specs whose PolicyMap the server keeps (clients share a few)
 _POLICY_CACHE: Final = 64
+_OUTCOME_HEADER: Final = field_header(FlushOutcome, CentralRow)
+_CENTRAL_HEADER: Final = field_header(CentralRow)
+_FLEET_HEADER: Final = field_header(FleetStatus)
 
 
 def _json(body: dict[str, Any]) -> Response:
     return Response(encode_body(body), media_type=_JSON)
 
 
-class _Policies:
-    """The clients' policy maps, parsed once per distinct spec (a bounded LRU)."""
+def _policies(spec: Any) -> PolicyMap:
+    """A client's policy map (its conflict_policy setting), parsed once per distinct spec."""
+    if not isinstance(spec, str) and not (
+            isinstance(spec, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items())):
+        raise WireError("'policies' must be a policy spec (a string) or an object mapping "
+                        "owner globs to policy specs (the conflict_policy setting)")
+    try:
+        return _policy_map(spec if isinstance(spec, str) else tuple(spec.items()))
+    except ConfigError as exc:
+        raise WireError(f"'policies' is not a valid conflict_policy: {exc}") from None
 
-    def __init__(self) -> None:
-        self._maps: OrderedDict[str, PolicyMap] = OrderedDict()
 
-    def get(self, spec: Any) -> PolicyMap:
-        if not isinstance(spec, str) and not (
-                isinstance(spec, dict)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items())):
-            raise WireError("'policies' must be a policy spec (a string) or an object mapping "
-                            "owner globs to policy specs (the conflict_policy setting)")
-        key = encode_body({"p": spec}).decode()
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-            return found
-        try:
-            made = PolicyMap(spec)
-        except ConfigError as exc:
-            raise WireError(f"'policies' is not a valid conflict_policy: {exc}") from None
-        self._maps[key] = made
-        if len(self._maps) > _POLICY_CACHE:
-            self._maps.popitem(last=False)
-        return made
+@functools.lru_cache(maxsize=_POLICY_CACHE)
+def _policy_map(spec: str | tuple[tuple[str, str], ...]) -> PolicyMap:
+    return PolicyMap(spec if isinstance(spec, str) else dict(spec))
 
 
 def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
@@ -246,191 +235,171 @@ def _writer(raw: Any) -> str | None:
     return check_name("writer", raw)
 
 
-def build_sink_router(store: StateStore, auth: Authorizer,
-                      central: Callable[[], CentralStore | None], *,
-                      asset_states: bool = False, max_rows: int | None = None) -> APIRouter:
-    """The sink endpoints over the app's own reader/writer of the central DB; `asset_states`:
-    that DB is Airflow's, and its ``asset_state_store`` holds what Airflow's accessors read."""
-    router = APIRouter(prefix="/api/v1")
-    Caller = Annotated[Principal, Depends(caller_of(auth))]
-    policies = _Policies()
-    max_value_bytes = store.settings.max_value_bytes
-    if max_rows is None:
-        max_rows = store.settings.api_max_batch_rows
-    outcome_header = field_header(FlushOutcome, CentralRow)
-    central_header = field_header(CentralRow)
-    fleet_header = field_header(FleetStatus)
+router = APIRouter(prefix="/api/v1")
 
-    @router.post("/flush", summary="Write a batch of fenced rows in one transaction "
-                 "(what sink = api flushes through)", response_class=Response)
-    async def flush(request: Request, caller: Caller) -> Response:
-        if not caller.can_write:
-            caller.require_write("")
-        return await flush_batch(await request.body(), caller)
 
-    def parse_flush(raw: bytes, caller: Principal
-                    ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None, str]:
-        """Decode and check a flush body: no I/O, so a large one runs off the event loop.
-        The rows come back recorded as the caller (`recorded_as`), with the audit line's note
-        of the names the request gave them."""
-        body = decode_body(raw)
-        rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
-        if len(rows) > max_rows:
-            raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
-                           f"api_max_batch_rows ({max_rows}); send smaller batches")
-        _require_owners(caller, (r.owner for r in rows), write=True)
-        status = None
-        named = ""
-        if rows:
-            _check_rows(rows, max_value_bytes)
-            if caller.identity is not None:  # the server says who wrote, not the request
-                by = caller.identity
-                named = claimed_detail(caller, map(attrgetter("updated_by"), rows))
-                rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
-            if body.get("fleet") is not None:
-                status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
-                _check_fleet(status)
-                if caller.bound and caller.identity is not None:  # its own fleet row only
-                    status = status._replace(triggerer=caller.identity)
-        return body, rows, status, named
-
-    async def flush_batch(raw: bytes, caller: Principal) -> Response:
-        if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
-            body, rows, status, named = await asyncio.to_thread(parse_flush, raw, caller)
-        else:
-            body, rows, status, named = parse_flush(raw, caller)
-        writer = caller.writer_tag(_writer(body.get("writer")))
-        policy_map = policies.get(body.get("policies", "reject"))
-        require_open(store)
-        c = central_or_503(central)
-        if status is not None:  # no await until write_batch takes it: this batch's own
-            c.note_fleet(status)
-        if "events" not in body:  # a flush without events (any client)
-            outcomes = await c.write_batch(rows, policy_map, writer=writer)
-            audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows), named)
-            written, full = encode_outcomes(outcomes, rows)
-            return _json({"fields": outcome_header, "written": written, "outcomes": full})
-        events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
-        _require_owners(caller, {e.owner for e in events}, write=True)
-        _check_events(events, max_value_bytes)
-        # the watermarks, the de-duplication rows and the asset events: one transaction
-        outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
-        audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows),
-                                              *(e.owner for e in events)},
-              len(rows), f"{len(events)} events", named)
+@router.post("/flush", summary="Write a batch of fenced rows in one transaction "
+             "(what sink = api flushes through)", response_class=Response)
+async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> Response:
+    if not caller.can_write:
+        caller.require_write("")
+    raw = await request.body()
+    if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
+        body, rows, status, named = await asyncio.to_thread(_parse_flush, raw, caller, ctx)
+    else:
+        body, rows, status, named = _parse_flush(raw, caller, ctx)
+    writer = caller.writer_tag(_writer(body.get("writer")))
+    policy_map = _policies(body.get("policies", "reject"))
+    if status is not None:  # no await until write_batch takes it: this batch's own
+        c.note_fleet(status)
+    if "events" not in body:  # a flush without events (any client)
+        outcomes = await c.write_batch(rows, policy_map, writer=writer)
+        audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows), named)
         written, full = encode_outcomes(outcomes, rows)
-        return _json({"fields": outcome_header, "written": written, "outcomes": full,
-                      "event_statuses": statuses})
+        return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full})
+    events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
+    _require_owners(caller, {e.owner for e in events}, write=True)
+    _check_events(events, ctx.settings.max_value_bytes)
+    # the watermarks, the de-duplication rows and the asset events: one transaction
+    outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
+    audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows), *(e.owner for e in events)},
+          len(rows), f"{len(events)} events", named)
+    written, full = encode_outcomes(outcomes, rows)
+    return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full,
+                  "event_statuses": statuses})
 
-    @router.post("/read", summary="The central records of a batch of keys, or of one owner "
-                 "(tombstones included)", response_class=Response)
-    async def read(request: Request, caller: Caller) -> Response:
-        body = decode_body(await request.body())
-        c = central_or_503(central)
-        if body.get("fleet") is True:  # the fleet table (what a write budget reads)
-            fleet = await c.read_fleet()
-            if not caller.admin:  # the rates a budget sums; no one else's name, host or pid
-                fleet = [r if caller.bound and r.triggerer == caller.identity
-                         else r._replace(triggerer="", host="", pid=0) for r in fleet]
-            return _json({"fields": fleet_header, "rows": encode_rows(fleet)})
-        source = body.get("source")
-        if source not in (None, ASSET_STATE_SOURCE):
-            raise WireError(f"'source' must be {ASSET_STATE_SOURCE!r} or absent")
-        if "owner" in body and source is None:
-            owner = check_name("owner", body["owner"])
-            caller.require_read(owner)
-            found = await c.read_owner(owner)
-        elif source is None:
-            keys = _keys(body.get("keys"))
-            _require_owners(caller, (o for o, _k in keys), write=False)
-            found = list((await c.read_many(keys)).values())
-        else:
-            keys = _keys(body.get("keys"))
-            _require_owners(caller, (o for o, _k in keys), write=False)
-            if not asset_states:
-                raise ApiError(404, "no_asset_state_store", "this localstate API server does "
-                               "not read Airflow's asset_state_store: only localstate's app in "
-                               "Airflow's API server (the plugin's /localstate) does, with "
-                               "Airflow's default [state_store] backend")
-            if not all(asset_name(o) is not None for o, _k in keys):
-                raise WireError("a read of Airflow's asset_state_store names asset owners "
-                                "only (asset_watcher:<asset name>), by keys")
-            found = list((await read_asset_states(c, keys)).values())
-        return _json({"fields": central_header, "rows": encode_rows(found)})
 
-    @router.post("/claim", summary="Claim an owner: bump its claim epoch in one transaction "
-                 "(what a triggerer does when a trigger starts on it)", response_class=Response)
-    async def claim(request: Request, caller: Caller) -> Response:
-        body = decode_body(await request.body())
-        owner = check_name("owner", body.get("owner"))
-        named = check_name("claimant", body.get("claimant"))
-        claimant = recorded_as(caller, named)
-        writer = caller.writer_tag(_writer(body.get("writer")))
-        since = body.get("unless_claimed_since")
-        if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
-                                  or not math.isfinite(since)):
-            raise ApiError(422, "invalid_input", "unless_claimed_since: a POSIX time or null")
-        caller.require_write(owner)
-        require_open(store)
-        try:
-            epoch = await central_or_503(central).claim(
-                owner, claimant=claimant, writer=writer, unless_claimed_since=since)
-        except OwnerLost as exc:  # a newer claim stands: the caller's OwnerLost
-            audit(caller, "POST /api/v1/claim", (owner,), 0, f"refused: epoch {exc.current}",
-                  claimed_detail(caller, (named,)))
-            return _json({"claimed_since": exc.current})
-        audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}",
+def _parse_flush(raw: bytes, caller: Principal, ctx: ServerContext
+                 ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None, str]:
+    """Decode and check a flush body: no I/O, so a large one runs off the event loop.
+    The rows come back recorded as the caller (`recorded_as`), with the audit line's note
+    of the names the request gave them."""
+    body = decode_body(raw)
+    rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+    max_rows = ctx.settings.api_max_batch_rows
+    if len(rows) > max_rows:
+        raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
+                       f"api_max_batch_rows ({max_rows}); send smaller batches")
+    _require_owners(caller, (r.owner for r in rows), write=True)
+    status = None
+    named = ""
+    if rows:
+        _check_rows(rows, ctx.settings.max_value_bytes)
+        if caller.identity is not None:  # the server says who wrote, not the request
+            by = caller.identity
+            named = claimed_detail(caller, map(attrgetter("updated_by"), rows))
+            rows = [r if r.updated_by == by else r._replace(updated_by=by) for r in rows]
+        if body.get("fleet") is not None:
+            status = decode_rows(FleetStatus, body.get("fleet_fields"), [body["fleet"]])[0]
+            _check_fleet(status)
+            if caller.bound and caller.identity is not None:  # its own fleet row only
+                status = status._replace(triggerer=caller.identity)
+    return body, rows, status, named
+
+
+@router.post("/read", summary="The central records of a batch of keys, or of one owner "
+             "(tombstones included)", response_class=Response)
+async def read(request: Request, caller: Caller, ctx: Context, c: Central) -> Response:
+    body = decode_body(await request.body())
+    if body.get("fleet") is True:  # the fleet table (what a write budget reads)
+        fleet = await c.read_fleet()
+        if not caller.admin:  # the rates a budget sums; no one else's name, host or pid
+            fleet = [r if caller.bound and r.triggerer == caller.identity
+                     else r._replace(triggerer="", host="", pid=0) for r in fleet]
+        return _json({"fields": _FLEET_HEADER, "rows": encode_rows(fleet)})
+    source = body.get("source")
+    if source not in (None, ASSET_STATE_SOURCE):
+        raise WireError(f"'source' must be {ASSET_STATE_SOURCE!r} or absent")
+    if "owner" in body and source is None:
+        owner = check_name("owner", body["owner"])
+        caller.require_read(owner)
+        found = await c.read_owner(owner)
+    elif source is None:
+        keys = _keys(body.get("keys"))
+        _require_owners(caller, (o for o, _k in keys), write=False)
+        found = list((await c.read_many(keys)).values())
+    else:
+        keys = _keys(body.get("keys"))
+        _require_owners(caller, (o for o, _k in keys), write=False)
+        if not ctx.asset_states:
+            raise ApiError(404, "no_asset_state_store", "this localstate API server does "
+                           "not read Airflow's asset_state_store: only localstate's app in "
+                           "Airflow's API server (the plugin's /localstate) does, with "
+                           "Airflow's default [state_store] backend")
+        if not all(asset_name(o) is not None for o, _k in keys):
+            raise WireError("a read of Airflow's asset_state_store names asset owners "
+                            "only (asset_watcher:<asset name>), by keys")
+        found = list((await read_asset_states(c, keys)).values())
+    return _json({"fields": _CENTRAL_HEADER, "rows": encode_rows(found)})
+
+
+@router.post("/claim", summary="Claim an owner: bump its claim epoch in one transaction "
+             "(what a triggerer does when a trigger starts on it)", response_class=Response)
+async def claim(request: Request, caller: Caller, c: Writable) -> Response:
+    body = decode_body(await request.body())
+    owner = check_name("owner", body.get("owner"))
+    named = check_name("claimant", body.get("claimant"))
+    claimant = recorded_as(caller, named)
+    writer = caller.writer_tag(_writer(body.get("writer")))
+    since = body.get("unless_claimed_since")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
+                              or not math.isfinite(since)):
+        raise ApiError(422, "invalid_input", "unless_claimed_since: a POSIX time or null")
+    caller.require_write(owner)
+    try:
+        epoch = await c.claim(owner, claimant=claimant, writer=writer,
+                              unless_claimed_since=since)
+    except OwnerLost as exc:  # a newer claim stands: the caller's OwnerLost
+        audit(caller, "POST /api/v1/claim", (owner,), 0, f"refused: epoch {exc.current}",
               claimed_detail(caller, (named,)))
-        return _json({"epoch": epoch})
+        return _json({"claimed_since": exc.current})
+    audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}",
+          claimed_detail(caller, (named,)))
+    return _json({"epoch": epoch})
 
-    @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
-                 "(409 on another version) or compare-and-delete", response_class=Response)
-    async def write(request: Request, caller: Caller) -> Response:
-        body = decode_body(await request.body())
-        op = body.get("op")
-        owner = check_name("owner", body.get("owner"))
-        key = check_name("key", body.get("key"))
-        named = check_name("updated_by", body.get("updated_by"))
-        by = recorded_as(caller, named)
-        caller.require_write(owner)
-        data = body.get("data")
-        _check_data(owner, key, data, max_value_bytes)
-        at = body.get("updated_at")
-        if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
-            raise WireError("'updated_at' must be a number of seconds or null")
-        writer = caller.writer_tag(_writer(body.get("writer")))
-        if isinstance(at, int) and not 0 <= at <= _MAX_TIME:  # before float(): 10**400
-            raise WireError(f"updated_at {at} is not a POSIX time from 0 to {_MAX_TIME:.0f}")
-        _check_times("updated_at", (None if at is None else float(at),))
-        require_open(store)
-        c = central_or_503(central)
-        row: CentralRow | None = None
-        deleted = False
-        if op == "direct":
-            if at is None:
-                raise WireError("a direct write needs 'updated_at'")
-            row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by,
+
+@router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
+             "(409 on another version) or compare-and-delete", response_class=Response)
+async def write(request: Request, caller: Caller, ctx: Context, c: Writable) -> Response:
+    body = decode_body(await request.body())
+    op = body.get("op")
+    owner = check_name("owner", body.get("owner"))
+    key = check_name("key", body.get("key"))
+    named = check_name("updated_by", body.get("updated_by"))
+    by = recorded_as(caller, named)
+    caller.require_write(owner)
+    data = body.get("data")
+    _check_data(owner, key, data, ctx.settings.max_value_bytes)
+    at = body.get("updated_at")
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
+        raise WireError("'updated_at' must be a number of seconds or null")
+    writer = caller.writer_tag(_writer(body.get("writer")))
+    if isinstance(at, int) and not 0 <= at <= _MAX_TIME:  # before float(): 10**400
+        raise WireError(f"updated_at {at} is not a POSIX time from 0 to {_MAX_TIME:.0f}")
+    _check_times("updated_at", (None if at is None else float(at),))
+    row: CentralRow | None = None
+    deleted = False
+    if op == "direct":
+        if at is None:
+            raise WireError("a direct write needs 'updated_at'")
+        row = await c.write_direct(owner, key, data, updated_at=float(at), updated_by=by,
+                                   writer=writer)
+    elif op == "if_version":
+        expected = body.get("expected_version")
+        if (isinstance(expected, bool) or not isinstance(expected, int)
+                or not 0 <= expected <= _MAX_VERSION):
+            raise WireError(f"'expected_version' must be an integer from 0 to {_MAX_VERSION}")
+        row = await c.write_if_version(owner, key, data, expected, updated_by=by,
+                                       updated_at=None if at is None else float(at),
                                        writer=writer)
-        elif op == "if_version":
-            expected = body.get("expected_version")
-            if (isinstance(expected, bool) or not isinstance(expected, int)
-                    or not 0 <= expected <= _MAX_VERSION):
-                raise WireError(f"'expected_version' must be an integer from 0 to "
-                                f"{_MAX_VERSION}")
-            row = await c.write_if_version(owner, key, data, expected, updated_by=by,
-                                           updated_at=None if at is None else float(at),
-                                           writer=writer)
-        elif op == "delete_current":
-            deleted = await c.delete_current(owner, key, updated_by=by, writer=writer)
-        else:
-            raise WireError("'op' must be direct, if_version or delete_current")
-        audit(caller, "POST /api/v1/write", (owner,), 1 if row is not None or deleted else 0,
-              f"{op} {owner}/{key}", claimed_detail(caller, (named,)))
-        return _json({"fields": central_header,
-                      "row": None if row is None else encode_rows([row])[0],
-                      "deleted": deleted})
-
-    return router
+    elif op == "delete_current":
+        deleted = await c.delete_current(owner, key, updated_by=by, writer=writer)
+    else:
+        raise WireError("'op' must be direct, if_version or delete_current")
+    audit(caller, "POST /api/v1/write", (owner,), 1 if row is not None or deleted else 0,
+          f"{op} {owner}/{key}", claimed_detail(caller, (named,)))
+    return _json({"fields": _CENTRAL_HEADER,
+                  "row": None if row is None else encode_rows([row])[0], "deleted": deleted})
 
 
 def _keys(raw: Any) -> list[StateKey]:

@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def go() -> bool:
         async with StateStore(settings=store_settings) as store:
-            app = create_app(store, tokens=tokens)
+            app = create_app(store_settings, local=store, tokens=tokens)
             config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                                     server_header=False, lifespan="on")
             server = Server(config)

@@ -193,7 +193,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Served, Any]]:
             local_sync="normal"))
         central = loop.run_until_complete(CentralStore.open(url))
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
-            store, central=central)), base_url="http://localstate.test")
+            store.settings, central=central, local=store)), base_url="http://localstate.test")
         try:
             loop.run_until_complete(store.set(*FIXED, 0, durability="central"))
             yield Served(client, db, cache), loop
