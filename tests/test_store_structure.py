@@ -180,6 +180,27 @@ def test_the_store_reaches_no_private_name_across_files() -> None:
     assert {m: reaches[m] for m in STORE_MODULES if m in reaches} == {}
 
 
+#: a file longer than this says at its top why it is one concept (CONTRIBUTING.md)
+LONG_FILE = 600
+
+
+def test_a_long_file_says_why_it_is_one_concept() -> None:
+    unexplained = []
+    for name, path in _files().items():
+        source = path.read_text()
+        if source.count("\n") <= LONG_FILE:
+            continue
+        doc = ast.get_docstring(ast.parse(source, str(path))) or ""
+        if not any(p.startswith("Why one file") for p in doc.split("\n\n")):
+            unexplained.append(name)
+    assert unexplained == [], "begin a paragraph of the module docstring with 'Why one file'"
+
+
+def test_the_store_is_a_long_file_that_says_why() -> None:
+    # the check above has a file to check: the store is longer than the limit
+    assert Path(localstate.__file__).with_name("store.py").read_text().count("\n") > LONG_FILE
+
+
 def test_private_reaches_elsewhere_do_not_grow() -> None:
     counts = Counter({m: len(r) for m, r in all_reaches().items() if m not in STORE_MODULES})
     grown = {m: (n, KNOWN_ELSEWHERE.get(m, 0)) for m, n in counts.items()
