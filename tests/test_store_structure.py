@@ -39,9 +39,6 @@ KNOWN_ELSEWHERE: dict[str, int] = {
     # Airflow's own privates: its DB manager's lock hook, an Asset's name and URI
     "localstate/airflow/db_manager.py": 1,
     "localstate/airflow/trigger.py": 2,
-    # the state of `DatabaseServer` (localstate/testing/db_server.py) read by its subclasses
-    "localstate/testing/mysql_server.py": 10,
-    "localstate/testing/postgres_server.py": 14,
 }
 
 
