@@ -18,6 +18,7 @@ more than the counts recorded below (each is a debt to pay, not a licence).
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -42,6 +43,7 @@ KNOWN_ELSEWHERE: dict[str, int] = {
 }
 
 
+@functools.cache
 def _files() -> dict[str, Path]:
     roots = {"localstate": Path(localstate.__file__).resolve().parent,
              "sync": Path(localstate.sync.__file__).resolve().parent}
@@ -133,6 +135,7 @@ def private_reaches(source: str, filename: str = "<source>") -> list[str]:
     return found
 
 
+@functools.cache
 def all_reaches() -> dict[str, list[str]]:
     return {name: r for name, path in _files().items()
             if (r := private_reaches(path.read_text(), str(path)))}
