@@ -50,7 +50,7 @@ with DAG(dag_id="localstate_ticks", schedule=assets, catchup=False):
     pass
 """
 #: a line localstate logged, as the triggerer prints it (its level and logger name)
-OURS = re.compile(r"localstate\.(sync|claims|central_reads|airflow)")
+OURS = re.compile(r"localstate\.(sync|claims|local_first|airflow)")
 
 
 def levelled(line: str) -> str | None:

@@ -41,12 +41,10 @@ from localstate.version import __version__
 
 if TYPE_CHECKING:
     from localstate.blocking import BlockingStateStore
-    from localstate.release import ReleaseReport
     from localstate.reload import ConfigWatcher
     from localstate.stats import StoreStats
-    from localstate.store import StateStore
+    from localstate.store import ReleaseReport, StateStore, StateVariable
     from localstate.sync.settle import ConflictInfo, FlushReport
-    from localstate.variable import StateVariable
 
 # The store and what is built on it load on first use, not with the package: importing a lower
 # layer (`localstate.errors`, `localstate.codec`, `localstate.sync.conflicts`, ...) runs this
@@ -56,10 +54,10 @@ _LAZY = {
     "ConfigWatcher": "localstate.reload",
     "ConflictInfo": "localstate.sync.settle",
     "FlushReport": "localstate.sync.settle",
-    "ReleaseReport": "localstate.release",
+    "ReleaseReport": "localstate.store",
     "StoreStats": "localstate.stats",
     "StateStore": "localstate.store",
-    "StateVariable": "localstate.variable",
+    "StateVariable": "localstate.store",
 }
 
 

@@ -31,14 +31,13 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from localstate.class_or_instance import ClassOrInstance
 from localstate.config import Settings
-from localstate.default_store import DEFAULT
 from localstate.errors import LocalStateError, StoreClosed
 from localstate.model import Durability, Record
 from localstate.stats import StoreStats
-from localstate.store import StateStore
+from localstate.store import DEFAULT, StateStore
 from localstate.sync.worker import FlushReport
-from localstate.variable import ClassOrInstance
 
 __all__ = ["BlockingStateStore", "StateVariable"]
 

@@ -1,10 +1,13 @@
-"""The process's default store: one slot, one lock and one opener for every path.
+"""The process's default store: one slot, one lock and one opening for every path.
 
 The async class-level calls (`localstate.StateVariable.get/set/delete`), Airflow triggers
 (`localstate.airflow.trigger`) and the blocking class-level calls
-(`localstate.blocking.StateVariable`) all take the process's default store from `DEFAULT`. It
-is given with `configure`, else opened from the settings on first use, once per process (a
-second store over the same cache file could not open: its file lock is held).
+(`localstate.blocking.StateVariable`) all take the process's default store from one
+`DefaultStore`, `localstate.store.DEFAULT`. It is given with `configure`, else opened on first
+use by the opener the caller names (``StateStore.open``, or ``BlockingStateStore``: from the
+settings), once per process (a second store over the same cache file could not open: its file
+lock is held). The slot knows a store only by what it needs of one (`ClosableStore`), so that
+the store's module can hold the one slot without this module importing it.
 
 The slot holds the store and the event loop it runs on, and, when the blocking path opened it
 or was given it, the blocking front whose thread runs that loop. A threading lock guards the
@@ -17,20 +20,30 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
-from collections.abc import Callable
-from typing import Protocol, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, Protocol, TypeVar, cast
 
-from localstate.errors import InvalidInput, LocalStateError
-from localstate.store import StateStore
+from localstate.errors import LocalStateError
 
-__all__ = ["DEFAULT", "BlockingFront", "DefaultStore", "process_store"]
+__all__ = ["BlockingFront", "ClosableStore", "DefaultStore"]
 
 
-class BlockingFront(Protocol):
+class ClosableStore(Protocol):
+    """What the slot needs of a store (`StateStore` has it)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+
+_S = TypeVar("_S", bound=ClosableStore)
+_S_co = TypeVar("_S_co", bound=ClosableStore, covariant=True)
+
+
+class BlockingFront(Protocol[_S_co]):
     """A store running on an event loop of its own thread (`BlockingStateStore` is one)."""
 
     @property
-    def store(self) -> StateStore: ...
+    def store(self) -> _S_co: ...
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
     @property
@@ -38,29 +51,32 @@ class BlockingFront(Protocol):
     def close(self) -> None: ...
 
 
-_F = TypeVar("_F", bound=BlockingFront)
+_F = TypeVar("_F", bound=BlockingFront[Any])
 
 
-class DefaultStore:
+class DefaultStore(Generic[_S]):
+    """The slot of the process's default store (see the module docstring)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._store: StateStore | None = None
+        self._store: _S | None = None
         #: the loop `_store` runs on (None: given outside a loop, any caller's)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._front: BlockingFront | None = None
+        self._front: BlockingFront[_S] | None = None
         #: the front was opened here (closed here, and at exit), not given to configure()
         self._owned = False
         self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._atexit = False
 
-    def _live(self) -> StateStore | None:
+    def _live(self) -> _S | None:
         store = self._store
         return store if store is not None and not store.closed else None
 
     # -- the async path (class-level calls, Airflow triggers) ----------------------------
 
-    async def get(self) -> StateStore:
-        """The default store, for a caller on the loop it runs on (opened here if none)."""
+    async def get(self, open_store: Callable[[], Awaitable[_S]]) -> _S:
+        """The default store, for a caller on the loop it runs on (opened here with
+        `open_store` if none)."""
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
@@ -79,16 +95,14 @@ class DefaultStore:
                 with self._lock:
                     if self._live() is not None:
                         continue  # opened meanwhile: checked again above
-                store = await StateStore.open()
+                store = await open_store()
                 with self._lock:
                     self._store, self._loop, self._front, self._owned = store, loop, None, False
                 return store
 
-    def configure(self, store: object) -> None:
-        """Make `store`, a `StateStore`, the default (None: open one from the settings on
-        first use). A blocking default opened here is closed first."""
-        if store is not None and not isinstance(store, StateStore):
-            raise InvalidInput(f"the default store must be a StateStore, not {store!r}")
+    def configure(self, store: _S | None) -> None:
+        """Make `store` the default (None: open one on first use). A blocking default opened
+        here is closed first."""
         self.close_owned()
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -97,7 +111,7 @@ class DefaultStore:
         with self._lock:
             self._store, self._loop, self._front = store, loop if store else None, None
 
-    def current(self) -> StateStore | None:
+    def current(self) -> _S | None:
         with self._lock:
             return self._store
 
@@ -122,14 +136,14 @@ class DefaultStore:
                 self._atexit = True
             return new
 
-    def configure_blocking(self, front: BlockingFront | None) -> None:
+    def configure_blocking(self, front: BlockingFront[_S] | None) -> None:
         """Make `front` the default (None: open one on first use); one opened here is closed."""
         self.close_owned()
         with self._lock:
             self._front = front
             self._store, self._loop = (front.store, front.loop) if front else (None, None)
 
-    def current_front(self) -> BlockingFront | None:
+    def current_front(self) -> BlockingFront[_S] | None:
         with self._lock:
             return self._front
 
@@ -143,11 +157,3 @@ class DefaultStore:
         if front is not None and owned:
             front.close()
 
-
-#: the process's one default store
-DEFAULT = DefaultStore()
-
-
-async def process_store() -> StateStore:
-    """The process's default store, for a caller on its loop (see `DefaultStore.get`)."""
-    return await DEFAULT.get()

@@ -18,7 +18,7 @@ Its operations are the only ways the state moves:
 * `adopt` (a row read from the central DB), `first_write_base`, the absent-key bookkeeping;
 * `fill` and `forget_all` (the cache turned on or off);
 * `evict` (the bounded working set: ``max_keys_in_memory``) and `release` (an owner that
-  left this store: see `localstate.release`).
+  left this store: see `StateStore.release`).
 
 Invariants:
 

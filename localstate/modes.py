@@ -6,6 +6,11 @@ store's `EntryTable` in front of a local cache and a sync worker, which it owns;
 sends every call to the central DB, one transaction each, and keeps nothing in memory. The
 store's live toggle (``enabled``) replaces one with the other under the gate's switch.
 
+Both modes read the `StoreParts` the store opens once and closes once: the sink to the central
+DB, the read-through in front of it, the store's `EntryTable`, its name, conflict policies and
+conflict callback. They are fixed from the open to the close; a mode owns only what it opens
+itself (the local cache and the sync worker of local-first mode).
+
 Every `durability` a mode is given has been checked by the store (`check_durability`).
 """
 
@@ -13,14 +18,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Container, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from localstate.claims import ClaimBook
 from localstate.entry import Entry, StateKey, entry_from_row, record_of
+from localstate.entry_table import EntryTable
+from localstate.errors import LocalStateError
 from localstate.model import Durability, FlushState, Record, check_key, check_name
-from localstate.store_parts import StoreParts, require_open
+from localstate.sync.conflicts import PolicyMap
+from localstate.sync.read_through import ReadThrough
 from localstate.sync.rows import CentralRow
-from localstate.sync.worker import FlushReport
+from localstate.sync.sinks import Sink
+from localstate.sync.worker import ConflictInfo, FlushReport
 
 if TYPE_CHECKING:
     from localstate.config import Settings
@@ -28,10 +39,45 @@ if TYPE_CHECKING:
     from localstate.local_cache import LocalCache
     from localstate.sync.worker import SyncWorker
 
-__all__ = ["DirectMode", "Mode", "NotOpen", "Unflushed"]
+__all__ = ["DirectMode", "Mode", "NotOpen", "StoreParts", "Unflushed"]
+
+_T = TypeVar("_T")
 
 #: a dirty key, or one whose last flush lost a conflict, with its entry (see `store.unflushed`)
 Unflushed = tuple[StateKey, Entry, FlushState]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreParts:
+    """What both of a store's modes share, opened once and closed once (`StateStore` opens
+    them; see the module docstring)."""
+
+    table: EntryTable
+    sink: Sink
+    reader: ReadThrough
+    triggerer_id: str
+    policies: PolicyMap
+    on_conflict: Callable[[ConflictInfo], None] | None
+    #: the claim epochs the store holds and the owners it lost (see `StateStore.claim`)
+    claims: ClaimBook
+    #: the store opened the sink (and closes it); a sink given to the store is the caller's
+    owns_sink: bool
+
+    async def close(self) -> None:
+        """Close the read-through and (when the store opened it) the sink."""
+        await self.reader.close()
+        if self.owns_sink:
+            await self.sink.close()
+
+
+def _require_open(part: _T | None) -> _T:
+    """A part of the store that exists once it is open (and, for the cache, enabled)."""
+    if part is None:
+        raise LocalStateError(
+            "the store is not open (use `await StateStore.open(...)`), or this call needs the "
+            "local cache (enabled=True)"
+        )
+    return part
 
 
 class Mode(Protocol):
@@ -188,4 +234,4 @@ class NotOpen:
         return None
 
     def __getattr__(self, name: str) -> Any:
-        require_open(None)  # raises
+        _require_open(None)  # raises

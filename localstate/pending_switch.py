@@ -14,7 +14,7 @@ Closing the store ends the wait (`cancel`): the close flushes as usual, and what
 flush stays in the local file; the next start finds it there and finishes the turn-off first
 (it serves from the cache until those writes are central, even with ``enabled = False``).
 
-Owned by `StoreCore`, which alone starts and cancels it. The figures (`since`, `tries`,
+Owned by `StateStore`, which alone starts and cancels it. The figures (`since`, `tries`,
 `last_error`) are read by the store's stats.
 """
 

@@ -29,10 +29,10 @@ from conftest import StoreFactory
 from localstate import StateStore
 from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
 from localstate.errors import LocalStateError
+from localstate.store import StateVariable
 from localstate.sync.airflow_sink import AirflowSink, process_sink
 from localstate.sync.central_store import CentralStore
 from localstate.testing.postgres_server import PostgresServer
-from localstate.variable import StateVariable
 
 
 class CountingTrigger(StateEnabledTrigger, BaseEventTrigger):

@@ -185,7 +185,7 @@ async def test_a_trigger_watching_two_assets_emits_to_each_once(
     from airflow.sdk.execution_time.context import AssetStateStoreAccessors
     from test_airflow_trigger import EmittingTrigger, drive
 
-    from localstate.variable import StateVariable
+    from localstate.store import StateVariable
 
     ids = [await watched_asset(db, name) for name in ("eu-orders", "us-orders")]
     store = await StateStore.open(

@@ -5,7 +5,7 @@ Read from the source of `localstate` and `localstate.sync` with `ast`. The rule:
 ``"_name"``, reaches into another object's private member, unless
 
 * ``x`` is ``self``, ``cls`` or ``super()``: the object's own member, whichever class of its
-  MRO defines it (a `StateStore` is a `StoreCore`);
+  MRO defines it (tests/test_store_structure.py adds: in the same file);
 * ``x`` was made by ``cls(...)`` (or ``C(...)``, C the enclosing class) in the same method of
   the class: a constructor classmethod finishing the instance it is about to return;
 * ``_name`` is a dunder, or one of the named tuple API's members (``_replace``, ``_asdict``,

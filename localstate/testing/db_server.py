@@ -67,23 +67,24 @@ class DbServer(abc.ABC):
         self.base_dir = pathlib.Path(base_dir).absolute()
         self._user = user
         self._dbname = dbname
-        self._as_root = os.geteuid() == 0
+        #: the tests run as root: the server runs as a system user (see `run_as`)
+        self.as_root = os.geteuid() == 0
         #: the system user's (uid, gid) the server runs as when the tests run as root
-        self._uid_gid: tuple[int, int] | None = None
+        self.uid_gid: tuple[int, int] | None = None
         self._port: int | None = port  # None: a free port, picked by the first start()
         self._runtime_dir: pathlib.Path | None = None
         self._initialized = False
         self._closed = False
 
-    def _run_as(self, system_user: str, missing: str) -> None:
+    def run_as(self, system_user: str, missing: str) -> None:
         """As root: run the server as `system_user`; `missing` is the error when there is no
         such user. Then close the server at interpreter exit, if the caller forgot."""
-        if self._as_root:
+        if self.as_root:
             try:
                 entry = pwd.getpwnam(system_user)
             except KeyError:
                 raise RuntimeError(missing) from None
-            self._uid_gid = (entry.pw_uid, entry.pw_gid)
+            self.uid_gid = (entry.pw_uid, entry.pw_gid)
         atexit.register(_cleanup_at_exit, weakref.ref(self))
 
     # ----------------------------------------------------------------- properties

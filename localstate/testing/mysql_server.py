@@ -94,7 +94,7 @@ class MysqlServer(DbServer):
         self._server_bin, self._install_db = find_mysql_binaries()
         self._process: subprocess.Popen[bytes] | None = None
         self.version = ""  # SELECT VERSION() once started, e.g. "10.11.19-MariaDB-0+deb12u1"
-        self._run_as(_SYSTEM_USER,
+        self.run_as(_SYSTEM_USER,
                      f"running as root, and there is no {_SYSTEM_USER!r} system user to run "
                      "MariaDB as: `apt-get install mariadb-server` creates it")
 
@@ -110,7 +110,7 @@ class MysqlServer(DbServer):
 
     def url_for(self, dbname: str) -> str:
         """SQLAlchemy URL of ``dbname``: ``mysql+aiomysql://...``."""
-        return f"mysql+aiomysql://{self._user}@{HOST}:{self.port}/{dbname}"
+        return f"mysql+aiomysql://{self.user}@{HOST}:{self.port}/{dbname}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,9 +128,9 @@ class MysqlServer(DbServer):
             self._port = free_port()
         self._spawn()
         if first:
-            self.execute(f"CREATE USER '{self._user}'@'%'")
-            self.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self._user}'@'%' WITH GRANT OPTION")
-            self.create_database(self._dbname)
+            self.execute(f"CREATE USER '{self.user}'@'%'")
+            self.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
+            self.create_database(self.dbname)
             self.version = str(self.query("SELECT VERSION()")[0][0])
 
     def stop(self, mode: str = "fast") -> None:
@@ -199,7 +199,7 @@ class MysqlServer(DbServer):
         """``KILL CONNECTION`` every client connection using ``dbname`` (default: the default
         database) but this call's own; returns how many. Waits (up to 5 s) until they are
         gone from the process list, so a killed connection's next statement fails."""
-        target = self._dbname if dbname is None else dbname
+        target = self.dbname if dbname is None else dbname
         with self._admin() as conn, conn.cursor() as cur:
             cur.execute("SELECT id FROM information_schema.processlist "
                         "WHERE db = %s AND id <> CONNECTION_ID()", (target,))
@@ -263,12 +263,12 @@ class MysqlServer(DbServer):
         # a temporary-file folder of its own: servers of parallel test workers, and servers
         # killed earlier, never meet in /tmp (internal temporary tables are files there)
         (self._runtime_dir / "tmp").mkdir()
-        if self._uid_gid is not None:
-            os.chown(self._runtime_dir, *self._uid_gid)
-            os.chown(self._runtime_dir / "tmp", *self._uid_gid)
+        if self.uid_gid is not None:
+            os.chown(self._runtime_dir, *self.uid_gid)
+            os.chown(self._runtime_dir / "tmp", *self.uid_gid)
 
     def _user_args(self) -> list[str]:
-        return [f"--user={_SYSTEM_USER}"] if self._as_root else []
+        return [f"--user={_SYSTEM_USER}"] if self.as_root else []
 
     def _install(self) -> None:
         result = subprocess.run(

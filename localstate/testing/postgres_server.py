@@ -77,7 +77,7 @@ class PostgresServer(DbServer):
         #: the cluster's programs, once its folders exist (the first start)
         self._ctl: PgCtl | None = None
         self._icu: bool | None = None  # whether the server has ICU, once asked
-        self._run_as(_SYSTEM_USER,
+        self.run_as(_SYSTEM_USER,
                      "running as root, and PostgreSQL refuses to run as root, but there is "
                      f"no {_SYSTEM_USER!r} system user to run it as: "
                      "`apt-get install postgresql` creates it (or run the tests as non-root)")
@@ -87,7 +87,7 @@ class PostgresServer(DbServer):
     @property
     def dsn(self) -> str:
         """libpq/asyncpg DSN of the default database: ``postgresql://...``."""
-        return self.dsn_for(self._dbname)
+        return self.dsn_for(self.dbname)
 
     @property
     def data_dir(self) -> pathlib.Path:
@@ -103,10 +103,10 @@ class PostgresServer(DbServer):
         return self.base_dir / "postgres.log"
 
     def url_for(self, dbname: str) -> str:
-        return f"postgresql+asyncpg://{self._user}@{HOST}:{self.port}/{dbname}"
+        return f"postgresql+asyncpg://{self.user}@{HOST}:{self.port}/{dbname}"
 
     def dsn_for(self, dbname: str) -> str:
-        return f"postgresql://{self._user}@{HOST}:{self.port}/{dbname}"
+        return f"postgresql://{self.user}@{HOST}:{self.port}/{dbname}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -116,7 +116,7 @@ class PostgresServer(DbServer):
             raise RuntimeError("PostgresServer was closed; create a new one")
         if not self._initialized:
             self._ctl = self._prepare_dirs()
-            self._ctl.initdb(self._user)
+            self._ctl.initdb(self.user)
             self._initialized = True
             first_start = True
         else:
@@ -139,7 +139,7 @@ class PostgresServer(DbServer):
                 self._port = port
                 break
         if first_start:
-            self.psql(f"CREATE DATABASE {quote_ident(self._dbname)}", dbname="postgres")
+            self.psql(f"CREATE DATABASE {quote_ident(self.dbname)}", dbname="postgres")
 
     def stop(self, mode: str = "fast", *, wait: bool = True) -> None:
         """Stop the server (pg_ctl -m smart|fast|immediate). Safe to call repeatedly.
@@ -209,7 +209,7 @@ class PostgresServer(DbServer):
         On PostgreSQL 14+ it waits (up to 5 s each) until the backends are gone, so a
         connection's next query is guaranteed to fail.
         """
-        target = self._dbname if dbname is None else dbname
+        target = self.dbname if dbname is None else dbname
         wait = ", 5000" if self.major_version >= 14 else ""
         sql = (
             f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid{wait})) "
@@ -224,8 +224,8 @@ class PostgresServer(DbServer):
         if self.binaries.psql is None:
             raise RuntimeError("psql not found: `apt-get install postgresql-client`")
         cmd = [str(self.binaries.psql), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-               "-h", HOST, "-p", str(self.port), "-U", self._user,
-               "-d", self._dbname if dbname is None else dbname, "-c", sql]
+               "-h", HOST, "-p", str(self.port), "-U", self.user,
+               "-d", self.dbname if dbname is None else dbname, "-c", sql]
         result = subprocess.run(
             cmd,
             capture_output=True,
@@ -245,11 +245,11 @@ class PostgresServer(DbServer):
     def _prepare_dirs(self) -> PgCtl:
         """Make the cluster's folders (`runtime_dir`); return its programs' runner."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        if self._as_root:
-            assert self._uid_gid is not None
+        if self.as_root:
+            assert self.uid_gid is not None
             temp = pathlib.Path(tempfile.mkdtemp(prefix="localstate-pg-"))
             self._temp_dir = temp
-            os.chown(temp, *self._uid_gid)
+            os.chown(temp, *self.uid_gid)
             self._runtime_dir = temp
             self._link_log()
         elif len(str(self.base_dir)) > _MAX_SOCKET_DIR_LEN:
@@ -260,10 +260,10 @@ class PostgresServer(DbServer):
         else:
             self._runtime_dir = self.base_dir
         return PgCtl(self.binaries, self._runtime_dir,
-                     run_as=_SYSTEM_USER if self._as_root else None)
+                     run_as=_SYSTEM_USER if self.as_root else None)
 
     def _real_log(self) -> pathlib.Path:
-        return self.runtime_dir / "postgres.log" if self._as_root else self.log_path
+        return self.runtime_dir / "postgres.log" if self.as_root else self.log_path
 
     def _link_log(self) -> None:
         real = self._real_log()
