@@ -84,6 +84,7 @@ from localstate.mode_gate import ModeGate
 from localstate.model import (
     Durability,
     Record,
+    asset_name,
     check_durability,
     check_key,
     check_name,
@@ -96,7 +97,7 @@ from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats, store_stats
 from localstate.sync.airflow_sink import process_sink
 from localstate.sync.asset_events import NO_ASSET_EVENTS
-from localstate.sync.asset_mirror import AssetMirror, asset_name
+from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.conflicts import PolicyMap
 from localstate.sync.read_through import ReadThrough

@@ -34,8 +34,7 @@ from localstate.errors import ConfigError
 from localstate.model import asset_name
 from localstate.sync.rows import FlushOutcome
 
-# asset_name: imported from here by localstate.store (to be imported from localstate.model)
-__all__ = ["ACTIVE_ASSETS", "MIRROR_MODES", "AssetMirror", "asset_name"]
+__all__ = ["ACTIVE_ASSETS", "MIRROR_MODES", "AssetMirror"]
 
 log = logging.getLogger(__name__)
 
