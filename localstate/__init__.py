@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from localstate.variable import StateVariable
 
 # The store and what is built on it load on first use, not with the package: importing a lower
-# layer (`localstate.errors`, `localstate.codec`, `localstate.sync.conflicts`, ...) runs this
+# layer (`localstate.errors`, `localstate.codec`, `localstate.conflicts`, ...) runs this
 # file first, and it must not pull in the store, which imports `localstate.sync` back.
 _LAZY = {
     "BlockingStateStore": "localstate.blocking",

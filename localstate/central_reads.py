@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 
+from localstate.conflicts import ConflictPolicy
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralError
 from localstate.model import Durability, check_name, refuse_unhashable_names
-from localstate.sync.conflicts import ConflictPolicy
+from localstate.rows import CentralRow
 from localstate.sync.read_through import ReadThrough
-from localstate.sync.rows import CentralRow
 from localstate.sync.sinks import Sink
 
 __all__ = ["first_write_base", "known_entry", "load_owner", "set_reads_base"]

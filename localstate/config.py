@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from localstate.errors import ConfigError
 from localstate.model import Durability
+from localstate.retention_rules import RetentionRule
 from localstate.setting_specs import (
     API_ROLES,
     DEFAULTS,
@@ -41,7 +42,6 @@ from localstate.setting_specs import (
     Spec,
     setting_specs,
 )
-from localstate.sync.retention_rules import RetentionRule
 
 __all__ = [
     "API_ROLES",

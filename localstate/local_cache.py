@@ -45,7 +45,7 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 from localstate.file_lock import CacheFileLock
-from localstate.sync.rows import EventRow
+from localstate.rows import EventRow
 
 __all__ = ["APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "LocalCache", "LocalSync"]
 

@@ -24,8 +24,8 @@ from localstate.local_cache import LocalCache
 from localstate.model import Durability, FlushState, Record, check_key
 from localstate.modes import Unflushed
 from localstate.outbox import Outbox
+from localstate.rows import CentralRow
 from localstate.store_parts import StoreParts
-from localstate.sync.rows import CentralRow
 from localstate.sync.worker import FlushReport, SyncWorker
 
 __all__ = ["LocalFirstMode"]

@@ -16,14 +16,14 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from localstate.claims import ClaimBook
 from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
+from localstate.conflicts import PolicyMap
 from localstate.entry_table import EntryTable
 from localstate.errors import CacheLocked, LocalStateError
 from localstate.local_first import LocalFirstMode
 from localstate.modes import DirectMode, Mode
 from localstate.store_parts import StoreParts
-from localstate.sync.conflicts import PolicyMap
+from localstate.sync.claims import ClaimBook
 from localstate.sync.sinks import Sink
 from localstate.sync.worker import ConflictInfo
 

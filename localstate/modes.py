@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from localstate.entry import Entry, StateKey, entry_from_row, record_of
 from localstate.model import Durability, FlushState, Record, check_key, check_name
+from localstate.rows import CentralRow
 from localstate.store_parts import StoreParts, require_open
-from localstate.sync.rows import CentralRow
 from localstate.sync.worker import FlushReport
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ One module for both ends: `localstate.api.sink_routes` (the server's ``/api/v1/f
 ``/api/v1/read`` and ``/api/v1/write``) decodes what `localstate.sync.api_sink.ApiSink`
 encodes, and the other way round.
 
-Every row type is a NamedTuple (`localstate.sync.rows`) and travels as a JSON array of its
+Every row type is a NamedTuple (`localstate.rows`) and travels as a JSON array of its
 fields, in the order a ``fields`` header names them (``{"DirtyRow": ["owner", ...], ...}``).
 Both ends build their codecs from the NamedTuples' ``_fields`` and type hints, so a field
 added to a row type later (a claim ``epoch``, say) travels without new code here. Invariants:
@@ -37,7 +37,7 @@ from typing import Any, Final, TypeVar
 import orjson
 
 from localstate.errors import InvalidInput
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = [
     "ASSET_STATE_SOURCE",

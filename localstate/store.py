@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from localstate.claims import claim_owner, claiming_sink
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
 from localstate.entry import NOT_DECODED, StateKey, entry_from_row, record_of
 from localstate.errors import CentralUnavailable, EventsUnsupported, InvalidInput
@@ -31,6 +30,7 @@ from localstate.release import ReleaseReport, release_owner
 from localstate.store_core import StoreCore
 from localstate.sync.asset_events import NO_ASSET_EVENTS
 from localstate.sync.asset_mirror import asset_name
+from localstate.sync.claims import claim_owner, claiming_sink
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import ClaimingSink, carries_events
 from localstate.sync.worker import FlushReport

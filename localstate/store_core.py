@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from localstate.claims import ClaimBook
 from localstate.config import Settings, config_file_path
+from localstate.conflicts import PolicyMap
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import LocalStateError, StoreClosed
@@ -46,7 +46,7 @@ from localstate.reload import ConfigWatcher
 from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import StoreParts
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
+from localstate.sync.claims import ClaimBook
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
 from localstate.sync.worker import ConflictInfo, SyncWorker

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from localstate.claims import ClaimBook
 from localstate.config import Settings
+from localstate.conflicts import PolicyMap
 from localstate.entry_table import EntryTable
 from localstate.errors import LocalStateError
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
+from localstate.sync.claims import ClaimBook
 from localstate.sync.read_through import ReadThrough
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
@@ -99,8 +99,8 @@ async def _asset_state_reader(s: Settings, api_url: str) -> Sink:
     """Reads Airflow's asset_state_store through localstate's app in Airflow's API server
     (`localstate.sync.asset_states`), on a thread of its own when ``central_thread`` is on: a
     batch of misses then costs the trigger loop one turn, not each of the HTTP exchange's."""
+    from localstate.protocol import ASSET_STATE_SOURCE
     from localstate.sync.api_sink import ApiSink
-    from localstate.sync.wire import ASSET_STATE_SOURCE
 
     async def reader() -> Sink:
         # a server that hangs delays a batch of misses by at most 10 s; then they are read

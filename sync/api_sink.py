@@ -8,7 +8,7 @@ and conflict policies as the SQL sink (`localstate.api.sink_routes`), so everyth
 batch, and the client's own policies are the ones applied.
 
 One request per flush batch, one per batch of read-through misses, over one keep-alive
-connection pool (httpx.AsyncClient); bodies are `localstate.sync.wire`. Errors are the SQL
+connection pool (httpx.AsyncClient); bodies are `localstate.protocol`. Errors are the SQL
 sink's, so the sync worker backs off and catches up the same way:
 
 ================================================  =========================================
@@ -33,6 +33,7 @@ import httpx
 
 from localstate.client import error_for
 from localstate.config import Settings
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import (
     AccessDenied,
@@ -41,10 +42,7 @@ from localstate.errors import (
     LocalStateError,
     OwnerLost,
 )
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.wire import (
+from localstate.protocol import (
     MAX_BATCH_BODY,
     MAX_BATCH_ROWS,
     WireError,
@@ -55,6 +53,8 @@ from localstate.sync.wire import (
     encode_rows,
     field_header,
 )
+from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.sync.fleet import FleetRow, FleetStatus
 
 __all__ = ["ApiSink"]
 

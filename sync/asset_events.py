@@ -27,8 +27,8 @@ from typing import Any
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from localstate.rows import EventRow
 from localstate.sync.asset_mirror import ACTIVE_ASSETS, asset_name
-from localstate.sync.rows import EventRow
 
 __all__ = ["NO_ASSET_EVENTS", "AssetEvents", "airflow_importable", "run_callbacks"]
 

@@ -31,7 +31,7 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate.errors import ConfigError
-from localstate.sync.rows import FlushOutcome
+from localstate.rows import FlushOutcome
 
 __all__ = ["ACTIVE_ASSETS", "ASSET_OWNER_PREFIX", "MIRROR_MODES", "AssetMirror", "asset_name"]
 

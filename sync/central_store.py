@@ -26,6 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import (
     CentralError,
@@ -36,17 +37,7 @@ from localstate.errors import (
     VersionExhausted,
     WriteRejected,
 )
-from localstate.sync.asset_events import AssetEvents, run_callbacks
-from localstate.sync.asset_mirror import AssetMirror
-from localstate.sync.cas_write import MAX_VERSION, check_expected_version, compare_and_set
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
-from localstate.sync.driver_errors import is_unreachable
-from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
-from localstate.sync.event_write import write_events
-from localstate.sync.fenced_write import select_rows, write_fenced
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import (
+from localstate.rows import (
     CentralRow,
     DirtyRow,
     EventRow,
@@ -55,6 +46,15 @@ from localstate.sync.rows import (
     central_row,
     posix_time,
 )
+from localstate.sync.asset_events import AssetEvents, run_callbacks
+from localstate.sync.asset_mirror import AssetMirror
+from localstate.sync.cas_write import MAX_VERSION, check_expected_version, compare_and_set
+from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
+from localstate.sync.driver_errors import is_unreachable
+from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
+from localstate.sync.event_write import write_events
+from localstate.sync.fenced_write import select_rows, write_fenced
+from localstate.sync.fleet import FleetRow, FleetStatus
 from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]

@@ -24,8 +24,8 @@ from typing import Any
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from localstate.rows import EventRow, EventStatus
 from localstate.sync.asset_events import AssetEvents
-from localstate.sync.rows import EventRow, EventStatus
 from localstate.sync.schema import event, owner_claim
 
 __all__ = ["write_events"]

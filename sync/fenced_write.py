@@ -60,11 +60,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from localstate.conflicts import ConflictPolicy, PolicyMap
 from localstate.entry import StateKey
-from localstate.sync.conflicts import ConflictPolicy, PolicyMap
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome, central_row
 from localstate.sync.dialects import BatchSql, UpsertRow
 from localstate.sync.fleet import FleetStatus, fleet_params, fleet_statement, upsert_with_fleet
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome, central_row
 from localstate.sync.schema import LEGACY_WRITER, owner_claim
 
 __all__ = ["next_version", "select_rows", "write_fenced"]

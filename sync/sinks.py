@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
-from localstate.sync.conflicts import PolicyMap
+from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 
 __all__ = ["ClaimingSink", "EventSink", "FleetReporting", "Sink", "carries_events"]
 

@@ -46,7 +46,7 @@ def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[st
 
 def test_the_modules_include_sync_and_the_store() -> None:
     modules = all_modules()
-    assert "localstate.sync.conflicts" in modules
+    assert "localstate.conflicts" in modules
     assert "localstate.store" in modules
     assert len(modules) > 60
 
@@ -126,7 +126,7 @@ def test_the_fork_importer_reports_a_module_that_fails_to_import(tmp_path: Path)
 
 @pytest.mark.parametrize("module", [
     "localstate.errors", "localstate.codec", "localstate.model", "localstate.entry",
-    "localstate.local_cache", "localstate.config", "localstate.sync.conflicts",
+    "localstate.local_cache", "localstate.config", "localstate.conflicts",
     "localstate.sync.central_store", "localstate.sync.worker",
 ])
 def test_a_lower_layer_does_not_load_the_store(module: str) -> None:
@@ -156,7 +156,7 @@ SYNC_MAY_IMPORT = {"localstate", "localstate.model", "localstate.codec", "locals
                    "localstate.config", "localstate.file_lock", "localstate.version",
                    # below the store too: the claim epochs a store holds (entry, errors and
                    # sync's rows), and the REST client's error mapping (codec, errors, model)
-                   "localstate.claims", "localstate.client",
+                   "localstate.sync.claims", "localstate.client",
                    # an emitted event's row and its checks (the outbox's), sent by the flush
                    "localstate.outbox"}
 

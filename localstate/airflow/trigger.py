@@ -58,12 +58,12 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 
 from localstate.airflow import shutdown
 from localstate.airflow.runner_gc import freeze_startup_heap
+from localstate.backoff import Backoff
 from localstate.default_store import process_store
 from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore
 from localstate.sync.airflow_sink import process_sink
-from localstate.sync.backoff import Backoff
 from localstate.variable import StateVariable
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]

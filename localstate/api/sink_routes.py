@@ -15,7 +15,7 @@
   unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
   not the expected one), or a compare-and-delete of the current value.
 
-Bodies follow `localstate.sync.wire`. Authorization: the bearer token's owner prefixes cover
+Bodies follow `localstate.protocol`. Authorization: the bearer token's owner prefixes cover
 every owner a request names and, for the writes, its role is read-write: otherwise 403 and
 nothing is read or written. The body is read only after the token is checked.
 """
@@ -38,17 +38,11 @@ from localstate.api.errors import ApiError
 from localstate.api.routes import caller_of, central_or_503
 from localstate.api.writes import require_open
 from localstate.codec import decode
+from localstate.conflicts import PolicyMap
 from localstate.entry import UNKNOWN_BASE, StateKey
 from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
 from localstate.model import check_name, check_names
-from localstate.store import StateStore
-from localstate.sync.asset_mirror import asset_name
-from localstate.sync.asset_states import read_asset_states
-from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
-from localstate.sync.wire import (
+from localstate.protocol import (
     ASSET_STATE_SOURCE,
     WireError,
     decode_body,
@@ -58,6 +52,12 @@ from localstate.sync.wire import (
     encode_rows,
     field_header,
 )
+from localstate.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
+from localstate.store import StateStore
+from localstate.sync.asset_mirror import asset_name
+from localstate.sync.asset_states import read_asset_states
+from localstate.sync.central_store import CentralStore
+from localstate.sync.fleet import FleetStatus
 
 __all__ = ["SINK_PATHS", "build_sink_router"]
 

@@ -16,9 +16,9 @@ import time
 
 from localstate.entry import StateKey
 from localstate.errors import StoreClosed
+from localstate.rows import CentralRow
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
-from localstate.sync.rows import CentralRow
 
 __all__ = ["DELETE_TRIES", "delete_current", "delete_if_version", "put", "require_open"]
 
