@@ -17,8 +17,8 @@ from sqlalchemy import update
 from test_api import client_for, path
 
 from localstate.api import create_app
-from localstate.client import error_for
 from localstate.errors import VersionExhausted
+from localstate.protocol import error_for
 from localstate.rows import CentralRow
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.cas_write import MAX_VERSION
