@@ -20,6 +20,7 @@ from localstate.errors import InvalidInput, InvalidName
 __all__ = [
     "DURABILITIES",
     "MAX_NAME_LENGTH",
+    "MAX_VERSION",
     "UNSET",
     "Durability",
     "FlushState",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH: Final = 250
+#: the largest version a key can have: versions are 64-bit signed integers (BIGINT columns)
+MAX_VERSION: Final = 2**63 - 1
 
 Durability = Literal["memory", "local", "central"]
 DURABILITIES: Final[frozenset[str]] = frozenset({"memory", "local", "central"})

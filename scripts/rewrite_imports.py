@@ -3,6 +3,7 @@
 
     python scripts/rewrite_imports.py --mv        run the `git mv` of each move still to do
     python scripts/rewrite_imports.py [PATH ...]  rewrite the mentions (default: the checkout)
+    python scripts/rewrite_imports.py --symbols [PATH ...]  import re-exported names from home
 
 `MOVES` maps an old dotted module name to its new one. ``localstate.sync`` is the top-level
 ``sync/`` folder (``localstate.sync.rows`` is the file ``sync/rows.py``), every other
@@ -15,6 +16,11 @@ and docs/ (and the top-level files):
 * ``from localstate.sync import rows`` (a module imported from its package);
 * the file's path (``sync/rows.py``, ``localstate/sync/rows.py``).
 
+`SYMBOL_MOVES` maps a name imported from a module that only re-exported it (or an alias of it)
+to the module that defines it (and its own name): ``from localstate.config import ApiToken``
+becomes ``from localstate.setting_specs import ApiToken``; a renamed name is renamed in the
+importing file too. Run with ``--symbols`` (Python files only).
+
 Both steps are idempotent: re-run them after merging a branch that added a module at an old
 place or new mentions of an old name. CHANGELOG.md is left alone (it names the old places on
 purpose).
@@ -22,6 +28,7 @@ purpose).
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -44,6 +51,28 @@ MOVES: dict[str, str] = {
     "localstate.sync.wire": "localstate.protocol",
     # the claim epochs a flush is fenced with: the flush layer, beside the worker
     "localstate.claims": "localstate.sync.claims",
+}
+
+#: (module, name) -> (module, name): a name imported from a module that re-exported it (or an
+#: alias of it), imported from where it is defined instead
+SYMBOL_MOVES: dict[tuple[str, str], tuple[str, str]] = {
+    # re-exports left by earlier splits
+    **{("localstate.config", name): ("localstate.setting_specs", name) for name in (
+        "API_ROLES", "DEFAULTS", "LIVE_SETTINGS", "SETTING_NAMES", "ApiToken", "setting_specs")},
+    **{("localstate.local_cache", name): ("localstate.cache_file", name) for name in (
+        "APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT")},
+    ("localstate.sync.airflow_sink", "AssetBatchReader"):
+        ("localstate.sync.asset_batch_reads", "AssetBatchReader"),
+    ("localstate.sync.worker", "FlushReport"): ("localstate.sync.settle", "FlushReport"),
+    ("localstate.sync.worker", "ConflictInfo"): ("localstate.sync.settle", "ConflictInfo"),
+    **{("localstate.testing.postgres_server", name): ("localstate.testing.postgres_binaries",
+                                                      name)
+       for name in ("PostgresBinaries", "find_postgres_binaries")},
+    # an alias: a fleet row read back is a FleetStatus
+    ("localstate.sync.fleet", "FleetRow"): ("localstate.sync.fleet", "FleetStatus"),
+    # the largest version, defined once (it was defined three times)
+    ("localstate.sync.cas_write", "MAX_VERSION"): ("localstate.model", "MAX_VERSION"),
+    ("localstate.api.schemas", "MAX_VERSION"): ("localstate.model", "MAX_VERSION"),
 }
 
 #: the folders (and top-level files) the rewrite reads
@@ -126,16 +155,61 @@ def git_mv() -> list[str]:
     return done
 
 
+def move_symbols(text: str) -> str:
+    """`SYMBOL_MOVES` applied to the ``from module import ...`` statements of Python source
+    (a renamed name renamed in the whole file)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    lines = text.splitlines(keepends=True)
+    edits: list[tuple[int, int, str]] = []
+    renames: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or node.module is None:
+            continue
+        if not any((node.module, a.name) in SYMBOL_MOVES for a in node.names):
+            continue
+        by_module: dict[str, list[str]] = {}
+        for alias in node.names:
+            module, name = SYMBOL_MOVES.get((node.module, alias.name), (node.module, alias.name))
+            if name != alias.name and alias.asname is None:
+                renames[alias.name] = name
+            spelled = name if alias.asname is None else f"{name} as {alias.asname}"
+            if spelled not in by_module.setdefault(module, []):
+                by_module[module].append(spelled)
+        indent = " " * node.col_offset
+        new = "".join(_from_import(indent, module, names) for module, names in by_module.items())
+        assert node.end_lineno is not None
+        edits.append((node.lineno - 1, node.end_lineno, new))
+    for start, end, replacement in sorted(edits, reverse=True):
+        lines[start:end] = [replacement]
+    text = "".join(lines)
+    for old, new_name in renames.items():
+        text = re.sub(rf"\b{re.escape(old)}\b", new_name, text)
+    return text
+
+
+def _from_import(indent: str, module: str, names: list[str]) -> str:
+    line = f"{indent}from {module} import {', '.join(names)}\n"
+    if len(line) <= 100:
+        return line
+    body = "".join(f"{indent}    {name},\n" for name in names)
+    return f"{indent}from {module} import (\n{body}{indent})\n"
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--mv"]:
         print("\n".join(git_mv()) or "nothing to move")
         return 0
+    symbols = argv[:1] == ["--symbols"]
+    argv = argv[1:] if symbols else argv
     changed: list[Path] = []
     for path in files([Path(a).resolve() for a in argv] or default_paths()):
-        if path == Path(__file__).resolve():
+        if path == Path(__file__).resolve() or (symbols and path.suffix != ".py"):
             continue
         text = path.read_text()
-        new = rewrite(text)
+        new = move_symbols(text) if symbols else rewrite(text)
         if new != text:
             path.write_text(new)
             changed.append(path)
