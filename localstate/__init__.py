@@ -11,7 +11,7 @@ extra, httpx).
 
 from typing import TYPE_CHECKING, Any
 
-from localstate.config import LIVE_SETTINGS, Settings
+from localstate.config import Settings
 from localstate.errors import (
     AccessDenied,
     CacheCorrupt,
@@ -37,6 +37,7 @@ from localstate.errors import (
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
+from localstate.setting_specs import LIVE_SETTINGS
 from localstate.version import __version__
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from localstate.modes import Unflushed
 from localstate.outbox import Outbox
 from localstate.rows import CentralRow
 from localstate.store_parts import StoreParts
-from localstate.sync.worker import FlushReport, SyncWorker
+from localstate.sync.settle import FlushReport
+from localstate.sync.worker import SyncWorker
 
 __all__ = ["LocalFirstMode"]
 

@@ -16,16 +16,17 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings
+from localstate.config import Settings
 from localstate.conflicts import PolicyMap
 from localstate.entry_table import EntryTable
 from localstate.errors import CacheLocked, LocalStateError
 from localstate.local_first import LocalFirstMode
 from localstate.modes import DirectMode, Mode
+from localstate.setting_specs import LIVE_SETTINGS, SETTING_NAMES
 from localstate.store_parts import StoreParts
 from localstate.sync.claims import ClaimBook
+from localstate.sync.settle import ConflictInfo
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import ConflictInfo
 
 __all__ = ["direct_or_backlog", "live_changes", "open_mode", "turned_off", "turned_on"]
 

@@ -20,7 +20,7 @@ from localstate.entry import Entry, StateKey, entry_from_row, record_of
 from localstate.model import Durability, FlushState, Record, check_key, check_name
 from localstate.rows import CentralRow
 from localstate.store_parts import StoreParts, require_open
-from localstate.sync.worker import FlushReport
+from localstate.sync.settle import FlushReport
 
 if TYPE_CHECKING:
     from localstate.config import Settings

@@ -31,9 +31,9 @@ from localstate.store_core import StoreCore
 from localstate.sync.asset_events import NO_ASSET_EVENTS
 from localstate.sync.asset_mirror import asset_name
 from localstate.sync.claims import claim_owner, claiming_sink
+from localstate.sync.settle import FlushReport
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import ClaimingSink, carries_events
-from localstate.sync.worker import FlushReport
 
 if TYPE_CHECKING:
     from localstate.variable import StateVariable

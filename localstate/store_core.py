@@ -47,9 +47,10 @@ from localstate.stats import StoreStats, store_stats
 from localstate.store_parts import StoreParts
 from localstate.sync.central_store import CentralStore
 from localstate.sync.claims import ClaimBook
+from localstate.sync.settle import ConflictInfo
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import ConflictInfo, SyncWorker
+from localstate.sync.worker import SyncWorker
 
 __all__ = ["StoreCore"]
 

@@ -20,9 +20,9 @@ from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
 from localstate.sync.claims import ClaimBook
 from localstate.sync.read_through import ReadThrough
+from localstate.sync.settle import ConflictInfo
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import ConflictInfo
 
 __all__ = ["StoreParts", "open_central", "require_open"]
 

@@ -58,7 +58,7 @@ from localstate.protocol import (
     field_header,
 )
 from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.fleet import FleetRow, FleetStatus
+from localstate.sync.fleet import FleetStatus
 
 __all__ = ["ApiSink"]
 
@@ -270,7 +270,7 @@ class ApiSink:
         """Send `status` with the next flush (`FleetReporting`)."""
         self._fleet_next = status
 
-    async def read_fleet(self) -> list[FleetRow]:
+    async def read_fleet(self) -> list[FleetStatus]:
         """Every triggerer's row of the server's fleet table."""
         answer = await self._post(READ_PATH, encode_body({"fleet": True}))
         return decode_rows(FleetStatus, answer.get("fields"), answer.get("rows"))

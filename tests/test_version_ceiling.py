@@ -18,10 +18,10 @@ from test_api import client_for, path
 
 from localstate.api import create_app
 from localstate.errors import VersionExhausted
+from localstate.model import MAX_VERSION
 from localstate.protocol import error_for
 from localstate.rows import CentralRow
 from localstate.sync.api_sink import ApiSink
-from localstate.sync.cas_write import MAX_VERSION
 from localstate.sync.central_store import CentralStore
 from localstate.sync.schema import state_variable
 

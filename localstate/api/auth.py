@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from localstate.api.errors import ApiError
-from localstate.config import ApiToken
+from localstate.setting_specs import ApiToken
 
 __all__ = ["Authorizer", "Principal", "unauthorized"]
 

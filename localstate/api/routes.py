@@ -29,7 +29,6 @@ from localstate.api.auth import Authorizer, Principal
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name
 from localstate.api.schemas import (
-    MAX_VERSION,
     ErrorBody,
     Fleet,
     FleetMember,
@@ -45,7 +44,7 @@ from localstate.api.view import Item, item_from_row, local_override, local_overr
 from localstate.api.writes import delete_current, delete_if_version, put
 from localstate.codec import encode
 from localstate.entry import StateKey
-from localstate.model import FlushState, Record, check_name, epoch_to_datetime
+from localstate.model import MAX_VERSION, FlushState, Record, check_name, epoch_to_datetime
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 from localstate.sync.fleet import fleet_summary
