@@ -75,8 +75,7 @@ from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.asset_batch_reads import AssetBatchReader, BatchReads
 from localstate.sync.asset_mirror import ASSET_OWNER_PREFIX
 
-__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor",
-           "AssetBatchReader", "process_sink"]
+__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from localstate.sync.dialects import BatchSql
 from localstate.sync.fenced_write import select_rows
 from localstate.sync.schema import state_variable
 
-__all__ = ["MAX_VERSION", "check_expected_version", "compare_and_set"]
+__all__ = ["check_expected_version", "compare_and_set"]
 
 
 def check_expected_version(expected_version: object) -> int:

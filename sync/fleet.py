@@ -29,7 +29,7 @@ from sqlalchemy import TextClause, text
 from localstate.sync.schema import FLEET_TABLE
 
 __all__ = [
-    "STALE_INTERVALS", "FleetRow", "FleetStatus", "fleet_params", "fleet_statement",
+    "STALE_INTERVALS", "FleetStatus", "fleet_params", "fleet_statement",
     "fleet_summary", "fleet_total_rate", "lag_and_backlog", "this_host", "upsert_with_fleet",
 ]
 
@@ -56,9 +56,6 @@ class FleetStatus(NamedTuple):
     rows_per_s: float
     flush_interval: float
 
-
-#: a row read back: the same fields
-FleetRow = FleetStatus
 
 
 def this_host() -> tuple[str, int]:

@@ -42,7 +42,7 @@ from localstate.sync.settle import ConflictInfo, FlushReport, Settler
 from localstate.sync.sinks import EventSink, FleetReporting, Sink, carries_events
 from localstate.sync.waiters import FlushWaiters
 
-__all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker", "wait_awake"]
+__all__ = ["CLOSE_TRIES", "SyncWorker", "wait_awake"]
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Bearer tokens: who is calling, and which owners they may read or write.
 
-Tokens come from the ``api_tokens`` setting (`localstate.config.ApiToken`): each has a role,
+Tokens come from the ``api_tokens`` setting (`localstate.setting_specs.ApiToken`): each has a role,
 ``read`` or ``read-write``, and the owner prefixes it may touch. With no token configured the
 API is open (and `localstate serve` binds loopback only). A request
 

@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from localstate.model import MAX_VERSION
 
 __all__ = [
-    "MAX_VERSION",
     "ErrorBody",
     "FlushStateName",
     "Health",

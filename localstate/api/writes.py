@@ -20,10 +20,7 @@ from localstate.rows import CentralRow
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 
-__all__ = ["DELETE_TRIES", "delete_current", "delete_if_version", "put", "require_open"]
-
-#: compare-and-delete rounds a plain DELETE makes before it gives up under contention
-DELETE_TRIES = 100
+__all__ = ["delete_current", "delete_if_version", "put", "require_open"]
 
 
 def require_open(store: StateStore) -> None:
