@@ -11,7 +11,6 @@ do not load the store.
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import os
 import subprocess
@@ -22,33 +21,18 @@ from pathlib import Path
 import pytest
 
 import localstate
+import localstate.sync
 
 PACKAGE_DIR = Path(localstate.__file__).resolve().parent
-#: the folder `localstate.sync` is installed from (the top-level sync/)
-SYNC_DIR = Path(importlib.import_module("localstate.sync").__file__ or "").resolve().parent
-
-
-def _source_files() -> dict[str, Path]:
-    """Dotted name -> file, for every module of `localstate` and of `localstate.sync`, each
-    read once from where it is (sync/ through `localstate.sync`'s own folder, not the link)."""
-    files: dict[str, Path] = {}
-    for package, top in (("localstate", PACKAGE_DIR), ("localstate.sync", SYNC_DIR)):
-        for folder, dirs, found in os.walk(top):
-            dirs[:] = [d for d in dirs if not Path(folder, d).is_symlink()]
-            for name in found:
-                if name.endswith(".py"):
-                    path = Path(folder, name)
-                    parts = path.relative_to(top).with_suffix("").parts
-                    if parts[-1] == "__init__":
-                        parts = parts[:-1]
-                    files[".".join((package, *parts))] = path
-    return dict(sorted(files.items()))
+#: the top-level sync/ folder, which installs as the subpackage localstate.sync
+SYNC_DIR = Path(localstate.sync.__file__).resolve().parent
 
 
 def all_modules() -> list[str]:
-    """The modules that can be imported on their own."""
-    return [name for name in _source_files() if name.rpartition(".")[2] != "__main__"
-            and not name.endswith(".migrations.env")]  # a script Alembic runs in its context
+    """The modules to import: every one but `__main__`s and Alembic's env script (which runs
+    only inside Alembic's context)."""
+    return [name for name, path in module_files().items()
+            if path.stem != "__main__" and path.parts[-2:] != ("migrations", "env.py")]
 
 
 def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[str]:
@@ -60,6 +44,7 @@ def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[st
 def test_the_modules_include_sync_and_the_store() -> None:
     modules = all_modules()
     assert "localstate.conflicts" in modules
+    assert "localstate.sync.worker" in modules
     assert "localstate.store" in modules
     assert len(modules) > 60
 
@@ -162,8 +147,8 @@ def test_there_is_no_top_level_sync_package() -> None:
 #: The layers, lowest first (docs/architecture.md describes them). A module imports only
 #: modules of its own layer or of lower ones, on load or on use. Each module has exactly one
 #: layer: its exact name, or a package's name with ".*" for the package and every module
-#: under it. The
-#: central, sinks and flush layers are exactly the modules of `localstate.sync` (`SYNC_LAYERS`).
+#: under it. The central, sinks and flush layers are exactly the modules of `localstate.sync`
+#: (`SYNC_LAYERS`).
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {
         "localstate.errors", "localstate.version", "localstate.model", "localstate.codec",
@@ -231,7 +216,15 @@ def layer_name(module: str) -> str:
 
 
 def module_files() -> dict[str, Path]:
-    return _source_files()
+    """Each module of localstate, sync/ under its installed name `localstate.sync`, and its file."""
+    files = {}
+    for package, folder in (("localstate", PACKAGE_DIR), ("localstate.sync", SYNC_DIR)):
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join((package, *parts))] = path
+    return files
 
 
 def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -324,7 +317,8 @@ def test_the_graph_sees_type_checking_relative_and_function_local_imports() -> N
     graph = import_graph(deferred=False)
     assert "localstate.store" in graph["localstate"]  # an `if TYPE_CHECKING:` import
     assert "localstate.entry_table" in graph["localstate.store_core"]
-    assert "localstate.sync.worker" in graph["localstate.store"]  # `localstate.sync` is read
+    assert "localstate.entry_table" in graph["localstate.sync.worker"]  # sync/ is read too
+    assert any(t.startswith("localstate.sync.") for t in graph["localstate.store"])
     # an import made inside a function, on use (StateVariable's class-level calls)
     assert "localstate.default_store" not in graph["localstate.variable"]
     assert "localstate.default_store" in import_graph(deferred=True)["localstate.variable"]
