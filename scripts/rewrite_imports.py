@@ -70,6 +70,8 @@ SYMBOL_MOVES: dict[tuple[str, str], tuple[str, str]] = {
        for name in ("PostgresBinaries", "find_postgres_binaries")},
     # an alias: a fleet row read back is a FleetStatus
     ("localstate.sync.fleet", "FleetRow"): ("localstate.sync.fleet", "FleetStatus"),
+    # the HTTP error table moved out of the user-facing client, into the protocol module
+    ("localstate.client", "error_for"): ("localstate.protocol", "error_for"),
     # the largest version, defined once (it was defined three times)
     ("localstate.sync.cas_write", "MAX_VERSION"): ("localstate.model", "MAX_VERSION"),
     ("localstate.api.schemas", "MAX_VERSION"): ("localstate.model", "MAX_VERSION"),
