@@ -11,7 +11,7 @@ extra, httpx).
 
 from typing import TYPE_CHECKING, Any
 
-from localstate.config import LIVE_SETTINGS, Settings
+from localstate.config import Settings
 from localstate.errors import (
     AccessDenied,
     CacheCorrupt,
@@ -37,6 +37,7 @@ from localstate.errors import (
     WriteRejected,
 )
 from localstate.model import UNSET, Durability, FlushState, Record, Unset
+from localstate.setting_specs import LIVE_SETTINGS
 from localstate.version import __version__
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from localstate.sync.settle import ConflictInfo, FlushReport
 
 # The store and what is built on it load on first use, not with the package: importing a lower
-# layer (`localstate.errors`, `localstate.codec`, `localstate.sync.conflicts`, ...) runs this
+# layer (`localstate.errors`, `localstate.codec`, `localstate.conflicts`, ...) runs this
 # file first, and it must not pull in the store, which imports `localstate.sync` back.
 _LAZY = {
     "BlockingStateStore": "localstate.blocking",

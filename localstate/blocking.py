@@ -37,7 +37,7 @@ from localstate.errors import LocalStateError, StoreClosed
 from localstate.model import Durability, Record
 from localstate.stats import StoreStats
 from localstate.store import DEFAULT, StateStore
-from localstate.sync.worker import FlushReport
+from localstate.sync.settle import FlushReport
 
 __all__ = ["BlockingStateStore", "StateVariable"]
 

@@ -23,7 +23,7 @@ server. A `CentralUnavailable` from a write leaves its outcome unknown: read, th
 `expected_version`. The server's answers come back as the errors the store raises:
 
 =======================================  ==================================================
-server answer                            raised
+server answer (`localstate.protocol`)    raised
 =======================================  ==================================================
 404 (no value)                           nothing: `get` gives the default, `record` None,
                                          `delete` False
@@ -49,44 +49,32 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Final
-from urllib.parse import quote
 
 import httpx
 
-from localstate.codec import decode, encode
+from localstate.codec import encode
 from localstate.errors import (
-    AccessDenied,
-    CentralError,
     CentralUnavailable,
     InvalidInput,
-    InvalidName,
     LocalStateError,
-    ValueEncodingError,
-    ValueTooLarge,
-    VersionConflict,
-    VersionExhausted,
-    WriteRejected,
 )
-from localstate.model import FlushState, Record, check_name
+from localstate.model import FlushState, Record
+from localstate.protocol import (
+    FLEET_PATH,
+    HEALTH_PATH,
+    LIST_PATH,
+    STATUS_PATH,
+    body_of,
+    error_for,
+    item_path,
+)
 
-__all__ = ["AsyncStateClient", "StateClient", "error_for"]
+__all__ = ["AsyncStateClient", "StateClient"]
 
-_API: Final = "/api/v1"
 _JSON: Final = {"Content-Type": "application/json"}
 
 
 # -- what both clients share: requests, answers, errors ---------------------------------
-
-
-def _item_path(owner: str, key: str) -> str:
-    check_name("owner", owner)
-    check_name("key", key)
-    # one path segment each; dots encoded too, so "." and ".." are never resolved away
-    return f"{_API}/state/{_segment(owner)}/{_segment(key)}"
-
-
-def _segment(name: str) -> str:
-    return quote(name, safe="").replace(".", "%2E")
 
 
 def _put_body(value: Any, expected_version: int | None) -> str:
@@ -125,49 +113,6 @@ def _record(item: Mapping[str, Any]) -> Record:
     )
 
 
-def _body(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = decode(response.text)
-    except (ValueError, LocalStateError):
-        body = None
-    return body if isinstance(body, dict) else {}
-
-
-def error_for(response: httpx.Response) -> LocalStateError:
-    """The typed error for a 4xx or 5xx answer of the API."""
-    body = _body(response)
-    status = response.status_code
-    code = str(body.get("error", ""))
-    detail = body.get("detail")
-    detail = detail if isinstance(detail, dict) else {}
-    message = str(body.get("message") or response.reason_phrase or f"HTTP {status}")
-    message = f"{message} ({response.request.method} {response.request.url.path}: {status})"
-    if status in (401, 403):
-        return AccessDenied(message, status=status)
-    if status == 409 and code == "version_conflict":
-        return VersionConflict(message, expected=int(detail.get("expected_version", -1)),
-                               actual=int(detail.get("actual_version", -1)))
-    if status == 409 and code == "version_exhausted":
-        return VersionExhausted(message, owner=str(detail.get("owner", "")),
-                                key=str(detail.get("key", "")))
-    if status == 409:
-        return WriteRejected(message)
-    if status == 413:
-        return ValueTooLarge(message, size=int(detail.get("size", -1)),
-                             limit=int(detail.get("limit", -1)))
-    if status == 422:
-        if code == "invalid_name":
-            return InvalidName(message)
-        if code == "invalid_value":
-            return ValueEncodingError(message)
-        return InvalidInput(message)
-    if status == 503:
-        return CentralUnavailable(message)
-    if status >= 500:
-        return CentralError(message)
-    return LocalStateError(message)
-
-
 def _unreachable(base_url: httpx.URL, exc: httpx.TransportError) -> CentralUnavailable:
     return CentralUnavailable(
         f"the localstate API at {base_url} did not answer ({type(exc).__name__}: {exc}); "
@@ -176,10 +121,10 @@ def _unreachable(base_url: httpx.URL, exc: httpx.TransportError) -> CentralUnava
 
 
 def _check_health(response: httpx.Response, base_url: httpx.URL) -> None:
-    body = _body(response)
+    body = body_of(response)
     if response.status_code not in (200, 503) or "auth_required" not in body:
         raise LocalStateError(
-            f"{base_url} is not a localstate API: GET {_API}/health answered "
+            f"{base_url} is not a localstate API: GET {HEALTH_PATH} answered "
             f"{response.status_code}; give the URL `localstate serve` prints "
             "(e.g. http://host:8686)"
         )
@@ -195,7 +140,7 @@ def _answer(response: httpx.Response, *, absent_ok: bool) -> dict[str, Any] | No
         return None
     if response.is_error:
         raise error_for(response)
-    return _body(response)
+    return body_of(response)
 
 
 # -- the blocking client ----------------------------------------------------------------
@@ -214,7 +159,7 @@ class StateClient:
                  **kwargs: Any) -> dict[str, Any] | None:
         try:
             if not self._checked:
-                _check_health(self._http.get(f"{_API}/health"), self._http.base_url)
+                _check_health(self._http.get(HEALTH_PATH), self._http.base_url)
                 self._checked = True
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -222,18 +167,18 @@ class StateClient:
         return _answer(response, absent_ok=absent_ok)
 
     def get(self, owner: str, key: str, default: Any = None) -> Any:
-        body = self._request("GET", _item_path(owner, key), absent_ok=True)
+        body = self._request("GET", item_path(owner, key), absent_ok=True)
         return default if body is None else body["value"]
 
     def record(self, owner: str, key: str) -> Record | None:
-        body = self._request("GET", _item_path(owner, key), absent_ok=True)
+        body = self._request("GET", item_path(owner, key), absent_ok=True)
         return None if body is None else _record(body)
 
     def set(self, owner: str, key: str, value: Any, *, expected_version: int | None = None
             ) -> Record:
         """Write (in the central DB when this returns); with `expected_version`, only over it
         (0: only if absent), else `VersionConflict`."""
-        path = _item_path(owner, key)
+        path = item_path(owner, key)
         body = self._request("PUT", path, content=_put_body(value, expected_version),
                              headers=_JSON)
         assert body is not None
@@ -241,7 +186,7 @@ class StateClient:
 
     def delete(self, owner: str, key: str, *, expected_version: int | None = None) -> bool:
         """Delete; False when there was no value."""
-        path = _item_path(owner, key)
+        path = item_path(owner, key)
         return self._request("DELETE", path, absent_ok=True,
                              params=_delete_params(expected_version)) is not None
 
@@ -249,7 +194,7 @@ class StateClient:
         """Every state variable whose owner starts with `owner_prefix`, page by page."""
         cursor: str | None = None
         while True:
-            body = self._request("GET", f"{_API}/state",
+            body = self._request("GET", LIST_PATH,
                                  params=_list_params(owner_prefix, page_size, cursor))
             assert body is not None
             yield from (_record(item) for item in body["items"])
@@ -259,13 +204,13 @@ class StateClient:
 
     def status(self) -> dict[str, Any]:
         """The serving store's status (cache, flush lag, errors)."""
-        body = self._request("GET", f"{_API}/status")
+        body = self._request("GET", STATUS_PATH)
         assert body is not None
         return body
 
     def fleet(self) -> dict[str, Any]:
         """Every triggerer's lag, backlog and state, from the fleet table."""
-        body = self._request("GET", f"{_API}/fleet")
+        body = self._request("GET", FLEET_PATH)
         assert body is not None
         return body
 
@@ -296,7 +241,7 @@ class AsyncStateClient:
                        **kwargs: Any) -> dict[str, Any] | None:
         try:
             if not self._checked:
-                _check_health(await self._http.get(f"{_API}/health"), self._http.base_url)
+                _check_health(await self._http.get(HEALTH_PATH), self._http.base_url)
                 self._checked = True
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -304,16 +249,16 @@ class AsyncStateClient:
         return _answer(response, absent_ok=absent_ok)
 
     async def get(self, owner: str, key: str, default: Any = None) -> Any:
-        body = await self._request("GET", _item_path(owner, key), absent_ok=True)
+        body = await self._request("GET", item_path(owner, key), absent_ok=True)
         return default if body is None else body["value"]
 
     async def record(self, owner: str, key: str) -> Record | None:
-        body = await self._request("GET", _item_path(owner, key), absent_ok=True)
+        body = await self._request("GET", item_path(owner, key), absent_ok=True)
         return None if body is None else _record(body)
 
     async def set(self, owner: str, key: str, value: Any, *,
                   expected_version: int | None = None) -> Record:
-        path = _item_path(owner, key)
+        path = item_path(owner, key)
         body = await self._request("PUT", path, content=_put_body(value, expected_version),
                                    headers=_JSON)
         assert body is not None
@@ -321,7 +266,7 @@ class AsyncStateClient:
 
     async def delete(self, owner: str, key: str, *, expected_version: int | None = None
                      ) -> bool:
-        path = _item_path(owner, key)
+        path = item_path(owner, key)
         return await self._request("DELETE", path, absent_ok=True,
                                    params=_delete_params(expected_version)) is not None
 
@@ -329,7 +274,7 @@ class AsyncStateClient:
                    ) -> AsyncIterator[Record]:
         cursor: str | None = None
         while True:
-            body = await self._request("GET", f"{_API}/state",
+            body = await self._request("GET", LIST_PATH,
                                        params=_list_params(owner_prefix, page_size, cursor))
             assert body is not None
             for item in body["items"]:
@@ -339,13 +284,13 @@ class AsyncStateClient:
                 return
 
     async def status(self) -> dict[str, Any]:
-        body = await self._request("GET", f"{_API}/status")
+        body = await self._request("GET", STATUS_PATH)
         assert body is not None
         return body
 
     async def fleet(self) -> dict[str, Any]:
         """Every triggerer's lag, backlog and state, from the fleet table."""
-        body = await self._request("GET", f"{_API}/fleet")
+        body = await self._request("GET", FLEET_PATH)
         assert body is not None
         return body
 

@@ -31,30 +31,16 @@ from typing import Any, Final
 
 from localstate.errors import ConfigError
 from localstate.model import Durability
+from localstate.retention_rules import RetentionRule
 from localstate.setting_specs import (
-    API_ROLES,
     DEFAULTS,
-    LIVE_SETTINGS,
     SETTING_NAMES,
     SPECS,
     ApiToken,
     Spec,
-    setting_specs,
 )
-from localstate.sync.retention_rules import RetentionRule
 
-__all__ = [
-    "API_ROLES",
-    "DEFAULTS",
-    "LIVE_SETTINGS",
-    "SETTING_NAMES",
-    "ApiToken",
-    "Settings",
-    "airflow_home",
-    "config_file_path",
-    "default_triggerer_id",
-    "setting_specs",
-]
+__all__ = ["Settings", "airflow_home", "config_file_path", "default_triggerer_id"]
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
 _SECTION: Final = "localstate"

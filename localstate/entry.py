@@ -19,7 +19,7 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.model import FlushState, Record, epoch_to_datetime
 
 if TYPE_CHECKING:
-    from localstate.sync.rows import CentralRow
+    from localstate.rows import CentralRow
 
 __all__ = [
     "NOT_DECODED", "UNKNOWN_BASE", "Entry", "StateKey", "entry_from_row", "purged", "record_of",

@@ -71,7 +71,7 @@ from localstate.errors import VersionExhausted
 from localstate.eviction import grown, second_chance_scan
 from localstate.local_cache import LocalCache
 from localstate.owner_index import OwnerIndex
-from localstate.sync.rows import CentralRow, DirtyRow
+from localstate.rows import CentralRow, DirtyRow
 
 #: the last version a write may make: 2^63 - 2, one below the ceiling of the BIGINT columns
 #: (a key at the ceiling could never be written or deleted again; the API refuses it too)

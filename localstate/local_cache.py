@@ -30,9 +30,6 @@ import aiosqlite
 
 from localstate.cache_compaction import Compactor, file_bytes
 from localstate.cache_file import (
-    APPLICATION_ID,
-    SCHEMA,
-    SCHEMA_VERSION,
     UPSERT,
     connect,
     file_in_the_way,
@@ -45,9 +42,9 @@ from localstate.codec import IMMUTABLE_TYPES, decode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 from localstate.file_lock import CacheFileLock
-from localstate.sync.rows import EventRow
+from localstate.rows import EventRow
 
-__all__ = ["APPLICATION_ID", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "LocalCache", "LocalSync"]
+__all__ = ["LocalCache", "LocalSync"]
 
 log = logging.getLogger(__name__)
 

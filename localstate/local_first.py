@@ -22,6 +22,7 @@ import logging
 from collections.abc import Container, Iterable
 
 from localstate.config import Settings
+from localstate.conflicts import ConflictPolicy
 from localstate.entry import UNKNOWN_BASE, Entry, StateKey, record_of
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralError, CentralUnavailable, VersionConflict, WriteRejected
@@ -37,11 +38,11 @@ from localstate.model import (
 )
 from localstate.modes import StoreParts, Unflushed
 from localstate.outbox import Outbox
-from localstate.sync.conflicts import ConflictPolicy
+from localstate.rows import CentralRow
 from localstate.sync.read_through import ReadThrough
-from localstate.sync.rows import CentralRow
+from localstate.sync.settle import FlushReport
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import FlushReport, SyncWorker
+from localstate.sync.worker import SyncWorker
 
 __all__ = ["LocalFirstMode", "first_write_base", "known_entry", "load_owner", "set_reads_base"]
 

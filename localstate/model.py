@@ -21,6 +21,7 @@ __all__ = [
     "ASSET_OWNER_PREFIX",
     "DURABILITIES",
     "MAX_NAME_LENGTH",
+    "MAX_VERSION",
     "UNSET",
     "Durability",
     "FlushState",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH: Final = 250
+#: the largest version a key can have: versions are 64-bit signed integers (BIGINT columns)
+MAX_VERSION: Final = 2**63 - 1
+
 #: an owner naming an Airflow asset (an asset watcher's): this prefix, then the asset's name
 ASSET_OWNER_PREFIX: Final = "asset_watcher:"
 

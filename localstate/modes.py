@@ -22,16 +22,16 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from localstate.claims import ClaimBook
+from localstate.conflicts import PolicyMap
 from localstate.entry import Entry, StateKey, entry_from_row, record_of
 from localstate.entry_table import EntryTable
 from localstate.errors import LocalStateError
 from localstate.model import Durability, FlushState, Record, check_key, check_name
-from localstate.sync.conflicts import PolicyMap
+from localstate.rows import CentralRow
+from localstate.sync.claims import ClaimBook
 from localstate.sync.read_through import ReadThrough
-from localstate.sync.rows import CentralRow
+from localstate.sync.settle import ConflictInfo, FlushReport
 from localstate.sync.sinks import Sink
-from localstate.sync.worker import ConflictInfo, FlushReport
 
 if TYPE_CHECKING:
     from localstate.config import Settings

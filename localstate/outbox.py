@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from localstate.local_cache import LocalCache
-from localstate.sync.rows import EventRow, EventStatus
+from localstate.rows import EventRow, EventStatus
 
 __all__ = ["Outbox", "OwnerEvents"]
 

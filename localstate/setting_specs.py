@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from localstate.conflicts import ConflictPolicy
 from localstate.model import DURABILITIES
-from localstate.sync.conflicts import ConflictPolicy
-from localstate.sync.retention_rules import parse_retention
+from localstate.retention_rules import parse_retention
 
 __all__ = [
     "API_ROLES",

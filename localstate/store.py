@@ -61,10 +61,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from localstate.claims import ClaimBook, claim_owner, claiming_sink
 from localstate.class_or_instance import ClassOrInstance
 from localstate.codec import IMMUTABLE_TYPES, decode, encode
-from localstate.config import LIVE_SETTINGS, SETTING_NAMES, Settings, config_file_path
+from localstate.config import Settings, config_file_path
+from localstate.conflicts import PolicyMap
 from localstate.default_store import DefaultStore
 from localstate.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
 from localstate.entry_table import EntryTable
@@ -93,18 +93,20 @@ from localstate.model import (
 from localstate.modes import DirectMode, Mode, NotOpen, StoreParts, Unflushed
 from localstate.outbox import OwnerEvents
 from localstate.pending_switch import PendingTurnOff
+from localstate.protocol import ASSET_STATE_SOURCE
 from localstate.reload import ConfigWatcher
+from localstate.setting_specs import LIVE_SETTINGS, SETTING_NAMES
 from localstate.stats import StoreStats, store_stats
 from localstate.sync.airflow_sink import process_sink
 from localstate.sync.asset_events import NO_ASSET_EVENTS
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
+from localstate.sync.claims import ClaimBook, claim_owner, claiming_sink
 from localstate.sync.read_through import ReadThrough
+from localstate.sync.settle import ConflictInfo, FlushReport
 from localstate.sync.sink_thread import ThreadedSink
 from localstate.sync.sinks import ClaimingSink, Sink, carries_events
-from localstate.sync.wire import ASSET_STATE_SOURCE
-from localstate.sync.worker import ConflictInfo, FlushReport, SyncWorker
+from localstate.sync.worker import SyncWorker
 
 __all__ = ["DEFAULT", "WATERMARK_KEY", "ReleaseReport", "StateStore", "StateVariable",
            "event_key", "process_store"]

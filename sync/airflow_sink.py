@@ -67,16 +67,15 @@ from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
 from localstate.codec import decode, encode
+from localstate.conflicts import ConflictPolicy, PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import CentralUnavailable, ConfigError
+from localstate.lanes import in_lanes
 from localstate.model import ASSET_OWNER_PREFIX
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.asset_batch_reads import AssetBatchReader, BatchReads
-from localstate.sync.conflicts import ConflictPolicy, PolicyMap
-from localstate.sync.lanes import in_lanes
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
-__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor",
-           "AssetBatchReader", "process_sink"]
+__all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ and conflict policies as the SQL sink (`localstate.api.sink_routes`), so everyth
 batch, and the client's own policies are the ones applied.
 
 One request per flush batch, one per batch of read-through misses, over one keep-alive
-connection pool (httpx.AsyncClient); bodies are `localstate.sync.wire`. Errors are the SQL
+connection pool (httpx.AsyncClient); bodies are `localstate.protocol`. Errors are the SQL
 sink's, so the sync worker backs off and catches up the same way:
 
 ================================================  =========================================
@@ -20,7 +20,7 @@ down, refusing, resetting, timing out; 502-504    `CentralUnavailable` (retry: t
 401, 403                                          `AccessDenied`, naming the api_token setting
 404 (no such endpoint: not a localstate API)      `ConfigError`, naming the api_url setting
 409                                               `VersionConflict` / `WriteRejected`
-other 4xx, 5xx                                    as `localstate.client` maps them
+other 4xx, 5xx                                    as `localstate.protocol` maps them
 ================================================  =========================================
 """
 
@@ -31,8 +31,8 @@ from typing import Any, Final, cast
 
 import httpx
 
-from localstate.client import error_for
 from localstate.config import Settings
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import (
     AccessDenied,
@@ -41,24 +41,27 @@ from localstate.errors import (
     LocalStateError,
     OwnerLost,
 )
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.wire import (
+from localstate.protocol import (
+    CLAIM_PATH,
+    FLUSH_PATH,
     MAX_BATCH_BODY,
     MAX_BATCH_ROWS,
+    READ_PATH,
+    WRITE_PATH,
     WireError,
     decode_body,
     decode_outcomes,
     decode_rows,
     encode_body,
     encode_rows,
+    error_for,
     field_header,
 )
+from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.sync.fleet import FleetStatus
 
 __all__ = ["ApiSink"]
 
-_API: Final = "/api/v1"
 #: keys one read asks for (the server's limit is higher)
 _READ_CHUNK: Final = 50_000
 _DIRTY_HEADER: Final = field_header(DirtyRow)
@@ -108,7 +111,7 @@ class ApiSink:
 
     async def _post(self, path: str, body: bytes) -> dict[str, Any]:
         try:
-            response = await self._http.post(f"{_API}{path}", content=body)
+            response = await self._http.post(path, content=body)
         except httpx.TransportError as exc:
             raise CentralUnavailable(
                 f"{self.url} did not answer ({type(exc).__name__}: {exc or 'no detail'}); "
@@ -157,7 +160,7 @@ class ApiSink:
             self._fleet_next = status
             return [*await self.write_batch(rows[:half], policies, writer=writer),
                     *await self.write_batch(rows[half:], policies, writer=writer)]
-        answer = await self._post("/flush", body)
+        answer = await self._post(FLUSH_PATH, body)
         outcomes = decode_outcomes(answer.get("fields"), answer.get("written"),
                                    answer.get("outcomes"), rows)
         self.transactions += 1
@@ -188,7 +191,7 @@ class ApiSink:
                                                            writer=writer)
             return [*first, *await self.write_batch(rows[half:], policies, writer=writer)
                     ], statuses
-        answer = await self._post("/flush", body)
+        answer = await self._post(FLUSH_PATH, body)
         outcomes = decode_outcomes(answer.get("fields"), answer.get("written"),
                                    answer.get("outcomes"), rows) if rows else []
         statuses = _event_statuses(answer.get("event_statuses"), len(events))
@@ -208,11 +211,11 @@ class ApiSink:
         return await self._read({"owner": owner})
 
     async def _read(self, request: dict[str, Any]) -> list[CentralRow]:
-        answer = await self._post("/read", encode_body(request))
+        answer = await self._post(READ_PATH, encode_body(request))
         return decode_rows(CentralRow, answer.get("fields"), answer.get("rows"))
 
     async def _write(self, request: dict[str, Any]) -> tuple[CentralRow | None, bool]:
-        answer = await self._post("/write", encode_body(request))
+        answer = await self._post(WRITE_PATH, encode_body(request))
         raw = answer.get("row")
         rows = [] if raw is None else decode_rows(CentralRow, answer.get("fields"), [raw])
         self.transactions += 1
@@ -251,7 +254,7 @@ class ApiSink:
         """Bump `owner`'s claim epoch through the server (`CentralStore.claim`, one
         transaction there); the new epoch, or `OwnerLost` when the server answers that a
         claim newer than `unless_claimed_since` stands."""
-        answer = await self._post("/claim", encode_body(
+        answer = await self._post(CLAIM_PATH, encode_body(
             {"owner": owner, "claimant": claimant, "writer": writer,
              "unless_claimed_since": unless_claimed_since}))
         current = answer.get("claimed_since")
@@ -267,9 +270,9 @@ class ApiSink:
         """Send `status` with the next flush (`FleetReporting`)."""
         self._fleet_next = status
 
-    async def read_fleet(self) -> list[FleetRow]:
+    async def read_fleet(self) -> list[FleetStatus]:
         """Every triggerer's row of the server's fleet table."""
-        answer = await self._post("/read", encode_body({"fleet": True}))
+        answer = await self._post(READ_PATH, encode_body({"fleet": True}))
         return decode_rows(FleetStatus, answer.get("fields"), answer.get("rows"))
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Final, Protocol
 
 from localstate.entry import StateKey
 from localstate.errors import AccessDenied, ConfigError, LocalStateError
-from localstate.sync.rows import CentralRow
+from localstate.rows import CentralRow
 
 __all__ = ["BATCH_RETRY_AFTER", "AssetBatchReader", "BatchReads"]
 

@@ -28,8 +28,8 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from localstate.model import asset_name
+from localstate.rows import EventRow
 from localstate.sync.asset_mirror import ACTIVE_ASSETS
-from localstate.sync.rows import EventRow
 
 __all__ = ["NO_ASSET_EVENTS", "AssetEvents", "airflow_importable", "run_callbacks"]
 

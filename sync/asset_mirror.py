@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate.errors import ConfigError
 from localstate.model import asset_name
-from localstate.sync.rows import FlushOutcome
+from localstate.rows import FlushOutcome
 
 __all__ = ["ACTIVE_ASSETS", "MIRROR_MODES", "AssetMirror"]
 

@@ -27,10 +27,10 @@ from sqlalchemy import bindparam, text
 from localstate.codec import encode
 from localstate.entry import StateKey
 from localstate.model import asset_name
+from localstate.rows import CentralRow, posix_time
 from localstate.sync.airflow_sink import AIRFLOW_WRITER, READ_VERSION
 from localstate.sync.asset_mirror import ACTIVE_ASSETS
 from localstate.sync.central_store import CentralStore
-from localstate.sync.rows import CentralRow, posix_time
 
 __all__ = ["read_asset_states"]
 

@@ -19,13 +19,12 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate.errors import InvalidInput, VersionConflict, VersionExhausted
+from localstate.model import MAX_VERSION
 from localstate.sync.dialects import BatchSql
 from localstate.sync.fenced_write import select_rows
 from localstate.sync.schema import state_variable
 
-__all__ = ["MAX_VERSION", "check_expected_version", "compare_and_set"]
-
-MAX_VERSION = 2**63 - 1  # versions are BIGINT columns
+__all__ = ["check_expected_version", "compare_and_set"]
 
 
 def check_expected_version(expected_version: object) -> int:

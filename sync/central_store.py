@@ -26,6 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import (
     CentralError,
@@ -36,16 +37,8 @@ from localstate.errors import (
     VersionExhausted,
     WriteRejected,
 )
-from localstate.sync.asset_events import AssetEvents, run_callbacks
-from localstate.sync.asset_mirror import AssetMirror
-from localstate.sync.cas_write import MAX_VERSION, check_expected_version, compare_and_set
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
-from localstate.sync.driver_errors import is_unreachable
-from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
-from localstate.sync.fenced_write import select_rows, write_events, write_fenced
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import (
+from localstate.model import MAX_VERSION
+from localstate.rows import (
     CentralRow,
     DirtyRow,
     EventRow,
@@ -54,6 +47,14 @@ from localstate.sync.rows import (
     central_row,
     posix_time,
 )
+from localstate.sync.asset_events import AssetEvents, run_callbacks
+from localstate.sync.asset_mirror import AssetMirror
+from localstate.sync.cas_write import check_expected_version, compare_and_set
+from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
+from localstate.sync.driver_errors import is_unreachable
+from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
+from localstate.sync.fenced_write import select_rows, write_events, write_fenced
+from localstate.sync.fleet import FleetStatus
 from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
@@ -311,7 +312,7 @@ class CentralStore:
         transaction (`localstate.sync.fleet`)."""
         self._fleet_next = status
 
-    async def read_fleet(self) -> list[FleetRow]:
+    async def read_fleet(self) -> list[FleetStatus]:
         """Every triggerer's row of the fleet table."""
         await self._ready()
         c = fleet.c
@@ -319,7 +320,7 @@ class CentralStore:
             result = await conn.execute(select(
                 c.triggerer, c.host, c.pid, c.last_flush_at, c.dirty_keys,
                 c.oldest_unflushed_at, c.rows_per_s, c.flush_interval))
-            return [FleetRow(t, h, int(p), posix_time(at), int(d),
+            return [FleetStatus(t, h, int(p), posix_time(at), int(d),
                              None if old is None else posix_time(old), float(rate), float(iv))
                     for t, h, p, at, d, old, rate, iv in result]
 

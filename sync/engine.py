@@ -19,8 +19,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from localstate.config import DEFAULTS, airflow_home
+from localstate.config import airflow_home
 from localstate.errors import ConfigError
+from localstate.setting_specs import DEFAULTS
 
 __all__ = ["DEFAULT_TRANSACTION_TIMEOUT", "SUPPORTED_DIALECTS", "async_url", "make_engine",
            "read_connection"]

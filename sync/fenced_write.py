@@ -78,10 +78,18 @@ from typing import Any, Final
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from localstate.conflicts import ConflictPolicy, PolicyMap
 from localstate.entry import StateKey
 from localstate.model import asset_name
+from localstate.rows import (
+    CentralRow,
+    DirtyRow,
+    EventRow,
+    EventStatus,
+    FlushOutcome,
+    central_row,
+)
 from localstate.sync.asset_events import AssetEvents
-from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.dialects import (
     BatchSql,
     UpsertRow,
@@ -90,14 +98,6 @@ from localstate.sync.dialects import (
     upsert_with_fleet,
 )
 from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import (
-    CentralRow,
-    DirtyRow,
-    EventRow,
-    EventStatus,
-    FlushOutcome,
-    central_row,
-)
 from localstate.sync.schema import LEGACY_WRITER, event, owner_claim
 
 __all__ = ["next_version", "select_rows", "write_events", "write_fenced"]

@@ -8,8 +8,8 @@ are the triggerer's as the flush began: the dirty keys it carries, the time of t
 among them (its lag is the flush time minus that), the rows per second it has been writing, its
 flush interval.
 
-Readers (`CentralStore.read_fleet`) get `FleetRow`s; `lag_and_backlog` turns them into the view
-the API, the CLI and the UI show. The backlog a row records is the keys still waiting once its
+Readers (`CentralStore.read_fleet`) get `FleetStatus`es; `lag_and_backlog` turns them into the
+view the API, the CLI and the UI show. The backlog a row records is the keys still waiting once its
 flush's first batch commits (the keys it carries are not a backlog). A triggerer whose last
 flush is older than `STALE_INTERVALS` of its flush intervals is **idle** when that flush left
 nothing waiting (it had nothing to write since: a triggerer flushes only what is dirty) and
@@ -24,7 +24,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-__all__ = ["STALE_INTERVALS", "FleetRow", "FleetStatus", "fleet_summary", "fleet_total_rate",
+__all__ = ["STALE_INTERVALS", "FleetStatus", "fleet_summary", "fleet_total_rate",
            "lag_and_backlog", "this_host"]
 
 #: a triggerer whose last flush is older than this many of its flush intervals is flagged
@@ -45,15 +45,12 @@ class FleetStatus(NamedTuple):
     flush_interval: float
 
 
-#: a row read back: the same fields
-FleetRow = FleetStatus
-
 
 def this_host() -> tuple[str, int]:
     return socket.gethostname(), os.getpid()
 
 
-def fleet_total_rate(rows: Sequence[FleetRow], now: float) -> float:
+def fleet_total_rate(rows: Sequence[FleetStatus], now: float) -> float:
     """The rows per second the live part of the fleet writes (stale triggerers left out)."""
     return sum(r.rows_per_s for r in rows
                if now - r.flushed_at <= STALE_INTERVALS * max(r.flush_interval, 0.001))
@@ -67,7 +64,7 @@ def flush_state(since_last_flush: float, backlog: int, flush_interval: float) ->
     return "stalled" if backlog else "idle"
 
 
-def lag_and_backlog(rows: Sequence[FleetRow], now: float) -> list[dict[str, Any]]:
+def lag_and_backlog(rows: Sequence[FleetStatus], now: float) -> list[dict[str, Any]]:
     """The fleet view: each triggerer's figures, its lag at its last flush (seconds from its
     oldest unflushed write to that flush), how long since that flush, its ``state``
     (`flush_state`) and ``stale``: whether it is stalled."""
@@ -86,7 +83,7 @@ def lag_and_backlog(rows: Sequence[FleetRow], now: float) -> list[dict[str, Any]
     return out
 
 
-def fleet_summary(rows: Sequence[FleetRow], now: float) -> dict[str, Any]:
+def fleet_summary(rows: Sequence[FleetStatus], now: float) -> dict[str, Any]:
     """The whole view: ``triggerers`` (`lag_and_backlog`), ``central_rows_per_s``, and how
     many are ``stale`` (stalled) and ``idle``; what ``/api/v1/fleet`` answers."""
     members = lag_and_backlog(rows, now)

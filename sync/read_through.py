@@ -13,9 +13,9 @@ import contextlib
 import logging
 
 from localstate.entry import StateKey
-from localstate.sync.failure_log import FailureLog
-from localstate.sync.futures import mark_retrieved
-from localstate.sync.rows import CentralRow
+from localstate.failure_log import FailureLog
+from localstate.futures import mark_retrieved
+from localstate.rows import CentralRow
 from localstate.sync.sinks import Sink
 
 __all__ = ["ReadThrough"]

@@ -47,9 +47,9 @@ from typing import Any, Final
 from sqlalchemy import delete, select, tuple_
 
 from localstate.errors import InvalidInput
+from localstate.retention_rules import DAY, RetentionRule, parse_retention
 from localstate.sync.central_store import CentralStore
 from localstate.sync.dialects import prefix_upper_bound
-from localstate.sync.retention_rules import DAY, RetentionRule, parse_retention
 from localstate.sync.schema import event, state_variable
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_EVENT_HORIZON", "DEFAULT_TOMBSTONE_HORIZON",

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from localstate.claims import ClaimBook
+from localstate.conflicts import PolicyMap
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import WriteRejected
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.claims import ClaimBook
 from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["ConflictInfo", "FlushReport", "Settler"]

@@ -19,11 +19,11 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import ConfigError, EventsUnsupported
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.sync.fleet import FleetStatus
 from localstate.sync.sinks import ClaimingSink, EventSink, FleetReporting, Sink
 
 __all__ = ["ThreadedSink"]
@@ -135,7 +135,7 @@ class ThreadedSink:
         if isinstance(self.inner, FleetReporting):
             self.inner.note_fleet(status)
 
-    async def read_fleet(self) -> list[FleetRow]:
+    async def read_fleet(self) -> list[FleetStatus]:
         if not isinstance(self.inner, FleetReporting):
             return []
         return await self._call(self.inner.read_fleet())

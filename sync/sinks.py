@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetRow, FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate.sync.fleet import FleetStatus
 
 __all__ = ["ClaimingSink", "EventSink", "FleetReporting", "Sink", "carries_events"]
 
@@ -89,7 +89,7 @@ class FleetReporting(Protocol):
     def note_fleet(self, status: FleetStatus) -> None:
         """Record `status` with the next `write_batch`, in its transaction."""
 
-    async def read_fleet(self) -> list[FleetRow]:
+    async def read_fleet(self) -> list[FleetStatus]:
         """Every triggerer's row of the fleet table."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from localstate.entry import StateKey
-from localstate.sync.futures import mark_retrieved
+from localstate.futures import mark_retrieved
 
 __all__ = ["FlushWaiters"]
 

@@ -26,23 +26,23 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
-from localstate.claims import ClaimBook
+from localstate.backoff import Backoff
+from localstate.conflicts import PolicyMap
 from localstate.entry import Entry, StateKey
 from localstate.entry_table import EntryTable
 from localstate.errors import CentralUnavailable, InvalidInput, LocalStateError, reason
+from localstate.failure_log import FailureLog
 from localstate.local_cache import LocalCache
 from localstate.outbox import Outbox
-from localstate.sync.backoff import Backoff
+from localstate.rows import DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.budget import FlushBudget
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.failure_log import FailureLog
+from localstate.sync.claims import ClaimBook
 from localstate.sync.fleet import FleetStatus, this_host
-from localstate.sync.rows import DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate.sync.settle import ConflictInfo, FlushReport, Settler
 from localstate.sync.sinks import EventSink, FleetReporting, Sink, carries_events
 from localstate.sync.waiters import FlushWaiters
 
-__all__ = ["CLOSE_TRIES", "ConflictInfo", "FlushReport", "SyncWorker", "wait_awake"]
+__all__ = ["CLOSE_TRIES", "SyncWorker", "wait_awake"]
 
 log = logging.getLogger(__name__)
 

@@ -44,14 +44,14 @@ from localstate import StateStore
 from localstate.airflow.migrations import revision_id
 from localstate.airflow.serving import central_url_of, open_app
 from localstate.codec import encode
+from localstate.conflicts import PolicyMap
+from localstate.protocol import ASSET_STATE_SOURCE, decode_rows
+from localstate.rows import CentralRow, DirtyRow
 from localstate.sync.airflow_sink import AirflowSink, process_sink
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.asset_mirror import AssetMirror
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow
 from localstate.sync.schema import LATEST_VERSION, MIGRATIONS
-from localstate.sync.wire import ASSET_STATE_SOURCE, decode_rows
 from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from localstate.airflow.provider import get_provider_info
-from localstate.config import SETTING_NAMES, Settings
+from localstate.config import Settings
+from localstate.setting_specs import SETTING_NAMES
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 

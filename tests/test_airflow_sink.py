@@ -18,10 +18,10 @@ import pytest_asyncio
 
 from localstate import StateStore
 from localstate.config import Settings
+from localstate.conflicts import PolicyMap
 from localstate.errors import CentralUnavailable, ConfigError
+from localstate.rows import DirtyRow
 from localstate.sync.airflow_sink import AirflowSink, process_sink
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import DirtyRow
 
 OWNER = "asset_watcher:orders"
 

@@ -19,10 +19,10 @@ from test_api import client_for, path
 
 from localstate import Settings
 from localstate.api import create_app
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import DirtyRow
 
 OPS = "ops-token-0123456789abcdef"
 TRIGGERER = "trig-token-0123456789abcdef"

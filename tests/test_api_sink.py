@@ -24,6 +24,7 @@ from sqlalchemy import select
 from localstate import Settings, StateStore
 from localstate.api import create_app
 from localstate.api.auth import Principal
+from localstate.conflicts import PolicyMap
 from localstate.errors import (
     AccessDenied,
     ConfigError,
@@ -32,12 +33,7 @@ from localstate.errors import (
     ValueTooLarge,
     VersionConflict,
 )
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.sinks import FleetReporting
-from localstate.sync.wire import (
+from localstate.protocol import (
     WireError,
     decode_body,
     decode_outcomes,
@@ -47,6 +43,10 @@ from localstate.sync.wire import (
     encode_rows,
     field_header,
 )
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.sync.api_sink import ApiSink
+from localstate.sync.central_store import CentralStore
+from localstate.sync.sinks import FleetReporting
 
 WRITER = "cache-file-a"
 
@@ -148,7 +148,7 @@ async def test_events_ride_a_flush_in_its_transaction_and_are_checked(
     the server: `CentralStore.write_with_events`); a replay is all duplicates; a token that
     may not write an event's owner, or a malformed event, is refused whole (nothing written);
     the REST status counts them."""
-    from localstate.sync.rows import EventRow
+    from localstate.rows import EventRow
 
     sink = endpoint.sink()
     rows = [dirty("dag:etl", "watermark", 3, 1, 0)]

@@ -20,9 +20,9 @@ from airflow_harness import Deployment
 
 from localstate import StateStore
 from localstate.airflow.serving import central_url_of
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow, EventRow
 from localstate.sync.api_sink import ApiSink
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import DirtyRow, EventRow
 from localstate.testing.postgres_server import PostgresServer
 
 CONSUMER = "consume_orders"

@@ -25,11 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
+from localstate.conflicts import PolicyMap
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
 from localstate.sync.dialects import prefix_upper_bound
 from localstate.sync.engine import make_engine
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.schema import (
     FILLFACTOR,
     LATEST_VERSION,

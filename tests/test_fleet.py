@@ -18,11 +18,11 @@ from test_cli import ok, run
 
 from localstate import Settings, StateStore
 from localstate.api import create_app
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow
 from localstate.sync.budget import FlushBudget
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import STALE_INTERVALS, FleetStatus, fleet_summary, lag_and_backlog
-from localstate.sync.rows import DirtyRow
 
 
 @pytest_asyncio.fixture

@@ -1,8 +1,11 @@
-"""Every module imports first, in a fresh interpreter: no import circle bites at run time.
+"""The import graph has layers (`LAYERS`, lowest first) and no circle.
 
-`localstate.sync` is imported by the store, and imports localstate's lower layers; a module of
-either package imported first must load. The lower layers must not load the store at all, and
-the import graph read from the source (`if TYPE_CHECKING:` imports included) has no circle.
+Every module of `localstate` and `localstate.sync` has one layer, and imports only its own
+layer and lower ones: on load, under `if TYPE_CHECKING:` and inside functions alike. The
+folder is the layer: the top-level `sync/` folder (installed as `localstate.sync`) holds
+exactly the central, sinks and flush layers, so nothing below it imports it. And every module
+imports first, in a fresh interpreter: no import circle bites at run time, and the lower layers
+do not load the store.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[st
 
 def test_the_modules_include_sync_and_the_store() -> None:
     modules = all_modules()
-    assert "localstate.sync.conflicts" in modules
+    assert "localstate.conflicts" in modules
+    assert "localstate.sync.worker" in modules
     assert "localstate.store" in modules
     assert len(modules) > 60
 
@@ -120,7 +124,7 @@ def test_the_fork_importer_reports_a_module_that_fails_to_import(tmp_path: Path)
 
 @pytest.mark.parametrize("module", [
     "localstate.errors", "localstate.codec", "localstate.model", "localstate.entry",
-    "localstate.local_cache", "localstate.config", "localstate.sync.conflicts",
+    "localstate.local_cache", "localstate.config", "localstate.conflicts",
     "localstate.sync.central_store", "localstate.sync.worker",
 ])
 def test_a_lower_layer_does_not_load_the_store(module: str) -> None:
@@ -138,31 +142,76 @@ def test_there_is_no_top_level_sync_package() -> None:
     assert "No module named 'sync'" in result.stderr
 
 
-def test_the_repository_holds_no_symlink() -> None:
-    # a symlinked package gives each module two names (and path-based tools a second copy)
-    tracked = subprocess.run(["git", "ls-files", "--stage"], capture_output=True, text=True,
-                             cwd=PACKAGE_DIR.parent, timeout=60, check=True).stdout.splitlines()
-    assert len(tracked) > 200
-    links = [line.split("\t", 1)[1] for line in tracked if line.startswith("120000 ")]
-    assert links == []
-
-
-def test_sync_installs_as_the_subpackage_from_the_top_level_folder() -> None:
-    assert PACKAGE_DIR.parent / "sync" == SYNC_DIR
-    assert not (PACKAGE_DIR / "sync").exists()
-
-
 # -- the import graph, read from the source -------------------------------------------------
 
-#: what `localstate.sync` may import of `localstate`: its lower layers only
-SYNC_MAY_IMPORT = {"localstate", "localstate.model", "localstate.codec", "localstate.errors",
-                   "localstate.entry", "localstate.entry_table", "localstate.local_cache",
-                   "localstate.config", "localstate.file_lock", "localstate.version",
-                   # below the store too: the claim epochs a store holds (entry, errors and
-                   # sync's rows), and the REST client's error mapping (codec, errors, model)
-                   "localstate.claims", "localstate.client",
-                   # an emitted event's row and its checks (the outbox's), sent by the flush
-                   "localstate.outbox"}
+#: The layers, lowest first (docs/architecture.md describes them). A module imports only
+#: modules of its own layer or of lower ones, on load or on use. Each module has exactly one
+#: layer: its exact name, or a package's name with ".*" for the package and every module
+#: under it. The central, sinks and flush layers are exactly the modules of `localstate.sync`
+#: (`SYNC_LAYERS`).
+LAYERS: list[tuple[str, set[str]]] = [
+    ("foundation", {
+        "localstate.errors", "localstate.version", "localstate.model", "localstate.codec",
+        "localstate.rows", "localstate.entry", "localstate.orders", "localstate.conflicts",
+        "localstate.retention_rules", "localstate.setting_specs", "localstate.config",
+        "localstate.reload", "localstate.file_lock", "localstate.futures", "localstate.backoff",
+        "localstate.lanes", "localstate.failure_log", "localstate.protocol",
+        "localstate.class_or_instance",
+    }),
+    ("local", {
+        "localstate.absent_keys", "localstate.owner_index", "localstate.eviction",
+        "localstate.entry_table", "localstate.cache_file", "localstate.cache_compaction",
+        "localstate.local_cache", "localstate.outbox", "localstate.mode_gate",
+    }),
+    ("central", {
+        "localstate.sync", "localstate.sync.schema", "localstate.sync.fleet",
+        "localstate.sync.dialects", "localstate.sync.driver_errors", "localstate.sync.engine",
+        "localstate.sync.asset_mirror", "localstate.sync.asset_events",
+        "localstate.sync.fenced_write",
+        "localstate.sync.cas_write", "localstate.sync.central_store",
+        "localstate.sync.retention",
+    }),
+    ("sinks", {
+        "localstate.sync.sinks", "localstate.sync.sink_thread", "localstate.sync.read_through",
+        "localstate.sync.api_sink", "localstate.sync.airflow_sink",
+        "localstate.sync.asset_batch_reads", "localstate.sync.asset_states",
+    }),
+    ("flush", {
+        "localstate.sync.claims", "localstate.sync.budget", "localstate.sync.waiters",
+        "localstate.sync.settle", "localstate.sync.worker",
+    }),
+    ("store", {
+        "localstate.pending_switch", "localstate.stats", "localstate.metrics",
+        "localstate.modes", "localstate.local_first", "localstate.store",
+        "localstate.default_store", "localstate.blocking",
+    }),
+    ("front", {
+        "localstate", "localstate.client", "localstate.api.*", "localstate.cli.*",
+        "localstate.airflow.*", "localstate.bench.*", "localstate.examples.*",
+        "localstate.testing.*",
+    }),
+]
+#: the layers the folder sync/ (`localstate.sync`) holds, and nothing else does
+SYNC_LAYERS = {"central", "sinks", "flush"}
+
+
+def layer_of(module: str) -> int:
+    """The index in `LAYERS` of `module`'s layer (KeyError: it has none). An exact name wins
+    over a package's ".*"; the closest package wins over one further up."""
+    for index, (_layer, members) in enumerate(LAYERS):
+        if module in members:
+            return index
+    name = module
+    while name:
+        for index, (_layer, members) in enumerate(LAYERS):
+            if f"{name}.*" in members:
+                return index
+        name = name.rpartition(".")[0]
+    raise KeyError(module)
+
+
+def layer_name(module: str) -> str:
+    return LAYERS[layer_of(module)][0]
 
 
 def module_files() -> dict[str, Path]:
@@ -263,11 +312,15 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_graph_sees_type_checking_and_relative_imports() -> None:
+def test_the_graph_sees_type_checking_relative_and_function_local_imports() -> None:
     graph = import_graph(deferred=False)
     assert "localstate.store" in graph["localstate"]  # an `if TYPE_CHECKING:` import
     assert "localstate.entry_table" in graph["localstate.store"]
-    assert "localstate.sync.worker" in graph["localstate.store"]  # `localstate.sync` is read
+    assert "localstate.entry_table" in graph["localstate.sync.worker"]  # sync/ is read too
+    assert any(t.startswith("localstate.sync.") for t in graph["localstate.store"])
+    # an import made inside a function, on use (the REST sink needs httpx, an extra)
+    assert "localstate.sync.api_sink" not in graph["localstate.store"]
+    assert "localstate.sync.api_sink" in import_graph(deferred=True)["localstate.store"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -275,13 +328,61 @@ def test_no_import_circle_type_checking_imports_included() -> None:
     assert circles(import_graph(deferred=False)) == []
 
 
-def test_no_import_circle_imports_made_on_use_included() -> None:
+def test_no_import_circle_function_local_imports_included() -> None:
+    """No circle closed by importing inside a function either: each is a layering bug."""
     assert circles(import_graph(deferred=True)) == []
 
 
-def test_sync_imports_only_the_lower_layers_of_localstate() -> None:
-    graph = import_graph(deferred=True)
-    upward = {m: sorted(t for t in targets
-                        if not t.startswith("localstate.sync") and t not in SYNC_MAY_IMPORT)
-              for m, targets in graph.items() if m.startswith("localstate.sync")}
-    assert {m: t for m, t in upward.items() if t} == {}
+def test_every_module_has_one_layer() -> None:
+    modules = set(module_files())
+    missing = sorted(m for m in modules if _layer_or_none(m) is None)
+    assert missing == [], f"add these modules to LAYERS: {missing}"
+    named = [m for _layer, members in LAYERS for m in members]
+    assert len(named) == len(set(named)), "a module is in two layers"
+    stale = sorted(m for m in named if m.removesuffix(".*") not in modules)
+    assert stale == [], f"LAYERS names modules that do not exist: {stale}"
+
+
+def _layer_or_none(module: str) -> int | None:
+    try:
+        return layer_of(module)
+    except KeyError:
+        return None
+
+
+def test_imports_point_down_the_layers() -> None:
+    """Imports on load and on use (`if TYPE_CHECKING:` ones included) go to the importer's own
+    layer or a lower one."""
+    upward = sorted(
+        f"{module} ({layer_name(module)}) -> {target} ({layer_name(target)})"
+        for module, targets in import_graph(deferred=True).items() for target in targets
+        if layer_of(target) > layer_of(module))
+    assert upward == []
+
+
+def test_the_folder_is_the_layer() -> None:
+    """sync/ holds exactly the central, sinks and flush layers; the layers are in order."""
+    names = [name for name, _members in LAYERS]
+    assert len(names) == len(set(names))
+    in_sync = {m: layer_name(m) for m in module_files() if m.startswith("localstate.sync")}
+    assert {m: layer for m, layer in in_sync.items() if layer not in SYNC_LAYERS} == {}
+    outside = {m: layer_name(m) for m in module_files() if not m.startswith("localstate.sync")}
+    assert {m: layer for m, layer in outside.items() if layer in SYNC_LAYERS} == {}
+    sync_at = sorted(names.index(layer) for layer in SYNC_LAYERS)
+    assert sync_at == list(range(sync_at[0], sync_at[0] + len(sync_at))), "sync's layers adjoin"
+
+
+def test_the_layer_table_places_modules() -> None:
+    assert layer_name("localstate.sync.central_store") == "central"
+    assert layer_name("localstate.sync.worker") == "flush"
+    assert layer_name("localstate.api.routes") == layer_name("localstate") == "front"
+    assert layer_of("localstate.rows") < layer_of("localstate.sync.sinks")
+    with pytest.raises(KeyError):
+        layer_of("localstate.nowhere")
+
+
+def test_nothing_below_sync_imports_sync() -> None:
+    lowest = min(layer_of(m) for m in module_files() if m.startswith("localstate.sync"))
+    below = {m: sorted(t for t in targets if t.startswith("localstate.sync"))
+             for m, targets in import_graph(deferred=True).items() if layer_of(m) < lowest}
+    assert {m: t for m, t in below.items() if t} == {}

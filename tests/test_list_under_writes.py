@@ -30,10 +30,10 @@ from test_api import client_for
 from localstate import StateStore
 from localstate.api import create_app
 from localstate.api.paths import decode_cursor
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
+from localstate.rows import DirtyRow
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import DirtyRow
 
 STEMS = ["asset", "Asset", "ASSET", "dag", "Dag", "trigger", "a%b", "a_b", "a\\b", "x.y", "Z",
          "é"]

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from localstate.cache_file import APPLICATION_ID, SCHEMA_VERSION
 from localstate.codec import encode
 from localstate.entry import NOT_DECODED, Entry, StateKey
 from localstate.errors import (
@@ -30,7 +31,7 @@ from localstate.errors import (
     CacheLocked,
     CacheWriteFailed,
 )
-from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION, LocalCache
+from localstate.local_cache import LocalCache
 
 OWNER_ID = "triggerer-test"
 

@@ -19,10 +19,10 @@ import pytest_asyncio
 from sqlalchemy import text
 
 from localstate import StateStore
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
 from localstate.sync.engine import make_engine
-from localstate.sync.rows import DirtyRow
 from localstate.sync.schema import STATE_TABLE
 from localstate.testing.postgres_server import PostgresServer
 

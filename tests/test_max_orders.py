@@ -20,8 +20,8 @@ import pytest
 from conftest import StoreFactory, value_id
 
 from localstate import ConfigError, InvalidInput
+from localstate.conflicts import ConflictPolicy, PolicyMap
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import ConflictPolicy, PolicyMap
 
 OWNER = "asset_watcher:orders"
 
@@ -260,7 +260,7 @@ async def test_plain_max_warns_once_per_owner_when_it_compares_strings_as_text(
 ) -> None:
     a = await open_store(triggerer_id="a", conflict_policy="max")
     b = await open_store(triggerer_id="b", conflict_policy="max")
-    caplog.set_level(logging.WARNING, logger="localstate.sync.conflicts")
+    caplog.set_level(logging.WARNING, logger="localstate.conflicts")
     await a.set(OWNER, "wm", "9", durability="central")
     await a.set("asset_watcher:other", "wm", "9", durability="central")
     for value in ("10", "11", "12"):  # b writes on a's record: compared, each time

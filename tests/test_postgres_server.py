@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from localstate.testing import postgres_binaries
-from localstate.testing.postgres_server import PostgresServer, find_postgres_binaries
+from localstate.testing.postgres_binaries import find_postgres_binaries
+from localstate.testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -13,9 +13,9 @@ from conftest import StoreFactory
 
 from localstate.cli import EXIT_USAGE, main
 from localstate.errors import ConfigError, InvalidInput
+from localstate.retention_rules import RetentionRule, parse_age, parse_retention
 from localstate.sync.central_store import CentralStore
 from localstate.sync.retention import prune
-from localstate.sync.retention_rules import RetentionRule, parse_age, parse_retention
 
 DAY = 86_400.0
 NOW = time.time()
@@ -178,8 +178,8 @@ async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
     past it); kept otherwise, and for owners a ``never`` rule keeps."""
     from sqlalchemy import select, update
 
-    from localstate.sync.conflicts import PolicyMap
-    from localstate.sync.rows import EventRow
+    from localstate.conflicts import PolicyMap
+    from localstate.rows import EventRow
     from localstate.sync.schema import event
 
     central = await CentralStore.open(central_url)

@@ -27,11 +27,11 @@ from api_server import RW_TOKEN, TOKENS
 
 from localstate import Settings
 from localstate.api import create_app
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow, EventRow
 from localstate.sync.api_sink import ApiSink
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import DirtyRow, EventRow
 
 #: the most project files one server-side flush may run through
 MAX_FILES: Final = 10

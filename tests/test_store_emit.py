@@ -15,6 +15,7 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import StateStore
+from localstate.conflicts import PolicyMap
 from localstate.errors import (
     EventsUnsupported,
     InvalidName,
@@ -22,10 +23,9 @@ from localstate.errors import (
     ValueEncodingError,
     ValueTooLarge,
 )
+from localstate.rows import EventRow
 from localstate.store import event_key
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import EventRow
 from localstate.sync.schema import event
 
 OWNER = "trigger:orders"

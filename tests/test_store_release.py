@@ -14,11 +14,11 @@ from conftest import StoreFactory
 from test_store_versions import HeldReads
 
 from localstate import StateStore
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
 from localstate.errors import InvalidName, StoreClosed
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 
 OWNER = "trigger:tests.Release:abc"
 

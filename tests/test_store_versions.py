@@ -20,10 +20,10 @@ import pytest
 from conftest import StoreFactory
 
 from localstate import CentralUnavailable, StateStore, VersionConflict, WriteRejected
+from localstate.conflicts import PolicyMap
 from localstate.entry import StateKey
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
 from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:versions"

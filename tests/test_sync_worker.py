@@ -39,9 +39,10 @@ from localstate import (
 )
 from localstate.entry import UNKNOWN_BASE
 from localstate.local_cache import LocalCache
+from localstate.rows import CentralRow
 from localstate.sync.central_store import CentralStore
-from localstate.sync.rows import CentralRow
-from localstate.sync.worker import ConflictInfo, SyncWorker, wait_awake
+from localstate.sync.settle import ConflictInfo
+from localstate.sync.worker import SyncWorker, wait_awake
 from localstate.testing.mysql_server import MysqlServer
 from localstate.testing.postgres_server import PostgresServer
 

@@ -20,10 +20,10 @@ from playwright.async_api import Page, Route, async_playwright, expect
 
 from localstate import Settings
 from localstate.api import create_app
+from localstate.conflicts import PolicyMap
+from localstate.rows import DirtyRow
 from localstate.sync.central_store import CentralStore
-from localstate.sync.conflicts import PolicyMap
 from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import DirtyRow
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

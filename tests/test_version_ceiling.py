@@ -17,12 +17,12 @@ from sqlalchemy import update
 from test_api import client_for, path
 
 from localstate.api import create_app
-from localstate.client import error_for
 from localstate.errors import VersionExhausted
+from localstate.model import MAX_VERSION
+from localstate.protocol import error_for
+from localstate.rows import CentralRow
 from localstate.sync.api_sink import ApiSink
-from localstate.sync.cas_write import MAX_VERSION
 from localstate.sync.central_store import CentralStore
-from localstate.sync.rows import CentralRow
 from localstate.sync.schema import state_variable
 
 OWNER = "dag:ceiling"

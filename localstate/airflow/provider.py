@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from localstate.config import setting_specs
+from localstate.setting_specs import setting_specs
 
 __all__ = ["get_provider_info"]
 

@@ -58,11 +58,11 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 
 from localstate.airflow import shutdown
 from localstate.airflow.runner_gc import freeze_startup_heap
+from localstate.backoff import Backoff
 from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
 from localstate.model import MAX_NAME_LENGTH
 from localstate.store import StateStore, StateVariable, process_store
 from localstate.sync.airflow_sink import process_sink
-from localstate.sync.backoff import Backoff
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 

@@ -36,7 +36,8 @@ from localstate.api.routes import router
 from localstate.api.sink_routes import SINK_PATHS
 from localstate.api.sink_routes import router as sink_router
 from localstate.api.ui import build_ui_router
-from localstate.config import ApiToken, Settings
+from localstate.config import Settings
+from localstate.setting_specs import ApiToken
 from localstate.store import StateStore
 from localstate.sync.central_store import CentralStore
 

@@ -1,6 +1,6 @@
 """Bearer tokens: who is calling, and which owners they may read or write.
 
-Tokens come from the ``api_tokens`` setting (`localstate.config.ApiToken`): each has a role,
+Tokens come from the ``api_tokens`` setting (`localstate.setting_specs.ApiToken`): each has a role,
 ``read`` or ``read-write``, and the owner prefixes it may touch. With no token configured the
 API is open (and `localstate serve` binds loopback only). A request
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from localstate.api.errors import ApiError
-from localstate.config import ApiToken
+from localstate.setting_specs import ApiToken
 
 __all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "recorded_as", "unauthorized"]
 

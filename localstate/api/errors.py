@@ -1,6 +1,7 @@
 """Every error as a JSON body naming the problem: ``{"error": code, "message": ..., "detail"}``.
 
-localstate's typed errors map to statuses:
+localstate's typed errors map to statuses (the table, both directions, is
+`localstate.protocol`'s):
 
 =====================================================  =====  ====================
 InvalidName, ValueEncodingError, InvalidInput          422    invalid_name, invalid_value,
@@ -34,20 +35,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localstate.errors import (
-    CacheError,
-    CentralError,
-    CentralUnavailable,
-    InvalidInput,
-    InvalidName,
-    LocalStateError,
-    StoreClosed,
-    ValueEncodingError,
-    ValueTooLarge,
-    VersionConflict,
-    VersionExhausted,
-    WriteRejected,
-)
+from localstate.errors import LocalStateError
+from localstate.protocol import answer_for
 
 __all__ = ["ApiError", "error_response", "install_error_handlers", "request_id"]
 
@@ -77,35 +66,13 @@ def error_response(status: int, error: str, message: str, detail: Any = None,
 
 
 def from_store_error(exc: LocalStateError) -> ApiError:
-    """The API error for one of localstate's typed errors."""
-    msg = str(exc)
-    if isinstance(exc, VersionConflict):
-        return ApiError(409, "version_conflict", msg,
-                        detail={"expected_version": exc.expected, "actual_version": exc.actual})
-    if isinstance(exc, VersionExhausted):
-        return ApiError(409, "version_exhausted", msg, detail={"owner": exc.owner,
-                                                               "key": exc.key})
-    if isinstance(exc, WriteRejected):
-        return ApiError(409, "write_rejected", msg)
-    if isinstance(exc, ValueTooLarge):
-        return ApiError(413, "value_too_large", msg, detail={"size": exc.size,
-                                                             "limit": exc.limit})
-    if isinstance(exc, InvalidName):
-        return ApiError(422, "invalid_name", msg)
-    if isinstance(exc, ValueEncodingError):
-        return ApiError(422, "invalid_value", msg)
-    if isinstance(exc, InvalidInput):
-        return ApiError(422, "invalid_input", msg)
-    if isinstance(exc, CentralUnavailable):
-        return _logged(503, "central_unavailable", "the central DB cannot be reached; try "
-                       "again shortly", exc, headers={"Retry-After": "5"})
-    if isinstance(exc, CentralError):
-        return _logged(502, "central_error", "the central DB failed on this request", exc)
-    if isinstance(exc, StoreClosed | CacheError):
-        return _logged(503, "store_unavailable", "the serving store is unavailable (the "
-                       "server may be shutting down); try again shortly", exc,
-                       headers={"Retry-After": "5"})
-    return _logged(500, "internal_error", "the server failed on this request", exc)
+    """The API error for one of localstate's typed errors (the table:
+    `localstate.protocol.answer_for`)."""
+    answer = answer_for(exc)
+    headers = {"Retry-After": "5"} if answer.retry_after else None
+    if answer.public is not None:
+        return _logged(answer.status, answer.code, answer.public, exc, headers=headers)
+    return ApiError(answer.status, answer.code, str(exc), detail=answer.detail, headers=headers)
 
 
 def request_id() -> str:

@@ -33,7 +33,6 @@ from localstate.api.context import Caller, Central, Context, Writable
 from localstate.api.errors import ApiError
 from localstate.api.paths import decode_cursor, encode_cursor, state_name
 from localstate.api.schemas import (
-    MAX_VERSION,
     ErrorBody,
     Fleet,
     FleetMember,
@@ -47,7 +46,7 @@ from localstate.api.schemas import (
 from localstate.api.view import Item, item_from_row, local_override, local_overrides
 from localstate.codec import encode
 from localstate.entry import StateKey
-from localstate.model import FlushState, Record, check_name, epoch_to_datetime
+from localstate.model import MAX_VERSION, FlushState, Record, check_name, epoch_to_datetime
 from localstate.sync.fleet import fleet_summary
 
 __all__ = ["router"]

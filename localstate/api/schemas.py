@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from localstate.model import MAX_VERSION
+
 __all__ = [
-    "MAX_VERSION",
     "ErrorBody",
     "FlushStateName",
     "Health",
@@ -19,9 +20,6 @@ __all__ = [
     "Status",
     "Throughput",
 ]
-
-#: versions are 64-bit signed integers in the central DB
-MAX_VERSION = 2**63 - 1
 
 FlushStateName = Literal["dirty", "flushed", "conflict"]
 

@@ -15,8 +15,9 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from localstate.config import ApiToken, Settings
+from localstate.config import Settings
 from localstate.errors import ConfigError
+from localstate.setting_specs import ApiToken
 
 __all__ = ["TOKEN_FILE_NAME", "serve_token", "token_file"]
 

@@ -15,7 +15,7 @@
   unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
   not the expected one), or a compare-and-delete of the current value.
 
-Bodies follow `localstate.sync.wire`. Authorization: the bearer token's owner prefixes cover
+Bodies follow `localstate.protocol`. Authorization: the bearer token's owner prefixes cover
 every owner a request names and, for the writes, its role is read-write: otherwise 403 and
 nothing is read or written. The body is read only after the token is checked.
 """
@@ -36,14 +36,11 @@ from localstate.api.auth import Principal, audit, claimed_detail, recorded_as
 from localstate.api.context import Caller, Central, Context, ServerContext, Writable
 from localstate.api.errors import ApiError
 from localstate.codec import decode
+from localstate.conflicts import PolicyMap
 from localstate.entry import UNKNOWN_BASE, StateKey
 from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
-from localstate.model import asset_name, check_name, check_names
-from localstate.sync.asset_states import read_asset_states
-from localstate.sync.conflicts import PolicyMap
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
-from localstate.sync.wire import (
+from localstate.model import MAX_VERSION, asset_name, check_name, check_names
+from localstate.protocol import (
     ASSET_STATE_SOURCE,
     WireError,
     decode_body,
@@ -53,6 +50,9 @@ from localstate.sync.wire import (
     encode_rows,
     field_header,
 )
+from localstate.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
+from localstate.sync.asset_states import read_asset_states
+from localstate.sync.fleet import FleetStatus
 
 __all__ = ["SINK_PATHS", "router"]
 
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 SINK_PATHS: Final = ("/api/v1/flush", "/api/v1/read")
 #: keys one read may name
 MAX_READ_KEYS: Final = 100_000
-_MAX_VERSION: Final = 2**63 - 1
 #: 9999-12-31T23:59:59Z: the latest time every central DB's timestamp column holds
 _MAX_TIME: Final = 253_402_300_799.0
 #: a pid's column is a 32-bit integer
@@ -109,16 +108,16 @@ def _check_rows(rows: Sequence[DirtyRow], max_value_bytes: int) -> None:
     for field in ("owner", "key", "updated_by"):
         check_names(field, set(map(attrgetter(field), rows)))
     versions = list(map(attrgetter("version"), rows))
-    if min(versions) < 1 or max(versions) >= _MAX_VERSION:
-        raise WireError(f"a version is not from 1 to {_MAX_VERSION - 1} (2^63 - 2: a key at "
+    if min(versions) < 1 or max(versions) >= MAX_VERSION:
+        raise WireError(f"a version is not from 1 to {MAX_VERSION - 1} (2^63 - 2: a key at "
                         "the ceiling could never be written again); delete the key and write "
                         "it afresh, or restart its versions lower")
     bases = list(map(attrgetter("base_version"), rows))
-    if min(bases) < UNKNOWN_BASE or max(bases) >= _MAX_VERSION:
+    if min(bases) < UNKNOWN_BASE or max(bases) >= MAX_VERSION:
         raise WireError("a base_version is out of range")
     epochs = list(map(attrgetter("epoch"), rows))
-    if min(epochs) < 0 or max(epochs) >= _MAX_VERSION:
-        raise WireError(f"an epoch is not from 0 to {_MAX_VERSION - 1} (at 2^63 - 1 no claim "
+    if min(epochs) < 0 or max(epochs) >= MAX_VERSION:
+        raise WireError(f"an epoch is not from 0 to {MAX_VERSION - 1} (at 2^63 - 1 no claim "
                         "could follow it)")
     _check_times("updated_at", map(attrgetter("updated_at"), rows))
     if len(set(zip(map(attrgetter("owner"), rows), map(attrgetter("key"), rows),
@@ -172,7 +171,7 @@ def _check_fleet(status: FleetStatus) -> None:
     check_name("host", status.host)
     if not 0 <= status.pid <= _MAX_PID:
         raise WireError(f"fleet pid {status.pid} is not from 0 to {_MAX_PID}")
-    if not 0 <= status.dirty_keys <= _MAX_VERSION:
+    if not 0 <= status.dirty_keys <= MAX_VERSION:
         raise WireError("fleet dirty_keys is out of range")
     _check_times("fleet flushed_at", (status.flushed_at, status.oldest_unflushed))
     for name in ("rows_per_s", "flush_interval"):
@@ -189,7 +188,7 @@ def _check_events(events: Sequence[EventRow], max_value_bytes: int) -> None:
     check_names("owner", {e.owner for e in events})
     check_names("key", {e.key for e in events})
     for e in events:
-        if not 1 <= e.seq <= _MAX_VERSION or not 0 <= e.epoch <= _MAX_VERSION:
+        if not 1 <= e.seq <= MAX_VERSION or not 0 <= e.epoch <= MAX_VERSION:
             raise WireError(f"{e.owner}/{e.key}: an event's seq or epoch is out of range")
         _check_data(e.owner, e.key, e.payload, max_value_bytes)
 
@@ -387,8 +386,8 @@ async def write(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
     elif op == "if_version":
         expected = body.get("expected_version")
         if (isinstance(expected, bool) or not isinstance(expected, int)
-                or not 0 <= expected <= _MAX_VERSION):
-            raise WireError(f"'expected_version' must be an integer from 0 to {_MAX_VERSION}")
+                or not 0 <= expected <= MAX_VERSION):
+            raise WireError(f"'expected_version' must be an integer from 0 to {MAX_VERSION}")
         row = await c.write_if_version(owner, key, data, expected, updated_by=by,
                                        updated_at=None if at is None else float(at),
                                        writer=writer)

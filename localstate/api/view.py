@@ -19,8 +19,8 @@ from datetime import datetime
 from localstate.codec import decode
 from localstate.entry import Entry, StateKey
 from localstate.model import FlushState, epoch_to_datetime
+from localstate.rows import CentralRow
 from localstate.store import StateStore
-from localstate.sync.rows import CentralRow
 
 __all__ = ["Item", "item_from_row", "local_override", "local_overrides"]
 

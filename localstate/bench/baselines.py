@@ -25,7 +25,7 @@ from typing import Any
 import aiosqlite
 from sqlalchemy.engine import make_url
 
-from localstate.local_cache import SCHEMA, UPSERT
+from localstate.cache_file import SCHEMA, UPSERT
 from localstate.store import StateStore
 
 __all__ = [

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from localstate.cli._central import open_central, settings_for
 from localstate.cli._printing import print_json
-from localstate.sync.retention_rules import parse_age
+from localstate.retention_rules import parse_age
 
 __all__ = ["cmd_db_prune"]
 

@@ -22,7 +22,7 @@ from localstate.cli._state_backend import open_backend
 from localstate.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from localstate.sync.rows import CentralRow
+    from localstate.rows import CentralRow
 
 __all__ = ["cmd_delete", "cmd_get", "cmd_ls", "cmd_set"]
 

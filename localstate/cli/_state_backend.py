@@ -28,8 +28,8 @@ from localstate.errors import ConfigError
 if TYPE_CHECKING:
     from localstate.client import AsyncStateClient
     from localstate.model import Record
+    from localstate.rows import CentralRow
     from localstate.sync.central_store import CentralStore
-    from localstate.sync.rows import CentralRow
 
 __all__ = ["StateBackend", "describe_backend", "open_backend"]
 
@@ -141,7 +141,7 @@ def _epoch(value: Any) -> float | None:
 def _row(record: Record) -> CentralRow:
     import orjson
 
-    from localstate.sync.rows import CentralRow
+    from localstate.rows import CentralRow
 
     return CentralRow(record.owner, record.key, orjson.dumps(record.value).decode(),
                       record.version, record.updated_at.timestamp(), record.updated_by)

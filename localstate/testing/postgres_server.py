@@ -38,7 +38,7 @@ from localstate.testing.postgres_binaries import (
 from localstate.testing.postgres_ctl import STOP_MODES, PgCtl, clean_env
 from localstate.testing.postgres_sql import locale_clause, quote_ident, quote_literal
 
-__all__ = ["PostgresBinaries", "PostgresServer", "find_postgres_binaries"]
+__all__ = ["PostgresServer"]
 
 _SYSTEM_USER = "postgres"
 _MAX_IDENTIFIER = 63

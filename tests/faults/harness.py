@@ -36,9 +36,9 @@ from typing import Any
 from crash_writer import state_keys
 
 from localstate import StateStore
+from localstate.cache_file import APPLICATION_ID, SCHEMA_VERSION
 from localstate.codec import decode
 from localstate.entry import StateKey
-from localstate.local_cache import APPLICATION_ID, SCHEMA_VERSION
 from localstate.sync.central_store import CentralStore
 
 __all__ = [

@@ -37,7 +37,7 @@ from fault_tally import FaultTally
 from harness import crash_seed
 
 from localstate.entry import StateKey
-from localstate.sync.worker import ConflictInfo
+from localstate.sync.settle import ConflictInfo
 
 WRITER = Path(__file__).with_name("failover_writer.py")
 MAX_OWNERS = [f"asset_watcher:fo-{i}" for i in range(4)]

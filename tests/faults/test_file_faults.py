@@ -34,8 +34,8 @@ from localstate import (
     SchemaError,
     StateStore,
 )
+from localstate.cache_file import SCHEMA_VERSION
 from localstate.file_lock import CacheFileLock
-from localstate.local_cache import SCHEMA_VERSION
 
 OWNER = "asset_watcher:files"
 

@@ -47,8 +47,8 @@ from hypothesis import strategies as st
 
 from localstate import StateStore
 from localstate.api import create_app
-from localstate.api.schemas import MAX_VERSION
 from localstate.codec import DEFAULT_MAX_VALUE_BYTES
+from localstate.model import MAX_VERSION
 from localstate.sync.central_store import CentralStore
 
 EXAMPLES: Final = 2_000

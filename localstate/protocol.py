@@ -1,10 +1,24 @@
-"""The wire format of the batched sink endpoints: rows, records and outcomes as JSON.
+"""The HTTP protocol between localstate's API server and its clients, both ends in one module.
 
-One module for both ends: `localstate.api.sink_routes` (the server's ``/api/v1/flush``,
-``/api/v1/read`` and ``/api/v1/write``) decodes what `localstate.sync.api_sink.ApiSink`
-encodes, and the other way round.
+The server (`localstate.api`), the REST client (`localstate.client`) and the API sink
+(`localstate.sync.api_sink`) all read it:
 
-Every row type is a NamedTuple (`localstate.sync.rows`) and travels as a JSON array of its
+* the paths (`API_PREFIX`, `STATE_PATH`, `item_path`, the batched sink endpoints' paths);
+* the error table, both directions: the answer (status, code, detail) the server gives for each
+  typed error (`answer_for`), and the typed error a client raises for an error answer
+  (`error_for`);
+* the wire format of the batched sink endpoints (``/api/v1/flush``, ``/api/v1/read``,
+  ``/api/v1/write``, ``/api/v1/claim``): rows, records and outcomes as JSON.
+
+No HTTP library is imported here: the server (FastAPI) and the clients (httpx) adapt these to
+their own types, so each end reads the same table.
+
+Invariant of the error table: a typed error the server answers with comes back as the same type
+at the client (``error_for`` of ``answer_for(e)``'s answer is ``type(e)`` for every error a
+caller can cause; the server's own failures come back as `CentralUnavailable` or
+`CentralError`, their text kept out of the answer).
+
+Every row type is a NamedTuple (`localstate.rows`) and travels as a JSON array of its
 fields, in the order a ``fields`` header names them (``{"DirtyRow": ["owner", ...], ...}``).
 Both ends build their codecs from the NamedTuples' ``_fields`` and type hints, so a field
 added to a row type later (a claim ``epoch``, say) travels without new code here. Invariants:
@@ -32,26 +46,59 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
+from urllib.parse import quote
 
 import orjson
 
-from localstate.errors import InvalidInput
-from localstate.sync.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate.codec import decode
+from localstate.errors import (
+    AccessDenied,
+    CacheError,
+    CentralError,
+    CentralUnavailable,
+    InvalidInput,
+    InvalidName,
+    LocalStateError,
+    StoreClosed,
+    ValueEncodingError,
+    ValueTooLarge,
+    VersionConflict,
+    VersionExhausted,
+    WriteRejected,
+)
+from localstate.model import check_name
+from localstate.rows import CentralRow, DirtyRow, FlushOutcome
 
 __all__ = [
+    "API_PREFIX",
     "ASSET_STATE_SOURCE",
+    "CLAIM_PATH",
+    "FLEET_PATH",
+    "FLUSH_PATH",
+    "HEALTH_PATH",
+    "LIST_PATH",
     "MAX_BATCH_BODY",
     "MAX_BATCH_ROWS",
+    "READ_PATH",
     "ROW_TYPES",
+    "STATE_PATH",
+    "STATUS_PATH",
+    "WRITE_PATH",
+    "ErrorAnswer",
+    "HttpAnswer",
     "WireError",
+    "answer_for",
+    "body_of",
     "decode_body",
     "decode_outcomes",
     "decode_rows",
     "encode_body",
     "encode_outcomes",
     "encode_rows",
+    "error_for",
     "field_header",
+    "item_path",
 ]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
@@ -70,6 +117,157 @@ ROW_TYPES: Final[dict[str, type[Any]]] = {
 
 class WireError(InvalidInput):
     """A body that does not follow the wire format (the API answers 422)."""
+
+
+# -- the paths ------------------------------------------------------------------------------
+
+#: where every route of the API is mounted, below the server's base URL
+API_PREFIX: Final = "/api/v1"
+#: the list of state variables (``GET``, with ``owner_prefix``, ``limit``, ``cursor``)
+LIST_PATH: Final = f"{API_PREFIX}/state"
+#: one state variable's routes, before the owner and key segments (`item_path`)
+STATE_PATH: Final = f"{LIST_PATH}/"
+HEALTH_PATH: Final = f"{API_PREFIX}/health"
+STATUS_PATH: Final = f"{API_PREFIX}/status"
+FLEET_PATH: Final = f"{API_PREFIX}/fleet"
+#: the batched sink endpoints (`localstate.sync.api_sink` to `localstate.api.sink_routes`)
+FLUSH_PATH: Final = f"{API_PREFIX}/flush"
+READ_PATH: Final = f"{API_PREFIX}/read"
+WRITE_PATH: Final = f"{API_PREFIX}/write"
+CLAIM_PATH: Final = f"{API_PREFIX}/claim"
+
+
+def item_path(owner: str, key: str) -> str:
+    """The path of one state variable: owner and key one percent-encoded segment each (a '/'
+    inside a name travels as ``%2F``, dots as ``%2E`` so that "." and ".." are never resolved
+    away). Raises `InvalidName` for a name the store would refuse."""
+    check_name("owner", owner)
+    check_name("key", key)
+    return f"{STATE_PATH}{_segment(owner)}/{_segment(key)}"
+
+
+def _segment(name: str) -> str:
+    return quote(name, safe="").replace(".", "%2E")
+
+
+# -- the error table, both directions -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """What the API answers for one typed error."""
+
+    status: int
+    #: the body's ``error`` code
+    code: str
+    detail: dict[str, Any] | None = None
+    #: a failure of the server, not of the request: its text goes to the server's log, and
+    #: the body says this instead
+    public: str | None = None
+    #: the answer carries ``Retry-After``: the same request may succeed shortly
+    retry_after: bool = False
+
+
+def answer_for(exc: LocalStateError) -> ErrorAnswer:
+    """The answer for one of localstate's typed errors (error -> status)."""
+    if isinstance(exc, VersionConflict):
+        return ErrorAnswer(409, "version_conflict", {"expected_version": exc.expected,
+                                                     "actual_version": exc.actual})
+    if isinstance(exc, VersionExhausted):
+        return ErrorAnswer(409, "version_exhausted", {"owner": exc.owner, "key": exc.key})
+    if isinstance(exc, WriteRejected):
+        return ErrorAnswer(409, "write_rejected")
+    if isinstance(exc, ValueTooLarge):
+        return ErrorAnswer(413, "value_too_large", {"size": exc.size, "limit": exc.limit})
+    if isinstance(exc, InvalidName):
+        return ErrorAnswer(422, "invalid_name")
+    if isinstance(exc, ValueEncodingError):
+        return ErrorAnswer(422, "invalid_value")
+    if isinstance(exc, InvalidInput):
+        return ErrorAnswer(422, "invalid_input")
+    if isinstance(exc, CentralUnavailable):
+        return ErrorAnswer(503, "central_unavailable", public="the central DB cannot be "
+                           "reached; try again shortly", retry_after=True)
+    if isinstance(exc, CentralError):
+        return ErrorAnswer(502, "central_error",
+                           public="the central DB failed on this request")
+    if isinstance(exc, StoreClosed | CacheError):
+        return ErrorAnswer(503, "store_unavailable", public="the serving store is unavailable "
+                           "(the server may be shutting down); try again shortly",
+                           retry_after=True)
+    return ErrorAnswer(500, "internal_error", public="the server failed on this request")
+
+
+class _Url(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+class _Request(Protocol):
+    @property
+    def method(self) -> str: ...
+    @property
+    def url(self) -> _Url: ...
+
+
+class HttpAnswer(Protocol):
+    """What `error_for` reads of an HTTP response (an ``httpx.Response`` is one)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def reason_phrase(self) -> str: ...
+    @property
+    def request(self) -> _Request: ...
+
+
+def body_of(response: HttpAnswer) -> dict[str, Any]:
+    """The JSON object an answer carries ({} if it carries none)."""
+    try:
+        body = decode(response.text)
+    except (ValueError, LocalStateError):
+        body = None
+    return body if isinstance(body, dict) else {}
+
+
+def error_for(response: HttpAnswer) -> LocalStateError:
+    """The typed error for a 4xx or 5xx answer of the API (status -> error)."""
+    body = body_of(response)
+    status = response.status_code
+    code = str(body.get("error", ""))
+    found = body.get("detail")
+    detail: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    message = str(body.get("message") or response.reason_phrase or f"HTTP {status}")
+    message = f"{message} ({response.request.method} {response.request.url.path}: {status})"
+    if status in (401, 403):
+        return AccessDenied(message, status=status)
+    if status == 409 and code == "version_conflict":
+        return VersionConflict(message, expected=int(detail.get("expected_version", -1)),
+                               actual=int(detail.get("actual_version", -1)))
+    if status == 409 and code == "version_exhausted":
+        return VersionExhausted(message, owner=str(detail.get("owner", "")),
+                                key=str(detail.get("key", "")))
+    if status == 409:
+        return WriteRejected(message)
+    if status == 413:
+        return ValueTooLarge(message, size=int(detail.get("size", -1)),
+                             limit=int(detail.get("limit", -1)))
+    if status == 422:
+        if code == "invalid_name":
+            return InvalidName(message)
+        if code == "invalid_value":
+            return ValueEncodingError(message)
+        return InvalidInput(message)
+    if status == 503:
+        return CentralUnavailable(message)
+    if status >= 500:
+        return CentralError(message)
+    return LocalStateError(message)
+
+
+# -- the wire format of the batched sink endpoints ------------------------------------------
 
 
 def field_header(*kinds: type[Any]) -> dict[str, list[str]]:

@@ -28,11 +28,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from localstate.backoff import Backoff
 from localstate.entry import StateKey
 from localstate.errors import CentralError, CentralUnavailable, ConfigError, OwnerLost
-from localstate.sync.backoff import Backoff
-from localstate.sync.failure_log import FailureLog
-from localstate.sync.rows import DirtyRow
+from localstate.failure_log import FailureLog
+from localstate.rows import DirtyRow
 from localstate.sync.sinks import ClaimingSink, Sink
 
 __all__ = ["ClaimBook", "HeldClaim", "claim_owner", "claiming_sink"]

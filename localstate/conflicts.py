@@ -3,7 +3,7 @@ one the write was based on.
 
 * ``reject`` (default): the central record wins; the local one is replaced by it.
 * ``last_writer_wins``: the local write replaces the central record.
-* ``max``: keep the greater value, by the order of `localstate.sync.orders` the spec names:
+* ``max``: keep the greater value, by the order of `localstate.orders` the spec names:
   ``max`` guesses (numbers by value, ISO-8601 timestamps by time, other strings as text, with a
   warning once per owner); ``max:int``, ``max:timestamp`` and ``max:text`` declare it, and a
   value that does not fit a declared order is refused at ``set`` time (`PolicyMap.check_value`).
@@ -34,8 +34,8 @@ from typing import Any, Final
 
 from localstate.codec import decode
 from localstate.errors import ConfigError, InvalidInput
-from localstate.sync.orders import AUTO, ORDERS, Unfit, auto_key, declared_key, shown
-from localstate.sync.rows import CentralRow, DirtyRow
+from localstate.orders import AUTO, ORDERS, Unfit, auto_key, declared_key, shown
+from localstate.rows import CentralRow, DirtyRow
 
 __all__ = ["ConflictPolicy", "PolicyMap"]
 
