@@ -3,10 +3,14 @@ everything its calls return or raise is importable from it (as httpx guards its 
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import re
 import subprocess
 import sys
 import typing
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +52,59 @@ def test_importing_the_package_loads_no_store() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
     assert out == "[]"
+
+
+# -- the public modules ---------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+#: what code outside localstate imports (docs/architecture.md, "Public surface"); the rest,
+#: all of localstate.sync included, is internal
+PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "localstate.client",
+                  "localstate.airflow.trigger", "localstate.airflow.plugin",
+                  "localstate.airflow.provider", "localstate.airflow.db_manager",
+                  "localstate.api", "localstate.cli", "localstate.examples.*")
+_IMPORT = re.compile(r"^\s*(?:from\s+(localstate[\w.]*)\s+import|import\s+(localstate[\w.]*))",
+                     re.MULTILINE)
+
+
+def is_public(module: str) -> bool:
+    return module in PUBLIC_MODULES or any(
+        p.endswith(".*") and module.startswith(p[:-1]) for p in PUBLIC_MODULES)
+
+
+def test_the_architecture_page_names_the_public_modules() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("## Public surface", 1)[1].split("\n## ", 1)[0]
+    assert sorted(re.findall(r"^\| `(localstate[\w.*]*)` \|", section, re.MULTILINE)) == sorted(
+        PUBLIC_MODULES)
+
+
+@pytest.mark.parametrize("module", [m for m in PUBLIC_MODULES if not m.endswith(".*")])
+def test_a_public_module_declares_its_names(module: str) -> None:
+    loaded = importlib.import_module(module)
+    names = getattr(loaded, "__all__", None)
+    assert names, f"{module} declares no __all__"
+    for name in names:
+        assert getattr(loaded, name, None) is not None, (module, name)
+
+
+def _user_facing_files() -> list[Path]:
+    """What an operator reads and copies: the README, the docs' pages, the examples."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+            *sorted((ROOT / "localstate" / "examples").glob("*.py"))]
+
+
+def test_the_docs_and_examples_import_only_public_modules() -> None:
+    files = _user_facing_files()
+    assert len(files) > 20
+    found = {(path.relative_to(ROOT).as_posix(), a or b)
+             for path in files for a, b in _IMPORT.findall(path.read_text())}
+    assert len(found) >= 5  # the README's and the guides' examples do import localstate
+    assert sorted((f, m) for f, m in found if not is_public(m)) == []
+
+
+def test_the_entry_points_name_public_modules() -> None:
+    # as installed: the command, the plugin and the provider Airflow finds
+    targets = [point.value for point in metadata.distribution("localstate").entry_points]
+    assert len(targets) >= 3
+    assert [t for t in targets if not is_public(t.split(":", 1)[0])] == []
