@@ -104,7 +104,7 @@ def _rules() -> list[tuple[re.Pattern[str], str]]:
                                  rf"{re.escape(old_name)}\b(?!,)", re.M),
                       rf"\1from {new_package} import {new_name}"))
         rules.append((re.compile(r"(?<![\w.])" + re.escape(old) + r"(?!\w)"), new))
-        # the path, also spelled through the localstate/sync link
+        # the path, also as an earlier layout spelled it (through its localstate/sync link)
         old_path, new_path = path_of(old), path_of(new)
         spellings = [old_path] + (["localstate/" + old_path] if old_path.startswith("sync/")
                                   else [])
@@ -131,7 +131,7 @@ def files(paths: list[Path]) -> list[Path]:
             continue
         for candidate in sorted(path.rglob("*")):
             if candidate.resolve() != candidate or not candidate.is_file():
-                continue  # seen through localstate/sync -> ../sync: read once, as sync/
+                continue  # a tree of the earlier layout: read sync/ once, not through its link
             parts = set(candidate.relative_to(path).parts)
             if (candidate.suffix in SUFFIXES and not parts & SKIP
                     and candidate.name not in SKIP_FILES):

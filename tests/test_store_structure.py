@@ -50,8 +50,6 @@ def _files() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for name, root in roots.items():
         for path in sorted(root.rglob("*.py")):
-            if name == "localstate" and "sync" in path.relative_to(root).parts[:1]:
-                continue  # the symlinked package, read from its own folder
             out[f"{name}/{path.relative_to(root)}"] = path
     return out
 
