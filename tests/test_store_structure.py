@@ -22,8 +22,11 @@ import functools
 from collections import Counter
 from pathlib import Path
 
+from test_imports import module_files
+
 import localstate
-import localstate.sync
+
+ROOT = Path(localstate.__file__).resolve().parent.parent
 
 #: the store: `StateStore` and the parts it keeps in files of their own
 STORE_MODULES = (
@@ -45,13 +48,8 @@ KNOWN_ELSEWHERE: dict[str, int] = {
 
 @functools.cache
 def _files() -> dict[str, Path]:
-    roots = {"localstate": Path(localstate.__file__).resolve().parent,
-             "sync": Path(localstate.sync.__file__).resolve().parent}
-    out: dict[str, Path] = {}
-    for name, root in roots.items():
-        for path in sorted(root.rglob("*.py")):
-            out[f"{name}/{path.relative_to(root)}"] = path
-    return out
+    """Every module's file (sync/ too), by its path in the repository."""
+    return {path.relative_to(ROOT).as_posix(): path for path in sorted(module_files().values())}
 
 
 def _private(name: str) -> bool:
