@@ -306,6 +306,40 @@ def _figures(events: dict[str, list[dict[str, object]]], names: list[str], fed: 
     return f
 
 
+def _ranges(items: list[int]) -> str:
+    """``1-3, 7``: `items` (sorted) as ranges."""
+    out: list[str] = []
+    for _, group in itertools.groupby(enumerate(items), lambda p: p[1] - p[0]):
+        run_ = [n for _, n in group]
+        out.append(str(run_[0]) if len(run_) == 1 else f"{run_[0]}-{run_[-1]}")
+    return ", ".join(out)
+
+
+async def _where_missing(db: asyncpg.Connection, events: dict[str, list[dict[str, object]]],
+                         names: list[str], fed: int) -> list[str]:
+    """What the central tables say of each emit watcher's missing items: the event table's
+    row of each (its claim epoch, cache file, asset events), the watermark and the claim."""
+    lines: list[str] = []
+    for name in names:
+        got = {e["payload"]["n"] for e in events.get(name, [])  # type: ignore[index]
+               if isinstance(e.get("payload"), dict)}
+        missing = sorted(set(range(1, fed + 1)) - got)
+        if not missing:
+            continue
+        owner = f"asset_watcher:{name}"
+        lines.append(f"{name}: missing {_ranges(missing)}")
+        rows = await db.fetch(
+            "SELECT key, seq, writer, epoch, asset_events, committed_at FROM localstate_event "
+            "WHERE owner = $1 AND key = ANY($2::text[]) ORDER BY seq",
+            owner, [str(n) for n in missing])
+        lines.extend(f"  event {dict(r)}" for r in rows)
+        lines.append(f"  {len(missing) - len(rows)} missing items have no event row")
+        for table in ("localstate_state", "localstate_owner_claim"):
+            for r in await db.fetch(f"SELECT * FROM {table} WHERE owner = $1", owner):
+                lines.append(f"  {table}: {dict(r)}")
+    return lines
+
+
 async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
               progress: bool = False) -> Outcome:
     """The whole scenario; every process it started is stopped when it returns."""
@@ -381,6 +415,8 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         events.update(await _events(db, "plain"))
         r.outcome.emit = _figures(events, emit_names, fed)
         r.outcome.plain = _figures(events, plain_names, fed)
+        if r.outcome.emit.missing:
+            r.outcome.log.extend(await _where_missing(db, events, emit_names, fed))
         r.outcome.consumer_runs = int(await db.fetchval(
             "SELECT count(*) FROM dag_run WHERE dag_id = 'localstate_events_chaos'"))
     finally:
