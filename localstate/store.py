@@ -587,7 +587,8 @@ class StateStore:
         state store, the ``airflow`` sink, does not)."""
         return isinstance(self.sink, ClaimingSink)
 
-    async def claim(self, owner: str, *, unless_claimed_since: float | None = None) -> int:
+    async def claim(self, owner: str, *, unless_claimed_since: float | None = None,
+                    hold: bool = False) -> int:
         """Take `owner` over for this store: bump its claim epoch in the central DB (recording
         this store's ``triggerer_id``), then refresh its keys from there; return the epoch.
 
@@ -599,20 +600,34 @@ class StateStore:
 
         `unless_claimed_since` (POSIX time): claim only if nobody claimed `owner` after then;
         `OwnerLost` otherwise (a late claim never takes an owner back from its new holder).
+
+        `hold`: should the claim not be made now (`CentralUnavailable`, the caller claiming
+        again later), `owner`'s writes stay in this store until a claim of it is made (they go
+        out under it) or refused, or `release` lets them go: the previous holder's claim
+        stands until then, and would refuse them.
         """
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
-        sink = claiming_sink(self.sink)
-        async with self._gate.call():
-            worker, cache = self._mode.worker, self._mode.cache
-            return await claim_owner(
-                self._claims, sink, owner, claimant=self.triggerer_id,
-                writer=cache.writer_id if cache is not None else None, dirty=self._table.dirty,
-                flush=worker.flush if worker is not None else None,
-                load=self._mode.load if worker is not None else None,
-                patience=2 * self.settings.central_transaction_timeout,
-                unless_claimed_since=unless_claimed_since)
+        claims = self._claims
+        try:
+            sink = claiming_sink(self.sink)
+            async with self._gate.call():
+                worker, cache = self._mode.worker, self._mode.cache
+                return await claim_owner(
+                    claims, sink, owner, claimant=self.triggerer_id,
+                    writer=cache.writer_id if cache is not None else None,
+                    dirty=self._table.dirty, flush=worker.flush if worker is not None else None,
+                    load=self._mode.load if worker is not None else None,
+                    patience=2 * self.settings.central_transaction_timeout,
+                    unless_claimed_since=unless_claimed_since)
+        except CentralUnavailable:
+            if hold:
+                claims.hold(owner)
+            raise
+        except LocalStateError:  # refused for good (a newer claim, a sink keeping none)
+            claims.unhold(owner)
+            raise
 
     def claim_epoch(self, owner: str) -> int:
         """The claim epoch this store holds on `owner` (0: none)."""
@@ -643,6 +658,7 @@ class StateStore:
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
+        self._claims.unhold(owner)  # leaving: its writes go out, fenced as any
         async with self._gate.call():
             worker = self._mode.worker
             if worker is None:  # the cache is off: nothing is held

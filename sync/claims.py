@@ -16,8 +16,16 @@ When a flush comes back with a write refused for its epoch (`FlushOutcome.lost_t
 is lost: `check` raises `OwnerLost` for every later write of it until the store claims it again.
 The loss is logged once per claim.
 
-Invariant: an owner is in ``lost`` only while ``held`` has the epoch that lost it; a new claim
-replaces both.
+A claim that cannot be made now (the central DB out of reach) may hold its owner's writes
+back (`hold`): a trigger moved here during an outage runs on from its cache and claims later,
+and until then the previous holder's claim stands, so a flush of its writes would be refused
+and its events dropped while the trigger goes on past them. Held, they stay local (the sync
+worker skips the owners in ``waiting``) until the claim is made, then go out under it; or until
+it is refused (`outclaimed`) or the owner leaves (`unhold`), then go out to be fenced as any.
+
+Invariants: an owner is in ``lost`` only while ``held`` has the epoch that lost it; a new claim
+replaces both. An owner is in ``waiting`` only until its claim is made or refused, or it
+leaves this store.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ class ClaimBook:
         #: owners another writer claimed: owner -> the epoch the central DB holds (one dict
         #: for the book's lifetime, changed in place: the store's writes read it directly)
         self.lost: dict[str, int] = {}
+        #: owners whose claim waits to be made: their writes stay local until then (`hold`;
+        #: one set for the book's lifetime, changed in place: the sync worker reads it)
+        self.waiting: set[str] = set()
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0
         #: claims failing through an outage: logged at its start, a minute, its end
@@ -71,6 +82,17 @@ class ClaimBook:
         old = self.held.get(owner)
         self.held[owner] = HeldClaim(epoch, since, old.epoch if old is not None else 0)
         self.lost.pop(owner, None)
+        self.waiting.discard(owner)
+
+    def hold(self, owner: str) -> None:
+        """`owner`'s claim could not be made now and will be tried again: keep its writes
+        local until it is made or refused (see the module docstring)."""
+        self.waiting.add(owner)
+
+    def unhold(self, owner: str) -> None:
+        """Let `owner`'s writes go out without waiting for a claim (it leaves this store, or
+        cannot be claimed at all)."""
+        self.waiting.discard(owner)
 
     def epoch_of(self, owner: str) -> int:
         """The epoch this store holds on `owner` (0: none)."""
@@ -99,6 +121,7 @@ class ClaimBook:
             log.warning("owner %r was claimed by another writer (epoch %d) while this store "
                         "waited to claim it: its writes here are refused", owner, current)
         self.lost[owner] = current
+        self.waiting.discard(owner)
 
     def lose(self, owner: str, epoch: int, current: int) -> bool:
         """A write of `owner` made at `epoch` was refused: the central DB is at `current`.

@@ -315,6 +315,10 @@ class SyncWorker:
                 # a watermark write among `keys` is here, and goes in the first batch, so the
                 # central DB never holds a watermark without the events emitted with it.
                 events = self.outbox.pending()
+                held = self.claims.waiting
+                if held:  # owners whose claim waits: their writes go out under it, later
+                    keys = [k for k in keys if k[0] not in held]
+                    events = [e for e in events if e.owner not in held]
                 if len(events) > self.max_batch:
                     # a backlog (after an outage): `max_batch` events per flush, and the
                     # state of the owners with events left over waits for them
@@ -351,7 +355,7 @@ class SyncWorker:
                 raise
             report.duration = time.monotonic() - started
             report.still_dirty = len(self.table.dirty)
-            if len(self.outbox):  # more events than one flush takes: the next one at once
+            if self._events_to_send():  # more than one flush takes: the next one at once
                 self._kick.set()
             self._last_rows = report.written
             self.flushes += 1
@@ -361,6 +365,13 @@ class SyncWorker:
             self.failure_log.succeeded()
             self._retry_wake.set()
             return report
+
+    def _events_to_send(self) -> bool:
+        """Whether the outbox holds events a flush would send now (not only held ones)."""
+        held = self.claims.waiting
+        if not held:
+            return bool(len(self.outbox))
+        return any(e.owner not in held for e in self.outbox.pending())
 
     def _note_fleet(self, now: float) -> None:
         """Tell a sink that keeps the fleet table this triggerer's figures for the flush

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 import threading
@@ -138,6 +139,45 @@ def test_http_errors_come_back_typed(server: Server) -> None:
                 assert getattr(info.value, name) == value, f"case {n}"
     with StateClient(server.url, token=RW) as c:
         assert c.get("dag:x", "k") is None  # nothing was written
+
+
+class _Seen(logging.Handler):
+    """Sets `event` when a record whose message contains `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # the HTTP layer's: one backend tells
+@pytest.mark.parametrize("path", ["/api/v1/read", "/api/v1/flush"])
+def test_a_client_gone_mid_body_is_no_server_error(
+        server: Server, path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A triggerer killed while its request's body is on the way: the server logs it at info
+    (no traceback, no 500) and serves on; nothing was written."""
+    seen = _Seen("closed the connection before its request body arrived")
+    logging.getLogger("localstate.api.errors").addHandler(seen)
+    try:
+        with caplog.at_level(logging.INFO), socket.create_connection(
+                ("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RW}"
+                         "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+                         "\r\n{\"rows\": [".encode())
+            sock.shutdown(socket.SHUT_RDWR)
+            assert seen.event.wait(timeout=30), "the server never saw the disconnect"
+    finally:
+        logging.getLogger("localstate.api.errors").removeHandler(seen)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+    with StateClient(server.url, token=RW) as c:
+        assert c.get("dag:x", "k") is None
+        c.set("dag:x", "k", 1)
+        assert c.get("dag:x", "k") == 1
 
 
 def test_503_when_the_server_store_is_closed(client: StateClient, server: Server) -> None:

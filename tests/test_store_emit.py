@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from sqlalchemy import select
 from localstate import StateStore
 from localstate.conflicts import PolicyMap
 from localstate.errors import (
+    CentralUnavailable,
     EventsUnsupported,
     InvalidName,
     OwnerLost,
@@ -27,6 +30,8 @@ from localstate.rows import EventRow
 from localstate.store import event_key
 from localstate.sync.central_store import CentralStore
 from localstate.sync.schema import event
+from localstate.testing.mysql_server import MysqlServer
+from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "trigger:orders"
 
@@ -266,3 +271,83 @@ async def test_a_backlog_of_events_goes_max_batch_at_a_time_never_behind_its_wat
     record = await store.read_committed(OWNER, "watermark")
     assert record is not None
     assert record.value == 25
+
+
+async def test_writes_made_while_a_claim_waits_go_out_under_it_not_refused(
+    db_server: PostgresServer | MysqlServer, tmp_path: Path,
+) -> None:
+    """A trigger moved here while the central DB is down cannot claim its owner: it runs on
+    from the watermark it read and claims later (`StateEnabledTrigger`). The previous
+    holder's claim stands meanwhile, so a flush of the emits made here before the claim would
+    be refused and the events dropped, while the trigger goes on past them once its claim
+    is made: lost items. Held by the claim that waits, they go out under it, each once."""
+    url = db_server.create_database(f"held_{uuid.uuid4().hex[:12]}")
+    holder = await StateStore.open(central_url=url, cache_path=tmp_path / "holder.db",
+                                   triggerer_id="holder", flush_interval=3600)
+    late = await StateStore.open(central_url=url, cache_path=tmp_path / "late.db",
+                                 triggerer_id="late", flush_interval=3600,
+                                 central_transaction_timeout=0.5, central_timeout=2)
+    try:
+        assert await holder.claim(OWNER) == 1
+        await holder.emit(OWNER, {"n": 1}, watermark=1)
+        await holder.flush()
+        await holder.close()  # the holder's triggerer dies; its claim stands
+        started = time.time()
+        assert await late.get(OWNER, "watermark") == 1  # the trigger reads where to go on
+        await asyncio.to_thread(db_server.stop)
+        try:
+            with pytest.raises(CentralUnavailable):
+                await late.claim(OWNER, hold=True)
+            for n in (2, 3):  # from its cache, as in an outage
+                await late.emit(OWNER, {"n": n}, watermark=n)
+        finally:
+            await asyncio.to_thread(db_server.start)
+        # the central DB is back: a flush comes before the claim
+        await late.flush()
+        assert [k for _o, k, _s, _e in await committed_events(url)] == ["1"]
+        assert await late.claim(OWNER, unless_claimed_since=started) == 2
+        await late.emit(OWNER, {"n": 4}, watermark=4)  # the trigger goes on from 3
+        await late.flush()
+        assert [(k, e) for _o, k, _s, e in await committed_events(url)] == [
+            ("1", 1), ("2", 2), ("3", 2), ("4", 2)]
+        record = await late.read_committed(OWNER, "watermark")
+        assert record is not None
+        assert record.value == 4
+    finally:
+        await late.close()
+        await holder.close()
+
+
+async def test_a_held_owner_whose_claim_is_refused_loses_its_writes_and_says_so(
+    db_server: PostgresServer | MysqlServer, tmp_path: Path,
+) -> None:
+    """The other side: someone claimed the owner after this store started waiting. Its held
+    writes go out once its claim is refused, and are refused (OwnerLost), none committed."""
+    url = db_server.create_database(f"held_{uuid.uuid4().hex[:12]}")
+    late = await StateStore.open(central_url=url, cache_path=tmp_path / "late.db",
+                                 triggerer_id="late", flush_interval=3600,
+                                 central_transaction_timeout=0.5, central_timeout=2)
+    newer = await StateStore.open(central_url=url, cache_path=tmp_path / "newer.db",
+                                  triggerer_id="newer", flush_interval=3600)
+    try:
+        started = time.time()
+        await asyncio.to_thread(db_server.stop)
+        try:
+            with pytest.raises(CentralUnavailable):
+                await late.claim(OWNER, hold=True)
+            await late.emit(OWNER, {"n": 1}, watermark=1)
+        finally:
+            await asyncio.to_thread(db_server.start)
+        assert await newer.claim(OWNER) == 1
+        await late.flush()  # held: nothing of the owner goes out
+        assert await committed_events(url) == []
+        with pytest.raises(OwnerLost):
+            await late.claim(OWNER, unless_claimed_since=started)
+        await late.flush()  # now out, and refused
+        assert await committed_events(url) == []
+        assert late.event_figures()[OWNER].refused == 1
+        with pytest.raises(OwnerLost):
+            await late.emit(OWNER, {"n": 2}, watermark=2)
+    finally:
+        await late.close()
+        await newer.close()

@@ -38,6 +38,9 @@ A claim the central DB cannot complete now (down, or slow: every claim is bounde
 on from its cache, as in an outage, and claims again in the background with backoff, *unless
 another triggerer claimed the owner since this one started it* (the claim is conditional, in
 one transaction): a late claim never takes a trigger back from the triggerer it moved to.
+Meanwhile its writes stay in this store (`StateStore.claim`'s ``hold``): they go out under the
+claim once it is made, never under the previous holder's, which would refuse them while the
+run goes on past them.
 """
 
 from __future__ import annotations
@@ -275,7 +278,10 @@ class StateEnabledTrigger:
         if store.can_claim:
             started = time.time()
             try:
-                await store.claim(self.state_owner)
+                # held: until the claim is made, the writes stay here rather than go out
+                # under the previous holder's claim and be refused (the run would go on past
+                # them)
+                await store.claim(self.state_owner, hold=True)
             except CentralUnavailable as exc:
                 # local-first: the trigger runs from its cache and claims in the background;
                 # the store's claim FailureLog says so (once per outage, not per trigger)

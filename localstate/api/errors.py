@@ -17,7 +17,10 @@ StoreClosed, CacheError                                503    store_unavailable
 
 Bad requests FastAPI itself refuses (a query or body that does not validate, JSON that does not
 parse) are 422 ``validation_error`` with pydantic's list in ``detail``. Anything unforeseen is
-a 500 ``internal_error``. No 5xx body says anything of the internals (a DB URL, SQL, the
+a 500 ``internal_error``. A client that closes its connection before its request's body
+arrived (a triggerer killed or stopped mid-flush) is no server failure: nothing was read, so
+nothing was done; it is logged at info and answered 499 ``client_closed_request`` (which no one
+receives). No 5xx body says anything of the internals (a DB URL, SQL, the
 driver's words, paths, a traceback): those go to the log, under a request id the body carries
 (``detail.request_id``).
 """
@@ -34,6 +37,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from localstate.errors import LocalStateError
 from localstate.protocol import answer_for
@@ -119,6 +123,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, _CODES.get(exc.status_code, "http_error"),
                               str(exc.detail), headers=exc.headers)
 
+    async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ClientDisconnect)
+        log.info("%s %s: the client closed the connection before its request body arrived; "
+                 "nothing was done", request.method, request.url.path)
+        return error_response(499, "client_closed_request",
+                              "the client closed the connection before its request body arrived")
+
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
         e = _logged(500, "internal_error", "the server failed on this request", exc)
         return error_response(e.status, e.error, e.message, e.detail, e.headers)
@@ -127,4 +138,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(LocalStateError, store_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, client_gone)
     app.add_exception_handler(Exception, unexpected)
