@@ -41,6 +41,86 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="localstate-tests-airflow-home-")
 
 
+#: The suite's longest tests and modules (nodeid prefixes), longest first, with their seconds
+#: in a whole-suite run on two workers (a loaded machine; CI's are about two thirds). They are
+#: dealt out first, so that the last minutes of a run are short tests that spread over both
+#: workers, not one long test with the other worker idle. The rest keep their order.
+LONGEST_FIRST = [
+    "tests/test_airflow_events_chaos.py",  # 232-508 s
+    "tests/test_wheel.py",  # 90-170 (both tests share one build)
+    "tests/test_cli_bench.py::test_bench_flushes_through_sink_airflow_in_a_real_triggerer",  # 96
+    "tests/test_airflow_plugin.py",  # 105 (one Airflow deployment for the module)
+    "tests/test_upgrade.py::test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write",  # 100
+    "tests/test_airflow_graceful_stop.py",  # 88
+    "tests/test_airflow_api_e2e.py",  # 78 (one Airflow deployment for the module)
+    "tests/test_outage_logs.py",  # 68 (a 60 s outage)
+    "tests/faults/test_soak.py",  # 62
+    "tests/test_cli_bench.py::test_the_quick_start_runs_on_the_base_install_alone",  # 62
+    "tests/test_deploy_guide.py",  # 53
+    "tests/test_airflow_e2e.py",  # 48
+    "tests/test_asset_events.py",  # 30 (one Airflow deployment for the module)
+    "tests/faults/test_frozen_flush.py",  # 17-37 each
+    "tests/faults/test_linearizable.py",  # 11-27 each
+    "tests/test_cli_bench.py",  # 24-26 each
+    "tests/faults/test_hostile_cli.py",  # 26
+    "tests/test_sync_worker.py::test_the_watermark_never_goes_backwards_under_a_random_failover",
+    "tests/faults/test_power_loss.py",  # 17-23 each
+    "tests/faults/test_toggle_outage.py",  # 17-23 each
+    "tests/test_imports.py::test_every_module_imports_first_in_a_fresh_interpreter",  # 22
+    "tests/faults/test_hostile_rest.py",  # 21
+    "tests/test_cli.py",  # 1-18 each, 271 in all
+    "tests/test_cli_api.py",  # 7-18 each
+    "tests/test_upgrade.py",  # 15 each
+    "tests/faults/test_api_outage.py",  # 12-16 each
+    "tests/faults/test_hostile_input.py",  # 15
+    "tests/faults/test_process_crash.py",  # 9-14 each
+    "tests/test_ui_browser.py",  # 3-11 each
+]
+#: Modules whose tests share a module-scoped fixture (an Airflow deployment, a server of
+#: their own, a built wheel): each runs whole on one worker, so that fixture is set up once.
+#: Every other test is handed out on its own, to whichever worker is free.
+ONE_WORKER_MODULES = frozenset({
+    "tests/faults/test_central_hang.py",
+    "tests/faults/test_power_loss.py",
+    "tests/faults/test_restart_while_down.py",
+    "tests/test_airflow_api_e2e.py",
+    "tests/test_airflow_plugin.py",
+    "tests/test_airflow_trigger.py",
+    "tests/test_asset_events.py",
+    "tests/test_driver_errors_mysql.py",
+    "tests/test_postgres_server.py",
+    "tests/test_wheel.py",
+})
+
+
+def _rank(nodeid: str) -> int:
+    return next((n for n, prefix in enumerate(LONGEST_FIRST) if nodeid.startswith(prefix)),
+                len(LONGEST_FIRST))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first (a stable sort: within a rank, tests keep their order)."""
+    items.sort(key=lambda item: _rank(item.nodeid))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`-n N` (``--dist load``): hand tests out one at a time in collection order, a module of
+    ONE_WORKER_MODULES as one unit (pytest-xdist's loadgroup markers do not take effect
+    under pytest 9, which no longer reads the node id they rewrite)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class LongestFirst(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return LongestFirst(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's airflow.cfg or AIRFLOW__LOCALSTATE__* variables."""

@@ -4,7 +4,8 @@ constraints, where Airflow finds the plugin and the provider and migrates locals
 
 The top-level `sync/` installs as `localstate.sync` (pyproject's package-dir mapping): the
 sdist holds it as `sync/`, the wheel built from that sdist under ``localstate/sync/``, and
-neither has a top-level `sync` package to install. The pins are
+neither has a top-level `sync` package to install. The module builds once (`python -m build`:
+the sdist, then the wheel from it, as a release is made); both tests read that build. The pins are
 `tests/data/constraints-airflow-3.3.2-py3.11.txt` (its header says where they come from). The
 install reuses pip's cache.
 """
@@ -21,27 +22,36 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "tests" / "data" / "constraints-airflow-3.3.2-py3.11.txt"
 VERSION = metadata.version("localstate")
 
 
-def _build(out: Path, *which: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "build", *which, "--outdir", str(out),
+def _build(out: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out),
                            str(ROOT)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # setuptools' deprecation banners ("!!") would end a build on a later setuptools
     assert "!!" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The release's sdist and the wheel built from it, built once for the module."""
+    out = tmp_path_factory.mktemp("dist")
+    _build(out)
+    return out
+
+
 def _sync_modules() -> set[str]:
     return {p.name for p in (ROOT / "sync").glob("*.py")}
 
 
-def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(tmp_path: Path) -> None:
-    _build(tmp_path)
-    wheel = tmp_path / f"localstate-{VERSION}-py3-none-any.whl"
-    sdist = tmp_path / f"localstate-{VERSION}.tar.gz"
+def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(dist: Path) -> None:
+    wheel = dist / f"localstate-{VERSION}-py3-none-any.whl"
+    sdist = dist / f"localstate-{VERSION}.tar.gz"
     assert wheel.is_file()
     assert sdist.is_file()
 
@@ -84,9 +94,9 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 180) 
     return proc.stdout
 
 
-def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(tmp_path: Path) -> None:
-    _build(tmp_path / "dist", "--wheel")
-    wheel = tmp_path / "dist" / f"localstate-{VERSION}-py3-none-any.whl"
+def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(dist: Path, tmp_path: Path
+                                                               ) -> None:
+    wheel = dist / f"localstate-{VERSION}-py3-none-any.whl"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_dir = venv / "bin"
