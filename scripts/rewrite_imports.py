@@ -33,7 +33,7 @@ the rewrite applies both tables, the moves first. Two kinds of names must not fo
   becomes ``getLogger("<the module's public-era name>")`` (``localstate.store``), and a bare
   dotted name on a line about logs or metrics (``getLogger(``, ``logger=``, ``.name ==``,
   ``statsd.``, the words log, logger, logs, rate) is left as it is (``localstate.conflicts``
-  is a logger and a metric too); a name with an attribute after it is still rewritten there;
+  is a logger and a metric too); a name with a class after it is still rewritten there;
 * the previous release's code in tests/upgrade/ (`SKIP_PATHS`), which imports its own names.
 
 Both steps are idempotent: re-run them after merging a branch that added a module at an old
@@ -219,16 +219,17 @@ def _private_rules() -> list[tuple[re.Pattern[str], str]]:
 
 RULES = _rules()
 PRIVATE_RULES = _private_rules()
-#: an old dotted name, whole (`localstate.store`, `localstate.store.StateStore`)
+#: an old dotted name, whole, and what follows it (`localstate.sync`, `localstate.sync.worker`,
+#: `localstate.store.StateStore`)
 PRIVATE_NAME = re.compile(r"(?<![\w.])(" + "|".join(
-    re.escape(old) for old in sorted(PRIVATE, key=len, reverse=True)) + r")(?!\w)(\.\w)?")
+    re.escape(old) for old in sorted(PRIVATE, key=len, reverse=True)) + r")(?!\w)((?:\.\w+)*)")
 
 
 def _private_name(match: re.Match[str], line: str) -> str:
-    old, attribute = match.group(1), match.group(2)
-    if attribute is None and STABLE_CONTEXT.search(line):
-        return match.group(0)  # a logger's or a metric's name, not the module's
-    return PRIVATE[old] + (attribute or "")
+    old, rest = match.group(1), match.group(2)
+    if STABLE_CONTEXT.search(line) and not re.search(r"\.[A-Z]", rest):
+        return match.group(0)  # a logger's or a metric's name (no class in it), not a module's
+    return PRIVATE[old] + rest
 
 
 def explicit_loggers(text: str, module: str) -> str:
