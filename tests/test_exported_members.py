@@ -47,7 +47,7 @@ def test_importing_the_package_loads_no_store() -> None:
     """The store and what is built on it load on first use (the lower layers import the
     package first): `import localstate` alone must not pull them in."""
     code = ("import sys, localstate; "
-            "print(sorted(m for m in ('localstate.store', 'localstate.sync.settle') "
+            "print(sorted(m for m in ('localstate._store', 'localstate._sync.settle') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
@@ -58,7 +58,7 @@ def test_importing_the_package_loads_no_store() -> None:
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what code outside localstate imports (docs/architecture.md, "Public surface"); the rest,
-#: all of localstate.sync included, is internal
+#: all of localstate._sync included, is internal
 PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "localstate.client",
                   "localstate.airflow.trigger", "localstate.airflow.plugin",
                   "localstate.airflow.provider", "localstate.airflow.db_manager",

@@ -1,6 +1,6 @@
 """No module touches another object's underscore members, except the few listed here.
 
-Read from the source of `localstate` and `localstate.sync` with `ast`. The rule: an attribute
+Read from the source of `localstate` and `localstate._sync` with `ast`. The rule: an attribute
 ``x._name``, or ``getattr``/``setattr``/``hasattr``/``delattr`` of ``x`` and the literal
 ``"_name"``, reaches into another object's private member, unless
 
@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
     ("localstate.airflow.trigger", "inner._by_uri"):
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
-    ("localstate.cache_file", 'getattr(connection, "_thread")'):
+    ("localstate._cache_file", 'getattr(connection, "_thread")'):
         "aiosqlite gives no public handle on the worker thread a failed connect leaves running",
 }
 
@@ -140,7 +140,7 @@ def private_accesses(source: str, module: str, *, is_package: bool = False
 
 
 def all_private_accesses() -> dict[tuple[str, str], list[int]]:
-    """(module, access) -> the lines it is on, over localstate and localstate.sync."""
+    """(module, access) -> the lines it is on, over localstate and localstate._sync."""
     found: dict[tuple[str, str], list[int]] = {}
     for module, path in sorted(module_files().items()):
         for line, text in private_accesses(path.read_text(), module,
@@ -202,7 +202,7 @@ def test_a_private_module_is_its_packages_to_import() -> None:
     assert private_accesses(inside, "localstate.cli") == []
     assert private_accesses(inside, "localstate.cli", is_package=True) == []
     assert private_accesses(inside, "localstate.cli.main") == []
-    assert private_accesses(inside, "localstate.api.routes") == [
+    assert private_accesses(inside, "localstate.api._routes") == [
         (1, "import localstate.cli._status")]
 
 
@@ -211,8 +211,8 @@ def test_a_private_module_is_its_packages_to_import() -> None:
 
 def test_the_scan_reads_both_packages() -> None:
     modules = module_files()
-    assert "localstate.store" in modules
-    assert "localstate.sync.worker" in modules
+    assert "localstate._store" in modules
+    assert "localstate._sync.worker" in modules
 
 
 def test_no_module_touches_another_objects_private_members_but_the_allowed() -> None:

@@ -15,7 +15,11 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import StateStore
-from localstate.conflicts import PolicyMap
+from localstate._conflicts import PolicyMap
+from localstate._rows import EventRow
+from localstate._store import event_key
+from localstate._sync.central_store import CentralStore
+from localstate._sync.schema import event
 from localstate.errors import (
     EventsUnsupported,
     InvalidName,
@@ -23,10 +27,6 @@ from localstate.errors import (
     ValueEncodingError,
     ValueTooLarge,
 )
-from localstate.rows import EventRow
-from localstate.store import event_key
-from localstate.sync.central_store import CentralStore
-from localstate.sync.schema import event
 
 OWNER = "trigger:orders"
 
