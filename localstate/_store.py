@@ -148,7 +148,7 @@ class StateStore:
     """A local-first state store. ``store = await StateStore.open(...)`` or ``async with``.
 
     Every option may also come from the environment or ``airflow.cfg`` (see
-    `localstate._config`); explicit arguments win.
+    `localstate.Settings`); explicit arguments win.
 
     What it owns, and how it opens, closes and is reconfigured: see the module docstring. Its
     calls read that state; a call not served from memory goes to the mode in force, inside the
