@@ -198,13 +198,13 @@ def _private_rules() -> list[tuple[re.Pattern[str], str]]:
     rules: list[tuple[re.Pattern[str], str]] = []
     for old, new in PRIVATE.items():
         old_package, _, old_name = old.rpartition(".")
-        new_package, _, new_name = new.rpartition(".")
-        # `from localstate import store`: the module keeps its local name (`_store as store`)
+        # `from localstate.airflow import shutdown`: imported as a module, under its local name
+        # (`import localstate.airflow._shutdown as shutdown`: a private module, not a private
+        # name of its package)
         importing = rf"^(\s*)from {re.escape(old_package)} import {re.escape(old_name)}\b"
-        rules.append((re.compile(importing + r"(?=\s+as\b)", re.M),
-                      rf"\1from {new_package} import {new_name}"))
+        rules.append((re.compile(importing + r"(?=\s+as\b)", re.M), rf"\1import {new}"))
         rules.append((re.compile(importing + r"(?!,|\s+as\b)", re.M),
-                      rf"\1from {new_package} import {new_name} as {old_name}"))
+                      rf"\1import {new} as {old_name}"))
         old_path, new_path = folder_of(old), folder_of(new)
         if old_path == new_path:
             continue  # localstate.sync: the folder stays sync/

@@ -31,7 +31,7 @@ def test_the_checkout_names_no_old_module() -> None:
     ("from localstate.store import StateStore\n", "from localstate._store import StateStore\n"),
     ("from localstate.sync.worker import SyncWorker\n",
      "from localstate._sync.worker import SyncWorker\n"),
-    ("from localstate.api import routes\n", "from localstate.api import _routes as routes\n"),
+    ("from localstate.api import routes\n", "import localstate.api._routes as routes\n"),
     ('"StateStore": "localstate.store",\n', '"StateStore": "localstate._store",\n'),
     ("see `localstate/bench/runner.py` and `localstate/store.py`\n",
      "see `localstate/_bench/runner.py` and `localstate/_store.py`\n"),

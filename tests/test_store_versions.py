@@ -444,7 +444,7 @@ async def test_a_first_write_long_after_a_miss_counts_from_one_with_the_central_
 
 
 def test_clock_versions_only_grow_within_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localstate import _entry as entry
+    import localstate._entry as entry
 
     first = entry.unknown_base_version()
     monkeypatch.setattr(entry, "_now", lambda: 1.0)  # the clock stepped back

@@ -56,11 +56,11 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
+import localstate.airflow._shutdown as shutdown
 from localstate._backoff import Backoff
 from localstate._model import MAX_NAME_LENGTH
 from localstate._store import StateStore, StateVariable, process_store
 from localstate._sync.airflow_sink import process_sink
-from localstate.airflow import _shutdown as shutdown
 from localstate.airflow._runner_gc import freeze_startup_heap
 from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
 
