@@ -22,8 +22,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger
 
+from localstate._sync.airflow_sink import process_sink
 from localstate.airflow.trigger import StateEnabledTrigger
-from localstate.sync.airflow_sink import process_sink
 
 #: (generation, seconds) of each collection in this process since the module was imported
 GC_PAUSES: list[tuple[int, float]] = []

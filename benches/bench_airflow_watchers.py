@@ -38,8 +38,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from localstate.bench.airflow_deployment import fast_loops
-from localstate.testing.postgres_server import PostgresServer
+from localstate._bench.airflow_deployment import fast_loops
+from localstate._testing.postgres_server import PostgresServer
 
 HERE = Path(__file__).resolve().parent
 AIRFLOW = Path(sys.executable).with_name("airflow")

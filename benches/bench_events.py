@@ -41,13 +41,13 @@ sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
 from airflow_api_server import MACHINE_TOKEN, new_airflow  # noqa: E402
 from airflow_harness import ROOT  # noqa: E402
 
-from localstate.bench.airflow_deployment import (  # noqa: E402
+from localstate._bench.airflow_deployment import (  # noqa: E402
     activate_watchers,
     fast_loops,
     stop,
     wait_until,
 )
-from localstate.testing.postgres_server import PostgresServer  # noqa: E402
+from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 
 FLUSH_INTERVAL = 1.0
 DAG = '''

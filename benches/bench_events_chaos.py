@@ -28,7 +28,7 @@ sys.path[:0] = [str(HERE.parent / "tests")]
 
 from events_chaos import Schedule, run  # noqa: E402
 
-from localstate.testing.postgres_server import PostgresServer  # noqa: E402
+from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 
 
 def main() -> None:

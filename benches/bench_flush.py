@@ -31,9 +31,9 @@ from typing import Any
 from sqlalchemy import event
 
 from localstate import StateStore
-from localstate.bench import BenchConfig, run_scenario
-from localstate.bench.baselines import central_bulk_upsert, flush_rows_per_s
-from localstate.sync.central_store import CentralStore
+from localstate._bench import BenchConfig, run_scenario
+from localstate._bench.baselines import central_bulk_upsert, flush_rows_per_s
+from localstate._sync.central_store import CentralStore
 
 
 async def _median_bulk(url: str, n: int, rounds: int, method: str) -> float:
@@ -145,13 +145,13 @@ def main() -> None:
         server: Any = None
         url = args.central_url
         if url is None and args.server == "mysql":
-            from localstate.testing.mysql_server import MysqlServer
+            from localstate._testing.mysql_server import MysqlServer
 
             server = MysqlServer(folder / "mysql")
             server.start()
             url = server.url
         elif url is None:
-            from localstate.testing.postgres_server import PostgresServer
+            from localstate._testing.postgres_server import PostgresServer
 
             server = PostgresServer(folder / "pg")
             server.start()

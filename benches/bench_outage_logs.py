@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow  # noqa: E402
 from airflow_harness import fast_loops, stop, wait_for  # noqa: E402
 
-from localstate.testing.postgres_server import PostgresServer  # noqa: E402
+from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 
 PERIOD = 0.5
 DAG = """

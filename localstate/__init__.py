@@ -11,7 +11,10 @@ extra, httpx).
 
 from typing import TYPE_CHECKING, Any
 
-from localstate.config import Settings
+from localstate._config import Settings
+from localstate._model import UNSET, Durability, FlushState, Record, Unset
+from localstate._setting_specs import LIVE_SETTINGS
+from localstate._version import __version__
 from localstate.errors import (
     AccessDenied,
     CacheCorrupt,
@@ -36,29 +39,26 @@ from localstate.errors import (
     VersionExhausted,
     WriteRejected,
 )
-from localstate.model import UNSET, Durability, FlushState, Record, Unset
-from localstate.setting_specs import LIVE_SETTINGS
-from localstate.version import __version__
 
 if TYPE_CHECKING:
+    from localstate._reload import ConfigWatcher
+    from localstate._stats import StoreStats
+    from localstate._store import ReleaseReport, StateStore, StateVariable
+    from localstate._sync.settle import ConflictInfo, FlushReport
     from localstate.blocking import BlockingStateStore
-    from localstate.reload import ConfigWatcher
-    from localstate.stats import StoreStats
-    from localstate.store import ReleaseReport, StateStore, StateVariable
-    from localstate.sync.settle import ConflictInfo, FlushReport
 
 # The store and what is built on it load on first use, not with the package: importing a lower
-# layer (`localstate.errors`, `localstate.codec`, `localstate.conflicts`, ...) runs this
-# file first, and it must not pull in the store, which imports `localstate.sync` back.
+# layer (`localstate.errors`, `localstate._codec`, `localstate._conflicts`, ...) runs this
+# file first, and it must not pull in the store, which imports `localstate._sync` back.
 _LAZY = {
     "BlockingStateStore": "localstate.blocking",
-    "ConfigWatcher": "localstate.reload",
-    "ConflictInfo": "localstate.sync.settle",
-    "FlushReport": "localstate.sync.settle",
-    "ReleaseReport": "localstate.store",
-    "StoreStats": "localstate.stats",
-    "StateStore": "localstate.store",
-    "StateVariable": "localstate.store",
+    "ConfigWatcher": "localstate._reload",
+    "ConflictInfo": "localstate._sync.settle",
+    "FlushReport": "localstate._sync.settle",
+    "ReleaseReport": "localstate._store",
+    "StoreStats": "localstate._stats",
+    "StateStore": "localstate._store",
+    "StateVariable": "localstate._store",
 }
 
 

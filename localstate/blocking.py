@@ -31,13 +31,13 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from localstate.class_or_instance import ClassOrInstance
-from localstate.config import Settings
+from localstate._class_or_instance import ClassOrInstance
+from localstate._config import Settings
+from localstate._model import Durability, Record
+from localstate._stats import StoreStats
+from localstate._store import DEFAULT, StateStore
+from localstate._sync.settle import FlushReport
 from localstate.errors import LocalStateError, StoreClosed
-from localstate.model import Durability, Record
-from localstate.stats import StoreStats
-from localstate.store import DEFAULT, StateStore
-from localstate.sync.settle import FlushReport
 
 __all__ = ["BlockingStateStore", "StateVariable"]
 

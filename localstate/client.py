@@ -23,7 +23,7 @@ server. A `CentralUnavailable` from a write leaves its outcome unknown: read, th
 `expected_version`. The server's answers come back as the errors the store raises:
 
 =======================================  ==================================================
-server answer (`localstate.protocol`)    raised
+server answer (`localstate._protocol`)    raised
 =======================================  ==================================================
 404 (no value)                           nothing: `get` gives the default, `record` None,
                                          `delete` False
@@ -52,14 +52,9 @@ from typing import Any, Final
 
 import httpx
 
-from localstate.codec import encode
-from localstate.errors import (
-    CentralUnavailable,
-    InvalidInput,
-    LocalStateError,
-)
-from localstate.model import FlushState, Record
-from localstate.protocol import (
+from localstate._codec import encode
+from localstate._model import FlushState, Record
+from localstate._protocol import (
     FLEET_PATH,
     HEALTH_PATH,
     LIST_PATH,
@@ -67,6 +62,11 @@ from localstate.protocol import (
     body_of,
     error_for,
     item_path,
+)
+from localstate.errors import (
+    CentralUnavailable,
+    InvalidInput,
+    LocalStateError,
 )
 
 __all__ = ["AsyncStateClient", "StateClient"]

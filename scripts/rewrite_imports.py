@@ -21,14 +21,32 @@ to the module that defines it (and its own name): ``from localstate.config impor
 becomes ``from localstate.setting_specs import ApiToken``; a renamed name is renamed in the
 importing file too. Run with ``--symbols`` (Python files only).
 
+`PRIVATE_MODULES` and `PRIVATE_PACKAGES` then give every module that is not public a private
+name (httpx's layout: the public modules, listed in tests/test_exported_members.py, keep their
+names; the rest get a leading ``_``): ``localstate.store`` -> ``localstate._store``,
+``localstate.bench`` -> ``localstate._bench`` (its files keep their names inside it), and
+``localstate.sync`` -> ``localstate._sync`` (still the top-level ``sync/`` folder, mapped by
+pyproject's ``package-dir``: only the dotted name changes). ``--mv`` moves those files too, and
+the rewrite applies both tables, the moves first. Two kinds of names must not follow a module's:
+
+* logger names, which operators configure: each ``getLogger(__name__)`` of localstate and sync/
+  becomes ``getLogger("<the module's public-era name>")`` (``localstate.store``), and a bare
+  dotted name on a line about logs or metrics (``getLogger(``, ``logger=``, ``.name ==``,
+  ``statsd.``, the words log, logs, logger, loggers, rate) is left as it is (the logger
+  ``localstate.conflicts`` is a metric too); a name with a class after it is still rewritten;
+* the previous release's code in tests/upgrade/ (`SKIP_PATHS`), which imports its own names.
+
 Both steps are idempotent: re-run them after merging a branch that added a module at an old
 place or new mentions of an old name. CHANGELOG.md is left alone (it names the old places on
 purpose).
+
+    python scripts/rewrite_imports.py --mv && python scripts/rewrite_imports.py
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -52,6 +70,36 @@ MOVES: dict[str, str] = {
     # the claim epochs a flush is fenced with: the flush layer, beside the worker
     "localstate.claims": "localstate.sync.claims",
 }
+
+#: the internal modules of the public packages (localstate, localstate.api, localstate.airflow):
+#: private by name; localstate.cli's were named so from the start
+PRIVATE_MODULES: dict[str, str] = {
+    f"{package}.{name}": f"{package}._{name}"
+    for package, names in (
+        ("localstate", (
+            "absent_keys", "backoff", "cache_compaction", "cache_file", "class_or_instance",
+            "codec", "config", "conflicts", "default_store", "entry", "entry_table",
+            "eviction", "failure_log", "file_lock", "futures", "lanes", "local_cache",
+            "local_first", "metrics", "mode_gate", "model", "modes", "orders", "outbox",
+            "owner_index", "pending_switch", "protocol", "reload", "retention_rules", "rows",
+            "setting_specs", "stats", "store", "version")),
+        ("localstate.api", (
+            "app", "auth", "context", "csrf", "errors", "paths", "routes", "schemas",
+            "serve_token", "sink_routes", "ui", "view")),
+        ("localstate.airflow", ("auth", "mount", "runner_gc", "serving", "shutdown")),
+    )
+    for name in names
+}
+
+#: internal packages: private by name, their modules keep their names inside them
+PRIVATE_PACKAGES: dict[str, str] = {
+    "localstate.sync": "localstate._sync",  # the top-level sync/ folder, renamed by mapping
+    "localstate.bench": "localstate._bench",
+    "localstate.testing": "localstate._testing",
+    "localstate.airflow.migrations": "localstate.airflow._migrations",
+}
+
+PRIVATE: dict[str, str] = {**PRIVATE_MODULES, **PRIVATE_PACKAGES}
 
 #: (module, name) -> (module, name): a name imported from a module that re-exported it (or an
 #: alias of it), imported from where it is defined instead
@@ -82,16 +130,48 @@ DIRS = ("localstate", "sync", "tests", "benches", "scripts", "docs")
 SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".cfg", ".txt"}
 SKIP = {".venv", "build", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache", "site",
         "__pycache__", ".hypothesis"}
-#: files that name the old places on purpose
-SKIP_FILES = {"CHANGELOG.md"}
+#: files that name the old places on purpose (the changelog; the script's own test)
+SKIP_FILES = {"CHANGELOG.md", "test_rewrite_imports.py"}
+#: folders (relative to the checkout) of code that runs under another release's names
+SKIP_PATHS = ("tests/upgrade/",)
+#: a line about logs or metrics: a bare dotted name there is a logger's or a metric's
+STABLE_CONTEXT = re.compile(r"getLogger\(|\blogger\s*=|\.name\s*==|statsd\.|"
+                            r"\b(?:log|logs|logger|loggers|rate)\b")
+
+
+def folder_of(module: str) -> str:
+    """The folder (or file, without its suffix) of a dotted name, relative to the checkout."""
+    parts = module.split(".")
+    if parts[:2] in (["localstate", "sync"], ["localstate", "_sync"]):
+        return "/".join(["sync", *parts[2:]])
+    return "/".join(parts)
 
 
 def path_of(module: str) -> str:
     """The file of a dotted module name, relative to the checkout."""
-    parts = module.split(".")
-    if parts[:2] == ["localstate", "sync"]:
-        return "/".join(["sync", *parts[2:]]) + ".py"
-    return "/".join(parts) + ".py"
+    return folder_of(module) + ".py"
+
+
+def module_of(path: Path) -> str | None:
+    """The dotted name of a file of localstate/ or sync/ (None elsewhere)."""
+    if ROOT not in path.resolve().parents:
+        return None
+    relative = path.resolve().relative_to(ROOT).with_suffix("").parts
+    if relative[:1] == ("sync",):
+        relative = ("localstate", "_sync", *relative[1:])
+    elif relative[:1] != ("localstate",):
+        return None
+    if relative[-1] == "__init__":
+        relative = relative[:-1]
+    return ".".join(relative)
+
+
+def public_era_name(module: str) -> str:
+    """The name a module had before the privacy renames (what its logger is called)."""
+    for old, new in sorted(PRIVATE.items(), key=lambda item: -len(item[1])):
+        if module == new or module.startswith(new + "."):
+            return old + module[len(new):]
+    return module
 
 
 def _rules() -> list[tuple[re.Pattern[str], str]]:
@@ -114,11 +194,57 @@ def _rules() -> list[tuple[re.Pattern[str], str]]:
     return rules
 
 
+def _private_rules() -> list[tuple[re.Pattern[str], str]]:
+    rules: list[tuple[re.Pattern[str], str]] = []
+    for old, new in PRIVATE.items():
+        old_package, _, old_name = old.rpartition(".")
+        # `from localstate.airflow import shutdown`: imported as a module, under its local name
+        # (`import localstate.airflow._shutdown as shutdown`: a private module, not a private
+        # name of its package)
+        importing = rf"^(\s*)from {re.escape(old_package)} import {re.escape(old_name)}\b"
+        rules.append((re.compile(importing + r"(?=\s+as\b)", re.M), rf"\1import {new}"))
+        rules.append((re.compile(importing + r"(?!,|\s+as\b)", re.M),
+                      rf"\1import {new} as {old_name}"))
+        old_path, new_path = folder_of(old), folder_of(new)
+        if old_path == new_path:
+            continue  # localstate.sync: the folder stays sync/
+        if old in PRIVATE_PACKAGES:  # the folder, followed by one of its files
+            rules.append((re.compile(r"(?<![\w/.])" + re.escape(old_path) + r"(?=/)"),
+                          new_path))
+        else:
+            rules.append((re.compile(r"(?<![\w/.])" + re.escape(old_path + ".py") + r"(?!\w)"),
+                          new_path + ".py"))
+    return rules
+
+
 RULES = _rules()
+PRIVATE_RULES = _private_rules()
+#: an old dotted name, whole, and what follows it (`localstate.sync`, `localstate.sync.worker`,
+#: `localstate.store.StateStore`)
+PRIVATE_NAME = re.compile(r"(?<![\w.])(" + "|".join(
+    re.escape(old) for old in sorted(PRIVATE, key=len, reverse=True)) + r")(?!\w)((?:\.\w+)*)")
 
 
-def rewrite(text: str) -> str:
+def _private_name(match: re.Match[str], line: str) -> str:
+    old, rest = match.group(1), match.group(2)
+    if STABLE_CONTEXT.search(line) and not re.search(r"\.[A-Z]", rest):
+        return match.group(0)  # a logger's or a metric's name (no class in it), not a module's
+    return PRIVATE[old] + rest
+
+
+def explicit_loggers(text: str, module: str) -> str:
+    """``getLogger(__name__)`` named: the logger keeps the module's public-era name."""
+    return text.replace("getLogger(__name__)", f'getLogger("{public_era_name(module)}")')
+
+
+def rewrite(text: str, module: str | None = None) -> str:
     for pattern, replacement in RULES:
+        text = pattern.sub(replacement, text)
+    if module is not None:
+        text = explicit_loggers(text, module)
+    text = "".join(PRIVATE_NAME.sub(functools.partial(_private_name, line=line), line)
+                   for line in text.splitlines(keepends=True))
+    for pattern, replacement in PRIVATE_RULES:
         text = pattern.sub(replacement, text)
     return text
 
@@ -134,9 +260,15 @@ def files(paths: list[Path]) -> list[Path]:
                 continue  # a tree of the earlier layout: read sync/ once, not through its link
             parts = set(candidate.relative_to(path).parts)
             if (candidate.suffix in SUFFIXES and not parts & SKIP
-                    and candidate.name not in SKIP_FILES):
+                    and candidate.name not in SKIP_FILES and not _skipped(candidate)):
                 found.append(candidate)
     return found
+
+
+def _skipped(path: Path) -> bool:
+    if ROOT not in path.resolve().parents:
+        return False
+    return path.resolve().relative_to(ROOT).as_posix().startswith(SKIP_PATHS)
 
 
 def default_paths() -> list[Path]:
@@ -154,6 +286,26 @@ def git_mv() -> list[str]:
             command = ["git", "mv", path_of(old), path_of(new)]
             subprocess.run(command, cwd=ROOT, check=True)
             done.append(" ".join(command))
+    for old, new in PRIVATE.items():
+        folder, renamed = folder_of(old), folder_of(new)
+        if folder == renamed:
+            continue
+        if old in PRIVATE_MODULES:
+            moves = [(folder + ".py", renamed + ".py")]
+        elif not (ROOT / renamed).exists():
+            moves = [(folder, renamed)]  # the whole package
+        else:  # a file a merged branch added to the package at its old place
+            listed = subprocess.run(["git", "ls-files", "--", folder], cwd=ROOT, check=True,
+                                    capture_output=True, text=True).stdout.split()
+            moves = [(f, renamed + f[len(folder):]) for f in listed]
+        for source_file, target_file in moves:
+            if (ROOT / source_file).exists() and not (ROOT / target_file).exists():
+                command = ["git", "mv", source_file, target_file]
+                subprocess.run(command, cwd=ROOT, check=True)
+                done.append(" ".join(command))
+            elif (ROOT / source_file).exists():
+                print(f"both {source_file} and {target_file} exist: merge them by hand",
+                      file=sys.stderr)
     return done
 
 
@@ -211,7 +363,8 @@ def main(argv: list[str]) -> int:
         if path == Path(__file__).resolve() or (symbols and path.suffix != ".py"):
             continue
         text = path.read_text()
-        new = move_symbols(text) if symbols else rewrite(text)
+        new = move_symbols(text) if symbols else rewrite(
+            text, module_of(path) if path.suffix == ".py" else None)
         if new != text:
             path.write_text(new)
             changed.append(path)

@@ -1,9 +1,9 @@
 """mypy over the repository, with the top-level `sync/` checked under its installed name.
 
-`sync/` installs as the subpackage `localstate.sync` (pyproject's `package-dir` mapping); an
+`sync/` installs as the subpackage `localstate._sync` (pyproject's `package-dir` mapping); an
 editable install reaches it through setuptools' import hook, which mypy does not follow. mypy
 names a file after the folders above it, so it would call `sync/worker.py` `sync.worker` and
-find no `localstate.sync` at all. This runs mypy exactly as `mypy` would (same configuration,
+find no `localstate._sync` at all. This runs mypy exactly as `mypy` would (same configuration,
 same arguments, same output and exit status), except that each source under `sync/` is given
 its installed module name before the build.
 
@@ -24,7 +24,7 @@ from mypy.modulefinder import BuildSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNC_DIR = ROOT / "sync"
-SYNC_PACKAGE = "localstate.sync"
+SYNC_PACKAGE = "localstate._sync"
 
 
 def installed_name(source: BuildSource) -> BuildSource:

@@ -13,7 +13,7 @@ Owners map to accessors through an `AccessorRegistry` that the trigger mixin
 no accessor yet (its trigger has not started in this process) stays dirty until one registers.
 
 The accessors talk over the trigger loop's comms, so this sink runs on that loop: the store
-uses it directly, never through `localstate.sync.sink_thread.ThreadedSink`.
+uses it directly, never through `localstate._sync.sink_thread.ThreadedSink`.
 
 Pipelining: the runner's comms (``TriggerCommsDecoder.asend``) tag each request with an id and
 match the answers as they come, so up to `AirflowSink.in_flight` calls are sent without waiting
@@ -28,11 +28,11 @@ messages (``TriggerStateChanges``) behind the sink's, so `IN_FLIGHT` is small.
 Batched reads (`AirflowSink.use_batch_reads`; the store sets it up when ``api_url`` is set):
 a batch of misses of owners registered by asset name (``asset_watcher:<name>``, one accessor
 addressing the asset by that name) is read in ONE request from localstate's app in Airflow's
-API server, which reads Airflow's own ``asset_state_store`` rows (`localstate.sync.asset_states`:
+API server, which reads Airflow's own ``asset_state_store`` rows (`localstate._sync.asset_states`:
 the records the accessors' ``aget`` would give, since this sink writes through those accessors),
 and no supervisor round trip is spent on it; so are the values a flush under ``max`` compares
 with. Other owners, and every write, still go through the accessors. A batch read that fails is
-made through the accessors instead (`localstate.sync.asset_batch_reads` decides when to try
+made through the accessors instead (`localstate._sync.asset_batch_reads` decides when to try
 again).
 
 A flush is bounded: rows are taken oldest-dirty first (the order `write_batch` gets them in), and
@@ -66,18 +66,18 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
-from localstate.codec import decode, encode
-from localstate.conflicts import ConflictPolicy, PolicyMap
-from localstate.entry import StateKey
+from localstate._codec import decode, encode
+from localstate._conflicts import ConflictPolicy, PolicyMap
+from localstate._entry import StateKey
+from localstate._lanes import in_lanes
+from localstate._model import ASSET_OWNER_PREFIX
+from localstate._rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.asset_batch_reads import AssetBatchReader, BatchReads
 from localstate.errors import CentralUnavailable, ConfigError
-from localstate.lanes import in_lanes
-from localstate.model import ASSET_OWNER_PREFIX
-from localstate.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.asset_batch_reads import AssetBatchReader, BatchReads
 
 __all__ = ["AccessorRegistry", "AirflowSink", "AssetAccessor", "process_sink"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.airflow_sink")
 
 #: `updated_by` of records read from Airflow's store: it keeps no writer id localstate can use
 AIRFLOW_WRITER: Final = "airflow"
@@ -135,7 +135,7 @@ class AccessorRegistry:
 
 
 class AirflowSink:
-    """A `localstate.sync.sinks.Sink` over Airflow's asset state store accessors."""
+    """A `localstate._sync.sinks.Sink` over Airflow's asset state store accessors."""
 
     url = "airflow:asset_state_store"
 

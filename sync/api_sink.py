@@ -3,12 +3,12 @@
 For processes that may not hold database credentials (Airflow 3's trigger runner, tasks and
 workers: ADR 0005). The server (``localstate serve``, or localstate's app mounted in
 Airflow's API server) writes each flush batch in ONE transaction with the same fenced upsert
-and conflict policies as the SQL sink (`localstate.api.sink_routes`), so everything
-`localstate.sync.central_store` promises holds through it: the writer id travels with the
+and conflict policies as the SQL sink (`localstate.api._sink_routes`), so everything
+`localstate._sync.central_store` promises holds through it: the writer id travels with the
 batch, and the client's own policies are the ones applied.
 
 One request per flush batch, one per batch of read-through misses, over one keep-alive
-connection pool (httpx.AsyncClient); bodies are `localstate.protocol`. Errors are the SQL
+connection pool (httpx.AsyncClient); bodies are `localstate._protocol`. Errors are the SQL
 sink's, so the sync worker backs off and catches up the same way:
 
 ================================================  =========================================
@@ -20,7 +20,7 @@ down, refusing, resetting, timing out; 502-504    `CentralUnavailable` (retry: t
 401, 403                                          `AccessDenied`, naming the api_token setting
 404 (no such endpoint: not a localstate API)      `ConfigError`, naming the api_url setting
 409                                               `VersionConflict` / `WriteRejected`
-other 4xx, 5xx                                    as `localstate.protocol` maps them
+other 4xx, 5xx                                    as `localstate._protocol` maps them
 ================================================  =========================================
 """
 
@@ -31,17 +31,10 @@ from typing import Any, Final, cast
 
 import httpx
 
-from localstate.config import Settings
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
-from localstate.errors import (
-    AccessDenied,
-    CentralUnavailable,
-    ConfigError,
-    LocalStateError,
-    OwnerLost,
-)
-from localstate.protocol import (
+from localstate._config import Settings
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._protocol import (
     CLAIM_PATH,
     FLUSH_PATH,
     MAX_BATCH_BODY,
@@ -57,8 +50,15 @@ from localstate.protocol import (
     error_for,
     field_header,
 )
-from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.fleet import FleetStatus
+from localstate._rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate._sync.fleet import FleetStatus
+from localstate.errors import (
+    AccessDenied,
+    CentralUnavailable,
+    ConfigError,
+    LocalStateError,
+    OwnerLost,
+)
 
 __all__ = ["ApiSink"]
 
@@ -80,7 +80,7 @@ class ApiSink:
                  read_source: str | None = None) -> None:
         """`read_source`: where `read_many` asks the server to read keys from (None:
         localstate's table; `ASSET_STATE_SOURCE`: Airflow's own ``asset_state_store``, what
-        ``sink = airflow`` reads its misses through, `localstate.sync.asset_states`)."""
+        ``sink = airflow`` reads its misses through, `localstate._sync.asset_states`)."""
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"

@@ -1,8 +1,8 @@
 """`BatchReads`: an `AirflowSink`'s reads of many keys in one request, and when it may use them.
 
-The reader is localstate's app in Airflow's API server (`localstate.sync.api_sink.ApiSink`
+The reader is localstate's app in Airflow's API server (`localstate._sync.api_sink.ApiSink`
 reading ``ASSET_STATE_SOURCE``), which answers from Airflow's own ``asset_state_store`` what the
-accessors' ``aget`` would, one key at a time (`localstate.sync.asset_states`). A read that fails
+accessors' ``aget`` would, one key at a time (`localstate._sync.asset_states`). A read that fails
 leaves the caller to read through the accessors, and is logged once: a refusal (401, 403, 404:
 the token, the address, a server without that read) turns batch reads off for good, any other
 failure for `BATCH_RETRY_AFTER` seconds before the next try.
@@ -15,13 +15,13 @@ import time
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from localstate.entry import StateKey
+from localstate._entry import StateKey
+from localstate._rows import CentralRow
 from localstate.errors import AccessDenied, ConfigError, LocalStateError
-from localstate.rows import CentralRow
 
 __all__ = ["BATCH_RETRY_AFTER", "AssetBatchReader", "BatchReads"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.asset_batch_reads")
 
 #: seconds misses go through the accessors after a batch read failed, before the next try
 BATCH_RETRY_AFTER: Final = 30.0
@@ -29,7 +29,7 @@ BATCH_RETRY_AFTER: Final = 30.0
 
 class AssetBatchReader(Protocol):
     """Reads many keys of Airflow's ``asset_state_store`` at once, as the accessors would
-    answer them one by one (a `localstate.sync.api_sink.ApiSink` reading from
+    answer them one by one (a `localstate._sync.api_sink.ApiSink` reading from
     ``ASSET_STATE_SOURCE``, on a thread of its own or not)."""
 
     url: str

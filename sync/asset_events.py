@@ -1,7 +1,7 @@
 """`AssetEvents`: an asset watcher's emitted events become Airflow asset events, in the flush's
 own transaction.
 
-When the central DB is Airflow's metadata DB, each new event (`localstate.sync.fenced_write`)
+When the central DB is Airflow's metadata DB, each new event (`localstate._sync.fenced_write`)
 whose owner names an asset (``asset_watcher:<asset name>``) is registered through Airflow's own
 ``AssetManager.register_asset_change(asset=..., extra={"from_trigger": True, "payload": ...},
 session=...)``, exactly as ``Trigger.submit_event`` does for a yielded ``TriggerEvent``: the
@@ -27,13 +27,13 @@ from typing import Any
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from localstate.model import asset_name
-from localstate.rows import EventRow
-from localstate.sync.asset_mirror import ACTIVE_ASSETS
+from localstate._model import asset_name
+from localstate._rows import EventRow
+from localstate._sync.asset_mirror import ACTIVE_ASSETS
 
 __all__ = ["NO_ASSET_EVENTS", "AssetEvents", "airflow_importable", "run_callbacks"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.asset_events")
 
 
 def airflow_importable() -> bool:

@@ -30,13 +30,13 @@ from typing import Any, Final
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from localstate._model import asset_name
+from localstate._rows import FlushOutcome
 from localstate.errors import ConfigError
-from localstate.model import asset_name
-from localstate.rows import FlushOutcome
 
 __all__ = ["ACTIVE_ASSETS", "MIRROR_MODES", "AssetMirror"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.asset_mirror")
 
 MIRROR_MODES: Final = ("auto", "on", "off")
 _AIRFLOW_TABLES: Final = ("asset", "asset_active", "asset_state_store")

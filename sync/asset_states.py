@@ -8,7 +8,7 @@ Airflow's metadata DB; the localstate API server's ``POST /api/v1/read`` serves 
 
 Invariant: for each key of an owner ``asset_watcher:<name>``, the answer holds the record the
 sink's ``aget`` on the accessor of asset ``<name>`` returns, in the form the sink gives it
-(`localstate.sync.airflow_sink.AirflowSink.read_many`): the value is the stored JSON decoded as
+(`localstate._sync.airflow_sink.AirflowSink.read_many`): the value is the stored JSON decoded as
 Airflow decodes it and encoded as localstate encodes it, the version `READ_VERSION` (Airflow's
 table keeps none), the writer `AIRFLOW_WRITER`. Like the accessor, only an *active* asset
 (`ACTIVE_ASSETS`) is read; a key of no active asset, or with no row, is left out. This holds
@@ -24,13 +24,13 @@ from typing import Final
 
 from sqlalchemy import bindparam, text
 
-from localstate.codec import encode
-from localstate.entry import StateKey
-from localstate.model import asset_name
-from localstate.rows import CentralRow, posix_time
-from localstate.sync.airflow_sink import AIRFLOW_WRITER, READ_VERSION
-from localstate.sync.asset_mirror import ACTIVE_ASSETS
-from localstate.sync.central_store import CentralStore
+from localstate._codec import encode
+from localstate._entry import StateKey
+from localstate._model import asset_name
+from localstate._rows import CentralRow, posix_time
+from localstate._sync.airflow_sink import AIRFLOW_WRITER, READ_VERSION
+from localstate._sync.asset_mirror import ACTIVE_ASSETS
+from localstate._sync.central_store import CentralStore
 
 __all__ = ["read_asset_states"]
 

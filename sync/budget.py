@@ -1,7 +1,7 @@
 """`FlushBudget`: the fleet's central write budget, shared by stretching flush intervals.
 
 With ``central_budget_rows_per_s`` set, each triggerer reads the fleet table
-(`localstate.sync.fleet`) now and then and sets its flush interval so the live fleet's rows/s
+(`localstate._sync.fleet`) now and then and sets its flush interval so the live fleet's rows/s
 together stay within the budget. Coalescing makes this work: a key set many times between two
 flushes is one row, so for a working set of hot keys the rows a triggerer writes per second fall
 as its interval grows (rows/s ≈ hot keys / interval). The cost is lag, reported in the stats
@@ -22,13 +22,13 @@ import logging
 import time
 from typing import Final
 
+from localstate._sync.fleet import fleet_total_rate
+from localstate._sync.sinks import FleetReporting, Sink
 from localstate.errors import LocalStateError
-from localstate.sync.fleet import fleet_total_rate
-from localstate.sync.sinks import FleetReporting, Sink
 
 __all__ = ["FlushBudget"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.budget")
 
 #: seconds between two readings of the fleet table (at least one flush interval)
 READ_EVERY_S: Final = 2.0

@@ -4,7 +4,7 @@ transaction (`CentralStore.write_if_version` owns the engine, the transaction an
 Invariant: the check of the expected version and the write are one statement, so no other
 writer slips in between; a record at another version is left as it is and reported by
 `VersionConflict`. A CAS write records the writer id it is given: a store's own (its cache
-file's, so a later flush of that file sees its own chain; see `localstate.sync.fenced_write`),
+file's, so a later flush of that file sees its own chain; see `localstate._sync.fenced_write`),
 or None for a writer with no file (the CLI, the REST API).
 """
 
@@ -18,11 +18,11 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from localstate._model import MAX_VERSION
+from localstate._sync.dialects import BatchSql
+from localstate._sync.fenced_write import select_rows
+from localstate._sync.schema import state_variable
 from localstate.errors import InvalidInput, VersionConflict, VersionExhausted
-from localstate.model import MAX_VERSION
-from localstate.sync.dialects import BatchSql
-from localstate.sync.fenced_write import select_rows
-from localstate.sync.schema import state_variable
 
 __all__ = ["check_expected_version", "compare_and_set"]
 

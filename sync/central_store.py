@@ -1,13 +1,13 @@
 """`CentralStore`: the central metadata DB through SQLAlchemy 2 async (PostgreSQL, MySQL or
 SQLite).
 
-One code path for both dialects; the SQL that differs lives in `localstate.sync.dialects`.
+One code path for both dialects; the SQL that differs lives in `localstate._sync.dialects`.
 Every driver error is wrapped: an unreachable or failing database is `CentralUnavailable`,
 anything else `CentralError`, with the driver's exception as the cause.
 
 `CentralStore` owns the engine, the schema step and the counters; the statements of the
 fenced batch write (a flush: versions, replays, claim losses) are in
-`localstate.sync.fenced_write`, the compare-and-set in `localstate.sync.cas_write`, each run
+`localstate._sync.fenced_write`, the compare-and-set in `localstate._sync.cas_write`, each run
 inside a transaction opened here.
 """
 
@@ -26,8 +26,27 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._model import MAX_VERSION
+from localstate._rows import (
+    CentralRow,
+    DirtyRow,
+    EventRow,
+    EventStatus,
+    FlushOutcome,
+    central_row,
+    posix_time,
+)
+from localstate._sync.asset_events import AssetEvents, run_callbacks
+from localstate._sync.asset_mirror import AssetMirror
+from localstate._sync.cas_write import check_expected_version, compare_and_set
+from localstate._sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
+from localstate._sync.driver_errors import is_unreachable
+from localstate._sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
+from localstate._sync.fenced_write import select_rows, write_events, write_fenced
+from localstate._sync.fleet import FleetStatus
+from localstate._sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 from localstate.errors import (
     CentralError,
     CentralUnavailable,
@@ -37,29 +56,10 @@ from localstate.errors import (
     VersionExhausted,
     WriteRejected,
 )
-from localstate.model import MAX_VERSION
-from localstate.rows import (
-    CentralRow,
-    DirtyRow,
-    EventRow,
-    EventStatus,
-    FlushOutcome,
-    central_row,
-    posix_time,
-)
-from localstate.sync.asset_events import AssetEvents, run_callbacks
-from localstate.sync.asset_mirror import AssetMirror
-from localstate.sync.cas_write import check_expected_version, compare_and_set
-from localstate.sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
-from localstate.sync.driver_errors import is_unreachable
-from localstate.sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
-from localstate.sync.fenced_write import select_rows, write_events, write_fenced
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 
 __all__ = ["CentralStore"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.central_store")
 
 #: compare-and-delete rounds `delete_current` makes before it gives up under contention
 _DELETE_TRIES = 100
@@ -93,7 +93,7 @@ class CentralStore:
         #: whether the schema is known to be current; None: checked (and upgraded when this
         #: is True) before the next call, the database having been unreachable at `open`
         self._schema_pending: bool | None = None
-        #: set by the opener from the asset_mirror setting (`localstate.sync.asset_mirror`)
+        #: set by the opener from the asset_mirror setting (`localstate._sync.asset_mirror`)
         self.asset_mirror: AssetMirror | None = None
         #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
         self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
@@ -113,7 +113,7 @@ class CentralStore:
         await it, or use it as an async context manager.
 
         `transaction_timeout`: the server-side bound of each transaction's lock waits and idle
-        time (`localstate.sync.engine.make_engine`; None: unbounded).
+        time (`localstate._sync.engine.make_engine`; None: unbounded).
 
         `defer_if_unreachable`: when the database cannot be reached now, open anyway and do
         the schema step before the first call that reaches it (a local-first store starts and
@@ -224,7 +224,7 @@ class CentralStore:
         """Rows whose owner starts with `owner_prefix` (literally: no character is special),
         in byte-wise (owner, key) order, starting after `after` (cursor pagination).
 
-        Byte-wise whatever the database's collation (see `localstate.sync.dialects`), so a
+        Byte-wise whatever the database's collation (see `localstate._sync.dialects`), so a
         caller may continue after any row it was given, and merge or sort rows with Python's
         `sorted()`, and find the same order.
         """
@@ -309,7 +309,7 @@ class CentralStore:
 
     def note_fleet(self, status: FleetStatus) -> None:
         """Have the next `write_batch` record `status` in the fleet table, in its own
-        transaction (`localstate.sync.fleet`)."""
+        transaction (`localstate._sync.fleet`)."""
         self._fleet_next = status
 
     async def read_fleet(self) -> list[FleetStatus]:
@@ -434,7 +434,7 @@ class CentralStore:
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """`write_batch` of `rows` and `events` in ONE transaction (`EventSink`): the fenced
         state rows, then each event's claim fence, de-duplication row and, for an asset's
-        owner on Airflow's metadata DB, its asset events (`localstate.sync.fenced_write`).
+        owner on Airflow's metadata DB, its asset events (`localstate._sync.fenced_write`).
         Airflow's listeners hear of the asset events once the transaction has committed."""
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
@@ -455,7 +455,7 @@ class CentralStore:
 
     async def asset_events_ready(self) -> bool:
         """Whether this DB (Airflow's metadata DB, Airflow importable here) takes asset events
-        (`localstate.sync.asset_events`); checked once."""
+        (`localstate._sync.asset_events`); checked once."""
         await self._ready()
         async with self._errors("read"):
             return await self.asset_events.ready(self.engine)

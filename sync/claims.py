@@ -36,12 +36,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from localstate.backoff import Backoff
-from localstate.entry import StateKey
+from localstate._backoff import Backoff
+from localstate._entry import StateKey
+from localstate._failure_log import FailureLog
+from localstate._rows import DirtyRow
+from localstate._sync.sinks import ClaimingSink, Sink
 from localstate.errors import CentralError, CentralUnavailable, ConfigError, OwnerLost
-from localstate.failure_log import FailureLog
-from localstate.rows import DirtyRow
-from localstate.sync.sinks import ClaimingSink, Sink
 
 __all__ = ["ClaimBook", "HeldClaim", "claim_owner", "claiming_sink"]
 

@@ -16,7 +16,7 @@ The upsert's ``WHERE`` is the fence: a row replaces the central one only when th
 version is the one the write was based on (``prev_version``), or when the central row was
 written by the same local cache file (``writer``) at a version above that base and no higher
 than this write's: a write of this file's own chain whose outcome it never recorded (see
-`localstate.sync.fenced_write` for why that is sound). Rows the ``WHERE`` refuses are not
+`localstate._sync.fenced_write` for why that is sound). Rows the ``WHERE`` refuses are not
 counted in the statement's row count; when it falls short, the caller looks up which rows they
 were (the conflicts). The writer travels once per statement (``:writer``), not once per row.
 No RETURNING: on the common path (no conflict) decoding one returned row per written row cost
@@ -39,7 +39,7 @@ language's (ICU ``en-US``, libc ``en_US.UTF-8``: ``a`` < ``B`` < ``b``, and
 ``asset:294`` < ``Asset/039``) and differs from one database to the next. Keyset pagination
 is only correct when the SQL ``ORDER BY``, the cursor's ``>`` and Python's ``sorted()``
 agree; UTF-8 byte order is code-point order, which is how Python compares ``str`` (names
-hold no lone surrogates: `localstate.model.check_name` refuses them), so Python needs no key
+hold no lone surrogates: `localstate._model.check_name` refuses them), so Python needs no key
 function.
 """
 
@@ -53,9 +53,9 @@ from typing import Any, Final
 import orjson
 from sqlalchemy import ColumnElement, TextClause, text
 
-from localstate.entry import StateKey
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.schema import (
+from localstate._entry import StateKey
+from localstate._sync.fleet import FleetStatus
+from localstate._sync.schema import (
     CLAIM_TABLE,
     FLEET_TABLE,
     MARIADB_NAME_COLLATION,
@@ -106,7 +106,7 @@ class BatchSql:
     claim: TextClause
     claim_epoch: TextClause | None = None
     #: whether concurrent flushes take row locks, so that the order of a batch's rows is the
-    #: order they lock in (`localstate.sync.fenced_write` sorts them); False where the
+    #: order they lock in (`localstate._sync.fenced_write` sorts them); False where the
     #: transaction's write lock serializes whole flushes (SQLite's BEGIN IMMEDIATE)
     row_locks: bool = True
 
@@ -268,7 +268,7 @@ class _MysqlSql(BatchSql):
     holds, and then to the value that keeps its clause true, so ``version`` sees the same
     verdict. A column added to `_FENCE` goes into `_FENCED_LAST`, before ``version``.
 
-    The row count (the engine turns CLIENT_FOUND_ROWS off, `localstate.sync.engine`): 1 per
+    The row count (the engine turns CLIENT_FOUND_ROWS off, `localstate._sync.engine`): 1 per
     row inserted, 2 per row updated, 0 per row left as it was (refused by the fence, or a
     replay identical to the central row). A row based on a central version (base > 0) that
     goes through updates an existing row and changes its version: 2. So a batch with no new
@@ -277,13 +277,13 @@ class _MysqlSql(BatchSql):
     """
 
     _FENCED_LAST: Final = ("updated_by", "writer", "version")
-    # the columns are declared in a binary NO PAD collation (`localstate.sync.schema._name`),
+    # the columns are declared in a binary NO PAD collation (`localstate._sync.schema._name`),
     # which orders and compares by the UTF-8 bytes: naming it again would change nothing
     bytewise_collation = None
 
     def __init__(self, name_collation: str) -> None:
         """`name_collation`: the binary NO PAD collation of owners and keys on this server
-        (`localstate.sync.schema.name_collation`); the JSON rows' names must have the
+        (`localstate._sync.schema.name_collation`); the JSON rows' names must have the
         table's, or MySQL refuses to compare them."""
         t = STATE_TABLE
         fence = _FENCE.format(t=STATE_TABLE).replace("EXCLUDED.", "j.")
@@ -402,7 +402,7 @@ def batch_sql_for(dialect: str) -> BatchSql:
         ) from None
 
 
-# -- the fleet row of a flush (`localstate.sync.fleet`) --------------------------------------
+# -- the fleet row of a flush (`localstate._sync.fleet`) --------------------------------------
 
 _FLEET_COLUMNS: Final = ("triggerer, host, pid, last_flush_at, dirty_keys, "
                           "oldest_unflushed_at, rows_per_s, flush_interval")

@@ -19,9 +19,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from localstate.config import airflow_home
+from localstate._config import airflow_home
+from localstate._setting_specs import DEFAULTS
 from localstate.errors import ConfigError
-from localstate.setting_specs import DEFAULTS
 
 __all__ = ["DEFAULT_TRANSACTION_TIMEOUT", "SUPPORTED_DIALECTS", "async_url", "make_engine",
            "read_connection"]
@@ -149,7 +149,7 @@ def _mysql_engine(full: str, transaction_timeout: float | None,
     * ``client_flag=0``: SQLAlchemy's MySQL dialects set CLIENT_FOUND_ROWS, under which a row
       an ``ON DUPLICATE KEY UPDATE`` leaves unchanged counts 1, like an insert. Without it the
       counts are 1 inserted, 2 updated, 0 unchanged, so a fenced upsert's row count tells
-      whether every row went through (`localstate.sync.dialects`); the driver adds its
+      whether every row went through (`localstate._sync.dialects`); the driver adds its
       default capabilities to 0.
     * utf8mb4 on the connection, UTC as the session time zone (DATETIME keeps no offset; the
       store writes and reads UTC).

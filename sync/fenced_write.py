@@ -12,12 +12,12 @@ CLI, the REST API) carry none. Invariants:
 1. One live process per cache file (its file lock). So a central row carrying my file's id was
    written by me, or by an earlier process on my file, which has ended: my own chain. That
    includes my direct-mode writes, and a store never writes directly while its file still
-   holds writes the central DB lacks (`localstate.pending_switch`), so those rows are never
+   holds writes the central DB lacks (`localstate._pending_switch`), so those rows are never
    below a base my file's entries hold.
 2. Central versions of a key only grow: every write goes in above the record it replaces.
 3. In a running store an entry's base (``synced_version``) never goes backwards and, once a
    flush's outcome for a write is recorded, is at least that write's central version
-   (`localstate.entry_table`).
+   (`localstate._entry_table`).
 4. Hence a central row of my own chain at a version above my base and no higher than my
    write's is a write of mine whose outcome was never recorded: a commit whose answer was
    lost (a cut connection), or a flush whose mark-clean a crash lost. The fence lets my write
@@ -29,7 +29,7 @@ CLI, the REST API) carry none. Invariants:
    ``updated_by``, the identity the earlier release itself fenced on; so its flush that
    committed before a crash lost its mark-clean is a replay after the upgrade, never a
    conflict nor a reverted write. No process writes such rows any more (the migration
-   fences earlier releases out, `localstate.sync.schema`), so the mark only ever meets
+   fences earlier releases out, `localstate._sync.schema`), so the mark only ever meets
    writes made before the upgrade. The SQL fence knows only this file's own id: such a
    replay is refused there and settled below, fenced on the central version it replaces.
 5. Any other central version than my base is a conflict, settled by the owner's policy. That
@@ -46,7 +46,7 @@ statement.
 
 Claims (fencing tokens). `claim` bumps an owner's epoch; each flushed row carries the epoch its
 writer holds (`DirtyRow.epoch`, 0: none). The upsert refuses a row whose epoch is below its
-owner's, before any version fence or policy (`localstate.sync.dialects`), so within one claim
+owner's, before any version fence or policy (`localstate._sync.dialects`), so within one claim
 the rules above apply unchanged and across claims a lower epoch never goes in. A refused row
 comes back "adopted" with ``lost_to`` set (`_claim_losses`); telling it apart costs a query on
 the refusal path only.
@@ -63,7 +63,7 @@ For each event, in emit order:
 2. **De-duplication.** An event whose ``(owner, key)`` the event table holds (or that came
    earlier in this batch) is a "duplicate": nothing is written. A replayed batch is a no-op.
 3. Otherwise it is "committed": its de-duplication row, and for an asset's owner its asset
-   events (`localstate.sync.asset_events`), in emit order.
+   events (`localstate._sync.asset_events`), in emit order.
 
 Two flushes of the same new key at once (a zombie racing its successor) meet on the event
 table's primary key: one commits, the other fails whole and is retried, and finds a duplicate.
@@ -78,10 +78,10 @@ from typing import Any, Final
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from localstate.conflicts import ConflictPolicy, PolicyMap
-from localstate.entry import StateKey
-from localstate.model import asset_name
-from localstate.rows import (
+from localstate._conflicts import ConflictPolicy, PolicyMap
+from localstate._entry import StateKey
+from localstate._model import asset_name
+from localstate._rows import (
     CentralRow,
     DirtyRow,
     EventRow,
@@ -89,16 +89,16 @@ from localstate.rows import (
     FlushOutcome,
     central_row,
 )
-from localstate.sync.asset_events import AssetEvents
-from localstate.sync.dialects import (
+from localstate._sync.asset_events import AssetEvents
+from localstate._sync.dialects import (
     BatchSql,
     UpsertRow,
     fleet_params,
     fleet_statement,
     upsert_with_fleet,
 )
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.schema import LEGACY_WRITER, event, owner_claim
+from localstate._sync.fleet import FleetStatus
+from localstate._sync.schema import LEGACY_WRITER, event, owner_claim
 
 __all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
 

@@ -3,7 +3,7 @@
 Each flush records one row for its triggerer (`FleetStatus`) in the flush's own transaction: on
 PostgreSQL inside the upsert statement itself (a data-modifying ``WITH``), so it costs no round
 trip; on SQLite (in-process, no network) and MySQL (no data-modifying ``WITH``) as a second
-statement of the same transaction (the statements are `localstate.sync.dialects`'). The figures
+statement of the same transaction (the statements are `localstate._sync.dialects`'). The figures
 are the triggerer's as the flush began: the dirty keys it carries, the time of the oldest write
 among them (its lag is the flush time minus that), the rows per second it has been writing, its
 flush interval.

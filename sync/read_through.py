@@ -12,15 +12,15 @@ import asyncio
 import contextlib
 import logging
 
-from localstate.entry import StateKey
-from localstate.failure_log import FailureLog
-from localstate.futures import mark_retrieved
-from localstate.rows import CentralRow
-from localstate.sync.sinks import Sink
+from localstate._entry import StateKey
+from localstate._failure_log import FailureLog
+from localstate._futures import mark_retrieved
+from localstate._rows import CentralRow
+from localstate._sync.sinks import Sink
 
 __all__ = ["ReadThrough"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.read_through")
 
 
 class ReadThrough:

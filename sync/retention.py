@@ -12,7 +12,7 @@ What goes (at ``now``):
   that can still arrive based on it. The horizon (default 30 days, at least one day) is far
   longer than any flush, backoff or handover window;
 * nothing of an owner whose rule says ``never``;
-* an event's de-duplication row (`localstate.sync.fenced_write`) older than the *event
+* an event's de-duplication row (`localstate._sync.fenced_write`) older than the *event
   horizon* (default 7 days, at least one hour) once its owner's state was written after it:
   that later write is the watermark at or past the event's key, from which a trigger that
   takes over resumes, so the key is never emitted again. The horizon covers the other replay,
@@ -29,7 +29,7 @@ How, without long locks:
 * the table is walked in primary-key order (keyset pagination: each batch continues after the
   last key of the one before), `batch_size` rows per read, filtered on ``updated_at`` (no
   index on it: one would make every flush's rewrite of a watermark a non-HOT update on
-  PostgreSQL, see `localstate.sync.schema`); an owner prefix is a range on the primary key;
+  PostgreSQL, see `localstate._sync.schema`); an owner prefix is a range on the primary key;
 * each batch is deleted in a transaction of its own, by ``(owner, key, version)``: a row
   written since it was read (its version moved) is left alone, so a prune never deletes a
   write it did not see;
@@ -46,11 +46,11 @@ from typing import Any, Final
 
 from sqlalchemy import delete, select, tuple_
 
+from localstate._retention_rules import DAY, RetentionRule, parse_retention
+from localstate._sync.central_store import CentralStore
+from localstate._sync.dialects import prefix_upper_bound
+from localstate._sync.schema import event, state_variable
 from localstate.errors import InvalidInput
-from localstate.retention_rules import DAY, RetentionRule, parse_retention
-from localstate.sync.central_store import CentralStore
-from localstate.sync.dialects import prefix_upper_bound
-from localstate.sync.schema import event, state_variable
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_EVENT_HORIZON", "DEFAULT_TOMBSTONE_HORIZON",
            "MIN_EVENT_HORIZON", "MIN_TOMBSTONE_HORIZON", "PruneReport", "prune"]

@@ -7,18 +7,18 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     deletion, kept as a tombstone so a late writer cannot bring the key back unseen), version,
     prev_version (the version this write replaced: the flush's fencing condition compares it),
     updated_at, updated_by, writer (the local cache file whose sync worker wrote the row, NULL
-    for any other write: see `localstate.sync.fenced_write` on replays).
+    for any other write: see `localstate._sync.fenced_write` on replays).
 ``localstate_owner_claim``
     one row per claimed owner: owner (the primary key), epoch (bumped by each claim), claimant
     (the claiming store's triggerer id), claimed_at, writer (the claiming store's local cache
     file, `LocalCache.writer_id`; NULL without one). A flushed write carrying a lower epoch
     than its owner's is refused unless it comes from the claim's own cache file
-    (`localstate.sync.dialects`); an owner with no row is at epoch 0.
+    (`localstate._sync.dialects`); an owner with no row is at epoch 0.
 ``localstate_fleet``
     one row per triggerer (its ``triggerer_id``): host, pid, and as of its last flush, that
     flush's time, the dirty keys it carried, the time of the oldest write among them, the rows
     per second the triggerer has been writing, and its flush interval. Written by each flush in
-    its own transaction (`localstate.sync.fleet`).
+    its own transaction (`localstate._sync.fleet`).
 ``localstate_schema``
     one row per migration applied.
 
@@ -101,7 +101,7 @@ __all__ = [
     "upgrade",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.schema")
 
 STATE_TABLE: Final = "localstate_state"
 #: the state table's name until migration 7 (which renames it to fence older writers out)
@@ -111,7 +111,7 @@ FLEET_TABLE: Final = "localstate_fleet"
 #: one row per event committed (`StateStore.emit`): its (owner, key) de-duplicates replays
 EVENT_TABLE: Final = "localstate_event"
 #: the ``writer`` migration 7 gives the rows of releases that wrote none (central schema
-#: below 3): their identity is their ``updated_by`` (`localstate.sync.fenced_write`, 4). No
+#: below 3): their identity is their ``updated_by`` (`localstate._sync.fenced_write`, 4). No
 #: file's writer id (hex) is ever this.
 LEGACY_WRITER: Final = "earlier-release"
 _LOCK_KEY: Final = 0x4C5354_0001  # pg_advisory_xact_lock key: "LST" + 1
@@ -325,7 +325,7 @@ def _v7_fence_earlier_releases(conn: Connection) -> None:
     # See the module docstring: the rule of every migration.
     # 1. The rows of releases that wrote no writer id keep their identity (updated_by):
     #    marked, a file's own earlier flush is recognised as its own after the upgrade instead
-    #    of becoming a conflict (`localstate.sync.fenced_write`, 4). Rows a current process
+    #    of becoming a conflict (`localstate._sync.fenced_write`, 4). Rows a current process
     #    wrote with no file behind it (writer NULL) become such rows too: they were written
     #    under that updated_by, the identity every release before writer ids fenced on.
     # 2. The rename: a process of an earlier release, still running, fails every statement
@@ -458,7 +458,7 @@ def apply_step(conn: Connection, version: int) -> bool:
     """Apply migration `version` on a synchronous connection, in its transaction, unless the
     schema has it already; True when applied.
 
-    The step of the Alembic revision of each migration (`localstate.airflow.migrations`, run by
+    The step of the Alembic revision of each migration (`localstate.airflow._migrations`, run by
     ``airflow db migrate``): the same function `upgrade` applies, and the same row in
     ``localstate_schema``, so a database migrated by either path is current for the other
     (``localstate_schema`` is the one record of what was applied; Alembic's version table only

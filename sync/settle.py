@@ -13,13 +13,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from localstate.conflicts import PolicyMap
-from localstate.entry import Entry, StateKey
-from localstate.entry_table import EntryTable
+from localstate._conflicts import PolicyMap
+from localstate._entry import Entry, StateKey
+from localstate._entry_table import EntryTable
+from localstate._rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.claims import ClaimBook
+from localstate._sync.waiters import FlushWaiters
 from localstate.errors import WriteRejected
-from localstate.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.claims import ClaimBook
-from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["ConflictInfo", "FlushReport", "Settler"]
 

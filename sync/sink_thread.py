@@ -19,12 +19,12 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate._sync.fleet import FleetStatus
+from localstate._sync.sinks import ClaimingSink, EventSink, FleetReporting, Sink
 from localstate.errors import ConfigError, EventsUnsupported
-from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.fleet import FleetStatus
-from localstate.sync.sinks import ClaimingSink, EventSink, FleetReporting, Sink
 
 __all__ = ["ThreadedSink"]
 

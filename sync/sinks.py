@@ -1,6 +1,6 @@
 """`Sink`: where the sync worker sends flushes and where read-through reads.
 
-`localstate.sync.central_store.CentralStore` (localstate's own table, PostgreSQL or SQLite) is
+`localstate._sync.central_store.CentralStore` (localstate's own table, PostgreSQL or SQLite) is
 the sink this package ships; the Airflow integration adds one that goes through Airflow's state
 store. A sink takes coalesced batches: one call per flush batch, never one per ``set``.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
-from localstate.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.fleet import FleetStatus
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate._sync.fleet import FleetStatus
 
 __all__ = ["ClaimingSink", "EventSink", "FleetReporting", "Sink", "carries_events"]
 
@@ -37,7 +37,7 @@ class Sink(Protocol):
         per row, in the order of `rows`.
 
         `writer`: the local cache file the rows come from (`LocalCache.writer_id`): a central
-        row carrying it is that file's own chain (see `localstate.sync.fenced_write`).
+        row carrying it is that file's own chain (see `localstate._sync.fenced_write`).
         """
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
@@ -72,7 +72,7 @@ class Sink(Protocol):
 
 @runtime_checkable
 class ClaimingSink(Protocol):
-    """A sink that holds owners' claim epochs (`localstate.sync.fenced_write`); a sink
+    """A sink that holds owners' claim epochs (`localstate._sync.fenced_write`); a sink
     without them (Airflow's state store) cannot fence a zombie writer."""
 
     async def claim(self, owner: str, *, claimant: str, writer: str | None = None,
@@ -84,7 +84,7 @@ class ClaimingSink(Protocol):
 
 @runtime_checkable
 class FleetReporting(Protocol):
-    """A sink that keeps the fleet table (`localstate.sync.fleet`)."""
+    """A sink that keeps the fleet table (`localstate._sync.fleet`)."""
 
     def note_fleet(self, status: FleetStatus) -> None:
         """Record `status` with the next `write_batch`, in its transaction."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from localstate.entry import StateKey
-from localstate.futures import mark_retrieved
+from localstate._entry import StateKey
+from localstate._futures import mark_retrieved
 
 __all__ = ["FlushWaiters"]
 

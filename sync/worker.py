@@ -26,25 +26,25 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
-from localstate.backoff import Backoff
-from localstate.conflicts import PolicyMap
-from localstate.entry import Entry, StateKey
-from localstate.entry_table import EntryTable
+from localstate._backoff import Backoff
+from localstate._conflicts import PolicyMap
+from localstate._entry import Entry, StateKey
+from localstate._entry_table import EntryTable
+from localstate._failure_log import FailureLog
+from localstate._local_cache import LocalCache
+from localstate._outbox import Outbox
+from localstate._rows import DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate._sync.budget import FlushBudget
+from localstate._sync.claims import ClaimBook
+from localstate._sync.fleet import FleetStatus, this_host
+from localstate._sync.settle import ConflictInfo, FlushReport, Settler
+from localstate._sync.sinks import EventSink, FleetReporting, Sink, carries_events
+from localstate._sync.waiters import FlushWaiters
 from localstate.errors import CentralUnavailable, InvalidInput, LocalStateError, reason
-from localstate.failure_log import FailureLog
-from localstate.local_cache import LocalCache
-from localstate.outbox import Outbox
-from localstate.rows import DirtyRow, EventRow, EventStatus, FlushOutcome
-from localstate.sync.budget import FlushBudget
-from localstate.sync.claims import ClaimBook
-from localstate.sync.fleet import FleetStatus, this_host
-from localstate.sync.settle import ConflictInfo, FlushReport, Settler
-from localstate.sync.sinks import EventSink, FleetReporting, Sink, carries_events
-from localstate.sync.waiters import FlushWaiters
 
 __all__ = ["CLOSE_TRIES", "SyncWorker", "wait_awake"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.sync.worker")
 
 #: tries of the flush at close while the central DB refuses it for now (`_last_flush`)
 CLOSE_TRIES: Final = 4
@@ -309,7 +309,7 @@ class SyncWorker:
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
                 # back from the central DB as this cache file's own later write, which the flush
-                # adopts without a conflict (see `localstate.sync.fenced_write`).
+                # adopts without a conflict (see `localstate._sync.fenced_write`).
                 keys = list(self.table.dirty)
                 # Taken after the dirty keys, with no await between: every event staged before
                 # a watermark write among `keys` is here, and goes in the first batch, so the
@@ -375,7 +375,7 @@ class SyncWorker:
 
     def _note_fleet(self, now: float) -> None:
         """Tell a sink that keeps the fleet table this triggerer's figures for the flush
-        starting `now` (`localstate.sync.fleet`)."""
+        starting `now` (`localstate._sync.fleet`)."""
         if self._last_start is not None and now > self._last_start:
             self.rows_per_s = self._last_rows / (now - self._last_start)
         self._last_start = now
@@ -401,7 +401,7 @@ class SyncWorker:
         and fires no timeout of its own: the flush, and every flush after it, would wait until
         TCP gives up (minutes). Abandoned, the batch stays dirty and the next try opens a new
         connection. A commit whose answer was lost so is replayed safely: the version fence
-        takes a write of this file's own chain again (`localstate.sync.fenced_write`).
+        takes a write of this file's own chain again (`localstate._sync.fenced_write`).
 
         The timeout counts the time this process ran (`wait_awake`): a flush that committed
         while the process was stopped is reported committed when it wakes, whatever its

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from airflow_harness import AIRFLOW, Deployment, new_deployment, stop
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 #: SimpleAuthManager users: name -> (role, password)
 USERS = {"admin": ("ADMIN", "admin-pw"), "op": ("OP", "op-pw"),

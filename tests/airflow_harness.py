@@ -1,7 +1,7 @@
 """Real Airflow 3.3 processes on the suite's PostgreSQL: what the Airflow tests share.
 
 The deployment itself (an isolated ``$AIRFLOW_HOME``, processes in their own sessions, logs
-whose tail a failure shows) is `localstate.bench.airflow_deployment`, which the benchmark's
+whose tail a failure shows) is `localstate._bench.airflow_deployment`, which the benchmark's
 ``sink = airflow`` row runs too. Here: `new_deployment` gives each test a fresh metadata
 database on the suite's server, and `wait_for` fails the test (with the logs) on a timeout.
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from localstate.bench import airflow_deployment
-from localstate.bench.airflow_deployment import (
+from localstate._bench import airflow_deployment
+from localstate._bench.airflow_deployment import (
     AIRFLOW,
     Deployment,
     DeploymentError,
@@ -35,8 +35,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pip's own copy of tomli, which became tomllib
     from pip._vendor import tomli as tomllib
-from localstate.testing.postgres_server import PostgresServer
-from localstate.version import __version__
+from localstate._testing.postgres_server import PostgresServer
+from localstate._version import __version__
 
 __all__ = ["AIRFLOW", "ROOT", "Deployment", "fast_loops", "new_deployment", "stop",
            "tree_metadata", "wait_for"]

@@ -21,8 +21,8 @@ import pytest_asyncio
 from fault_tally import FaultTally
 
 from localstate import StateStore
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 BACKENDS = ["sqlite", "postgresql", "mysql"]
 #: PostgreSQL databases by the locale they order text in: None is the cluster's C (byte-wise)

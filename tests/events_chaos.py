@@ -43,8 +43,8 @@ import httpx
 from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
 
-from localstate.bench.airflow_deployment import activate_watchers, fast_loops, wait_until
-from localstate.testing.postgres_server import PostgresServer
+from localstate._bench.airflow_deployment import activate_watchers, fast_loops, wait_until
+from localstate._testing.postgres_server import PostgresServer
 
 FLUSH_INTERVAL = 1.0
 

@@ -59,7 +59,7 @@ from e2e_observe import (
     version_sum,
 )
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from localstate.bench.airflow_peer import measure_metastore_aset
-from localstate.testing.postgres_server import PostgresServer
+from localstate._bench.airflow_peer import measure_metastore_aset
+from localstate._testing.postgres_server import PostgresServer
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 

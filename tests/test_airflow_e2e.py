@@ -36,7 +36,7 @@ import pytest
 import pytest_asyncio
 from airflow_harness import Deployment, fast_loops, new_deployment, stop, wait_for
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from events_chaos import Schedule, run
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -34,8 +34,8 @@ import asyncpg
 import pytest
 from airflow_harness import Deployment, new_deployment, stop, wait_for
 
-from localstate.bench.airflow_deployment import activate_watchers, fast_loops
-from localstate.testing.postgres_server import PostgresServer
+from localstate._bench.airflow_deployment import activate_watchers, fast_loops
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -21,11 +21,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine, make_url
 
-from localstate.airflow.migrations import VERSION_TABLE, revision_id
-from localstate.sync.engine import make_engine
-from localstate.sync.schema import LATEST_VERSION, MIGRATIONS, STATE_TABLE, upgrade
+from localstate._sync.engine import make_engine
+from localstate._sync.schema import LATEST_VERSION, MIGRATIONS, STATE_TABLE, upgrade
+from localstate.airflow._migrations import VERSION_TABLE, revision_id
 
-MIGRATIONS_DIR = Path(__file__).parents[1] / "localstate" / "airflow" / "migrations"
+MIGRATIONS_DIR = Path(__file__).parents[1] / "localstate" / "airflow" / "_migrations"
 _SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql",
                  "sqlite": "sqlite"}
 
@@ -65,7 +65,7 @@ def test_one_revision_per_migration_chained_like_the_versions() -> None:
     revisions = {r.revision: r for r in script.walk_revisions()}
     assert set(revisions) == {revision_id(m.version) for m in MIGRATIONS}, (
         "every migration in sync/schema.py MIGRATIONS needs its revision file in "
-        "localstate/airflow/migrations/versions (see that package's docstring)")
+        "localstate/airflow/_migrations/versions (see that package's docstring)")
     for m in MIGRATIONS:
         down = revisions[revision_id(m.version)].down_revision
         assert down == (None if m.version == 1 else revision_id(m.version - 1))

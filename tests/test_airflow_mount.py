@@ -25,10 +25,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 from starlette.types import ASGIApp
 
 from localstate import Settings
-from localstate.airflow.mount import LocalStateMount
+from localstate._sync.central_store import CentralStore
+from localstate.airflow._mount import LocalStateMount
 from localstate.api import create_app
 from localstate.errors import CentralUnavailable
-from localstate.sync.central_store import CentralStore
 
 with warnings.catch_warnings():  # Airflow's API server imports Starlette's test client
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -54,7 +54,7 @@ class Opener:
             self.failures -= 1
             raise CentralUnavailable("central DB test failed to open: connection refused")
         self.opened += 1
-        # as `localstate.airflow.serving` does: settings and one central DB, no local store
+        # as `localstate.airflow._serving` does: settings and one central DB, no local store
         central = await CentralStore.open(self.central_url)
         settings = Settings.resolve({"central_url": self.central_url,
                                      "triggerer_id": "mounted",

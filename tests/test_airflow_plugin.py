@@ -41,18 +41,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from test_airflow_sink import DictAccessor
 
 from localstate import StateStore
-from localstate.airflow.migrations import revision_id
-from localstate.airflow.serving import central_url_of, open_app
-from localstate.codec import encode
-from localstate.conflicts import PolicyMap
-from localstate.protocol import ASSET_STATE_SOURCE, decode_rows
-from localstate.rows import CentralRow, DirtyRow
-from localstate.sync.airflow_sink import AirflowSink, process_sink
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.asset_mirror import AssetMirror
-from localstate.sync.central_store import CentralStore
-from localstate.sync.schema import LATEST_VERSION, MIGRATIONS
-from localstate.testing.postgres_server import PostgresServer
+from localstate._codec import encode
+from localstate._conflicts import PolicyMap
+from localstate._protocol import ASSET_STATE_SOURCE, decode_rows
+from localstate._rows import CentralRow, DirtyRow
+from localstate._sync.airflow_sink import AirflowSink, process_sink
+from localstate._sync.api_sink import ApiSink
+from localstate._sync.asset_mirror import AssetMirror
+from localstate._sync.central_store import CentralStore
+from localstate._sync.schema import LATEST_VERSION, MIGRATIONS
+from localstate._testing.postgres_server import PostgresServer
+from localstate.airflow._migrations import revision_id
+from localstate.airflow._serving import central_url_of, open_app
 
 pytestmark = pytest.mark.postgres
 

@@ -1,4 +1,4 @@
-"""`localstate.airflow.runner_gc`: the trigger runner's start-up heap is frozen once."""
+"""`localstate.airflow._runner_gc`: the trigger runner's start-up heap is frozen once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 # gc.freeze() is process-wide and lasts: it runs in a fresh interpreter, never in pytest's
 SCRIPT = """
 import gc, json
-from localstate.airflow.runner_gc import freeze_startup_heap
+from localstate.airflow._runner_gc import freeze_startup_heap
 before = gc.get_freeze_count()
 first = freeze_startup_heap()
 frozen = gc.get_freeze_count()

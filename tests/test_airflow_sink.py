@@ -17,11 +17,11 @@ import pytest
 import pytest_asyncio
 
 from localstate import StateStore
-from localstate.config import Settings
-from localstate.conflicts import PolicyMap
+from localstate._config import Settings
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow
+from localstate._sync.airflow_sink import AirflowSink, process_sink
 from localstate.errors import CentralUnavailable, ConfigError
-from localstate.rows import DirtyRow
-from localstate.sync.airflow_sink import AirflowSink, process_sink
 
 OWNER = "asset_watcher:orders"
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest_asyncio
 
 from localstate import StateStore
+from localstate._sync.airflow_sink import AirflowSink
 from localstate.errors import CentralUnavailable, reason
-from localstate.sync.airflow_sink import AirflowSink
 
 OWNER = "asset_watcher:orders"
 

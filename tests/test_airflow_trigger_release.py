@@ -9,8 +9,8 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from conftest import StoreFactory
 from test_airflow_trigger import CountingTrigger, drive, use
 
+from localstate._sync.central_store import CentralStore
 from localstate.airflow.trigger import StateEnabledTrigger
-from localstate.sync.central_store import CentralStore
 
 
 class OneShotTrigger(StateEnabledTrigger, BaseEventTrigger):

@@ -16,10 +16,10 @@ from conftest import StoreFactory, collations
 from fastapi import FastAPI
 
 from localstate import Settings, StateStore
+from localstate._sync.central_store import CentralStore
+from localstate._sync.engine import make_engine
 from localstate.api import create_app
-from localstate.api.context import RateMeter
-from localstate.sync.central_store import CentralStore
-from localstate.sync.engine import make_engine
+from localstate.api._context import RateMeter
 
 RW_ALL = "rw-all-0123456789abcdef"
 RW_DAG = "rw-dag-0123456789abcdef"

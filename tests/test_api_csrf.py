@@ -18,9 +18,9 @@ from conftest import StoreFactory
 from test_api import client_for, path
 
 from localstate import Settings
+from localstate._sync.central_store import CentralStore
 from localstate.api import create_app
-from localstate.api.csrf import CSRF_HEADER, origin_of
-from localstate.sync.central_store import CentralStore
+from localstate.api._csrf import CSRF_HEADER, origin_of
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from conftest import StoreFactory
 from test_api import client_for, path
 
 from localstate import Settings
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow
+from localstate._sync.api_sink import ApiSink
+from localstate._sync.central_store import CentralStore
 from localstate.api import create_app
-from localstate.conflicts import PolicyMap
-from localstate.rows import DirtyRow
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.central_store import CentralStore
 
 OPS = "ops-token-0123456789abcdef"
 TRIGGERER = "trig-token-0123456789abcdef"

@@ -1,4 +1,4 @@
-"""Emitted events become Airflow asset events (`localstate.sync.asset_events`), through a real
+"""Emitted events become Airflow asset events (`localstate._sync.asset_events`), through a real
 ``airflow api-server`` with localstate's plugin (``sink = api``) on a migrated Airflow 3.3
 metadata DB (PostgreSQL): the watermark, the de-duplication row and the asset events commit in
 one transaction, consumer DAGs are queued as for a yielded ``TriggerEvent``, a replay adds
@@ -19,11 +19,11 @@ from airflow_api_server import MACHINE_TOKEN, ApiServer, api_server, migrate, ne
 from airflow_harness import Deployment
 
 from localstate import StateStore
-from localstate.airflow.serving import central_url_of
-from localstate.conflicts import PolicyMap
-from localstate.rows import DirtyRow, EventRow
-from localstate.sync.api_sink import ApiSink
-from localstate.testing.postgres_server import PostgresServer
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow, EventRow
+from localstate._sync.api_sink import ApiSink
+from localstate._testing.postgres_server import PostgresServer
+from localstate.airflow._serving import central_url_of
 
 CONSUMER = "consume_orders"
 
@@ -185,7 +185,7 @@ async def test_a_trigger_watching_two_assets_emits_to_each_once(
     from airflow.sdk.execution_time.context import AssetStateStoreAccessors
     from test_airflow_trigger import EmittingTrigger, drive
 
-    from localstate.store import StateVariable
+    from localstate._store import StateVariable
 
     ids = [await watched_asset(db, name) for name in ("eu-orders", "us-orders")]
     store = await StateStore.open(

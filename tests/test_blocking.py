@@ -22,9 +22,9 @@ from localstate import (
     ValueTooLarge,
     VersionConflict,
 )
+from localstate._model import Durability
+from localstate._sync.central_store import CentralStore
 from localstate.blocking import BlockingStateStore, StateVariable
-from localstate.model import Durability
-from localstate.sync.central_store import CentralStore
 
 THREADS = 8
 SETS = 150

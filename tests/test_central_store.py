@@ -25,12 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
-from localstate.conflicts import PolicyMap
-from localstate.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.central_store import CentralStore
-from localstate.sync.dialects import prefix_upper_bound
-from localstate.sync.engine import make_engine
-from localstate.sync.schema import (
+from localstate._conflicts import PolicyMap
+from localstate._rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central_store import CentralStore
+from localstate._sync.dialects import prefix_upper_bound
+from localstate._sync.engine import make_engine
+from localstate._sync.schema import (
     FILLFACTOR,
     LATEST_VERSION,
     MIGRATIONS,
@@ -38,7 +38,7 @@ from localstate.sync.schema import (
     schema_table,
     upgrade,
 )
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 _DELETED: Any = object()

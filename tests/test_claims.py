@@ -21,11 +21,11 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import StateStore
-from localstate.conflicts import PolicyMap
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow, FlushOutcome
+from localstate._sync.central_store import CentralStore
+from localstate._sync.claims import ClaimBook
 from localstate.errors import OwnerLost
-from localstate.rows import DirtyRow, FlushOutcome
-from localstate.sync.central_store import CentralStore
-from localstate.sync.claims import ClaimBook
 
 OWNER = "asset_watcher:orders"
 POLICIES = ["reject", "last_writer_wins", "max"]

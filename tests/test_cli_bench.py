@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 REQUIRED = ["scenario", "mode", "triggers", "sets_per_s", "set_p50_ms", "set_p99_ms",
             "central_txns", "central_rows", "lag_p99_ms", "rss_mb"]

@@ -32,7 +32,7 @@ import pytest
 from airflow_api_server import api_server, free_port, migrate
 from airflow_harness import AIRFLOW, ROOT, Deployment, fast_loops, new_deployment, stop, wait_for
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -101,7 +101,7 @@ def test_the_architecture_page_names_every_module() -> None:
     assert len(modules) > 100
     missing = []
     for module in modules:
-        if "/migrations/versions/" in module:  # each revision: one migration of sync/schema.py
+        if "/_migrations/versions/" in module:  # each revision: one migration of sync/schema.py
             module = module.rsplit("/", 1)[0] + "/"
         if f"`{module}`" not in page:
             missing.append(module)
@@ -120,7 +120,7 @@ def test_troubleshooting_lists_every_typed_error() -> None:
 
 
 def test_the_configuration_reference_has_every_setting() -> None:
-    from localstate.setting_specs import SPECS
+    from localstate._setting_specs import SPECS
 
     page = _hooks().configuration_page()
     for name, spec in SPECS.items():
@@ -151,7 +151,7 @@ def test_the_rest_reference_has_every_route() -> None:
 
 
 def test_the_metrics_reference_has_every_metric() -> None:
-    from localstate.metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
 
     page = _hooks().metrics_page()
     for name in (*COUNTERS.values(), *GAUGES.values(), TIMER, *PRUNE_COUNTERS):
@@ -275,7 +275,7 @@ def test_python_blocks_run(tmp_path: Path) -> None:
 
 
 def test_ini_blocks_are_settings_localstate_and_airflow_accept(tmp_path: Path) -> None:
-    from localstate.config import Settings
+    from localstate._config import Settings
 
     airflow_options: list[tuple[str, str]] = []
     checked = 0
@@ -329,9 +329,9 @@ def _commands(*pages: Path) -> Iterator[tuple[Path, list[str]]]:
 def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
     """Each command line of a ```sh block is run (``python -c``) or parsed by the program that
     will read it; a command no rule knows fails the test."""
+    from localstate._config import Settings
     from localstate.api import create_app
     from localstate.cli import build_parser
-    from localstate.config import Settings
 
     installed = metadata.metadata("localstate")
     extras = set(installed.get_all("Provides-Extra") or ())

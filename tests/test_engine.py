@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localstate import ConfigError, StateStore
-from localstate.sync.engine import async_url
+from localstate._sync.engine import async_url
 
 
 @pytest.mark.parametrize(("url", "says"), [

@@ -47,7 +47,7 @@ def test_importing_the_package_loads_no_store() -> None:
     """The store and what is built on it load on first use (the lower layers import the
     package first): `import localstate` alone must not pull them in."""
     code = ("import sys, localstate; "
-            "print(sorted(m for m in ('localstate.store', 'localstate.sync.settle') "
+            "print(sorted(m for m in ('localstate._store', 'localstate._sync.settle') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
@@ -58,7 +58,7 @@ def test_importing_the_package_loads_no_store() -> None:
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what code outside localstate imports (docs/architecture.md, "Public surface"); the rest,
-#: all of localstate.sync included, is internal
+#: all of localstate._sync included, is internal
 PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "localstate.client",
                   "localstate.airflow.trigger", "localstate.airflow.plugin",
                   "localstate.airflow.provider", "localstate.airflow.db_manager",
@@ -108,3 +108,69 @@ def test_the_entry_points_name_public_modules() -> None:
     targets = [point.value for point in metadata.distribution("localstate").entry_points]
     assert len(targets) >= 3
     assert [t for t in targets if not is_public(t.split(":", 1)[0])] == []
+
+
+# -- the rest is private by name --------------------------------------------------------------
+
+def _private(module: str) -> bool:
+    """A module whose name has a part starting with `_` (`localstate._store`,
+    `localstate._sync.worker`, `localstate.cli._flush`); `__init__` and `__main__` aside."""
+    return any(part.startswith("_") and part not in ("__init__", "__main__")
+               for part in module.split("."))
+
+
+def _modules() -> dict[str, Path]:
+    from test_imports import module_files  # each module under its installed name
+
+    return module_files()
+
+
+def test_every_module_is_public_or_private_by_name() -> None:
+    """httpx's layout: the public modules keep their names, every other module (sync/'s, the
+    benchmark's, the test servers', the migrations') has a private part in its name."""
+    modules = _modules()
+    assert len(modules) > 100
+    assert "localstate._store" in modules
+    assert "localstate._sync.worker" in modules  # sync/, as installed
+    # a package that holds public modules is public too (`localstate.airflow`)
+    holders = {".".join(m.split(".")[:i]) for m in modules if is_public(m)
+               for i in range(1, m.count(".") + 1)}
+    neither = [m for m in modules if not is_public(m.removesuffix(".__main__"))
+               and m not in holders and not _private(m)]
+    assert neither == [], "name these modules with a leading _ or list them in PUBLIC_MODULES"
+    # and a public module is not private by name, and exists
+    assert [m for m in modules if is_public(m) and _private(m)] == []
+    assert [p for p in PUBLIC_MODULES if not p.endswith(".*") and p not in modules] == []
+
+
+def test_the_docs_examples_and_entry_points_name_no_private_module() -> None:
+    """What an operator reads, copies or configures names only public modules: `from`/`import`
+    lines (checked above) and any other mention of a dotted localstate name (a `-m`, a class
+    path in a configuration line)."""
+    mentioned = re.compile(r"(?<![\w./])localstate(?:\.\w+)+")
+    found = sorted({(path.relative_to(ROOT).as_posix(), name)
+                    for path in _user_facing_files() if path.name != "architecture.md"
+                    for name in mentioned.findall(path.read_text()) if _private(name)})
+    assert found == []
+    targets = [point.value for point in metadata.distribution("localstate").entry_points]
+    assert [t for t in targets if _private(t)] == []
+
+
+#: `getLogger("...")` with a literal name
+_LOGGER = re.compile(r"getLogger\((\"[^\"]*\"|'[^']*'|[^)]*)\)")
+
+
+def test_logger_names_are_literal_and_public() -> None:
+    """Operators configure loggers by name: each module names its logger with a literal, never
+    `__name__` (which the private module names would change), and no name has a private part
+    (the loggers `localstate.store` and `localstate.sync.worker`, never with a `_` part)."""
+    loggers: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        for argument in _LOGGER.findall(path.read_text()):
+            loggers.setdefault(argument, []).append(module)
+    assert len(loggers) >= 15
+    assert [a for a in loggers if a[:1] not in "\"'"] == []
+    assert [a for a in loggers if _private(a.strip("\"'"))] == []
+    for logger in ('"localstate.store"', '"localstate.sync.worker"', '"localstate.conflicts"',
+                   '"localstate.local_cache"', '"localstate.api.audit"'):  # the loggers
+        assert logger in loggers

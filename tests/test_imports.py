@@ -1,8 +1,8 @@
 """The import graph has layers (`LAYERS`, lowest first) and no circle.
 
-Every module of `localstate` and `localstate.sync` has one layer, and imports only its own
+Every module of `localstate` and `localstate._sync` has one layer, and imports only its own
 layer and lower ones: on load, under `if TYPE_CHECKING:` and inside functions alike. The
-folder is the layer: the top-level `sync/` folder (installed as `localstate.sync`) holds
+folder is the layer: the top-level `sync/` folder (installed as `localstate._sync`) holds
 exactly the central, sinks and flush layers, so nothing below it imports it. And every module
 imports first, in a fresh interpreter: no import circle bites at run time, and the lower layers
 do not load the store.
@@ -21,18 +21,18 @@ from pathlib import Path
 import pytest
 
 import localstate
-import localstate.sync
+import localstate._sync
 
 PACKAGE_DIR = Path(localstate.__file__).resolve().parent
-#: the top-level sync/ folder, which installs as the subpackage localstate.sync
-SYNC_DIR = Path(localstate.sync.__file__).resolve().parent
+#: the top-level sync/ folder, which installs as the subpackage localstate._sync
+SYNC_DIR = Path(localstate._sync.__file__).resolve().parent
 
 
 def all_modules() -> list[str]:
     """The modules to import: every one but `__main__`s and Alembic's env script (which runs
     only inside Alembic's context)."""
     return [name for name, path in module_files().items()
-            if path.stem != "__main__" and path.parts[-2:] != ("migrations", "env.py")]
+            if path.stem != "__main__" and path.parts[-2:] != ("_migrations", "env.py")]
 
 
 def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[str]:
@@ -43,9 +43,9 @@ def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[st
 
 def test_the_modules_include_sync_and_the_store() -> None:
     modules = all_modules()
-    assert "localstate.conflicts" in modules
-    assert "localstate.sync.worker" in modules
-    assert "localstate.store" in modules
+    assert "localstate._conflicts" in modules
+    assert "localstate._sync.worker" in modules
+    assert "localstate._store" in modules
     assert len(modules) > 60
 
 
@@ -123,12 +123,12 @@ def test_the_fork_importer_reports_a_module_that_fails_to_import(tmp_path: Path)
 
 
 @pytest.mark.parametrize("module", [
-    "localstate.errors", "localstate.codec", "localstate.model", "localstate.entry",
-    "localstate.local_cache", "localstate.config", "localstate.conflicts",
-    "localstate.sync.central_store", "localstate.sync.worker",
+    "localstate.errors", "localstate._codec", "localstate._model", "localstate._entry",
+    "localstate._local_cache", "localstate._config", "localstate._conflicts",
+    "localstate._sync.central_store", "localstate._sync.worker",
 ])
 def test_a_lower_layer_does_not_load_the_store(module: str) -> None:
-    result = import_first(module, "assert 'localstate.store' not in sys.modules, "
+    result = import_first(module, "assert 'localstate._store' not in sys.modules, "
                                   "sorted(m for m in sys.modules if m.startswith('localstate'))")
     assert result.returncode == 0, result.stderr
 
@@ -147,51 +147,51 @@ def test_there_is_no_top_level_sync_package() -> None:
 #: The layers, lowest first (docs/architecture.md describes them). A module imports only
 #: modules of its own layer or of lower ones, on load or on use. Each module has exactly one
 #: layer: its exact name, or a package's name with ".*" for the package and every module
-#: under it. The central, sinks and flush layers are exactly the modules of `localstate.sync`
+#: under it. The central, sinks and flush layers are exactly the modules of `localstate._sync`
 #: (`SYNC_LAYERS`).
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {
-        "localstate.errors", "localstate.version", "localstate.model", "localstate.codec",
-        "localstate.rows", "localstate.entry", "localstate.orders", "localstate.conflicts",
-        "localstate.retention_rules", "localstate.setting_specs", "localstate.config",
-        "localstate.reload", "localstate.file_lock", "localstate.futures", "localstate.backoff",
-        "localstate.lanes", "localstate.failure_log", "localstate.protocol",
-        "localstate.class_or_instance",
+        "localstate.errors", "localstate._version", "localstate._model", "localstate._codec",
+        "localstate._rows", "localstate._entry", "localstate._orders", "localstate._conflicts",
+        "localstate._retention_rules", "localstate._setting_specs", "localstate._config",
+        "localstate._reload", "localstate._file_lock", "localstate._futures", "localstate._backoff",
+        "localstate._lanes", "localstate._failure_log", "localstate._protocol",
+        "localstate._class_or_instance",
     }),
     ("local", {
-        "localstate.absent_keys", "localstate.owner_index", "localstate.eviction",
-        "localstate.entry_table", "localstate.cache_file", "localstate.cache_compaction",
-        "localstate.local_cache", "localstate.outbox", "localstate.mode_gate",
+        "localstate._absent_keys", "localstate._owner_index", "localstate._eviction",
+        "localstate._entry_table", "localstate._cache_file", "localstate._cache_compaction",
+        "localstate._local_cache", "localstate._outbox", "localstate._mode_gate",
     }),
     ("central", {
-        "localstate.sync", "localstate.sync.schema", "localstate.sync.fleet",
-        "localstate.sync.dialects", "localstate.sync.driver_errors", "localstate.sync.engine",
-        "localstate.sync.asset_mirror", "localstate.sync.asset_events",
-        "localstate.sync.fenced_write",
-        "localstate.sync.cas_write", "localstate.sync.central_store",
-        "localstate.sync.retention",
+        "localstate._sync", "localstate._sync.schema", "localstate._sync.fleet",
+        "localstate._sync.dialects", "localstate._sync.driver_errors", "localstate._sync.engine",
+        "localstate._sync.asset_mirror", "localstate._sync.asset_events",
+        "localstate._sync.fenced_write",
+        "localstate._sync.cas_write", "localstate._sync.central_store",
+        "localstate._sync.retention",
     }),
     ("sinks", {
-        "localstate.sync.sinks", "localstate.sync.sink_thread", "localstate.sync.read_through",
-        "localstate.sync.api_sink", "localstate.sync.airflow_sink",
-        "localstate.sync.asset_batch_reads", "localstate.sync.asset_states",
+        "localstate._sync.sinks", "localstate._sync.sink_thread", "localstate._sync.read_through",
+        "localstate._sync.api_sink", "localstate._sync.airflow_sink",
+        "localstate._sync.asset_batch_reads", "localstate._sync.asset_states",
     }),
     ("flush", {
-        "localstate.sync.claims", "localstate.sync.budget", "localstate.sync.waiters",
-        "localstate.sync.settle", "localstate.sync.worker",
+        "localstate._sync.claims", "localstate._sync.budget", "localstate._sync.waiters",
+        "localstate._sync.settle", "localstate._sync.worker",
     }),
     ("store", {
-        "localstate.pending_switch", "localstate.stats", "localstate.metrics",
-        "localstate.modes", "localstate.local_first", "localstate.store",
-        "localstate.default_store", "localstate.blocking",
+        "localstate._pending_switch", "localstate._stats", "localstate._metrics",
+        "localstate._modes", "localstate._local_first", "localstate._store",
+        "localstate._default_store", "localstate.blocking",
     }),
     ("front", {
         "localstate", "localstate.client", "localstate.api.*", "localstate.cli.*",
-        "localstate.airflow.*", "localstate.bench.*", "localstate.examples.*",
-        "localstate.testing.*",
+        "localstate.airflow.*", "localstate._bench.*", "localstate.examples.*",
+        "localstate._testing.*",
     }),
 ]
-#: the layers the folder sync/ (`localstate.sync`) holds, and nothing else does
+#: the layers the folder sync/ (`localstate._sync`) holds, and nothing else does
 SYNC_LAYERS = {"central", "sinks", "flush"}
 
 
@@ -215,9 +215,9 @@ def layer_name(module: str) -> str:
 
 
 def module_files() -> dict[str, Path]:
-    """Each module of localstate, sync/ under its installed name `localstate.sync`, and its file."""
+    """Each module of localstate (sync/ as `localstate._sync`, its installed name) and its file."""
     files = {}
-    for package, folder in (("localstate", PACKAGE_DIR), ("localstate.sync", SYNC_DIR)):
+    for package, folder in (("localstate", PACKAGE_DIR), ("localstate._sync", SYNC_DIR)):
         for path in sorted(folder.rglob("*.py")):
             parts = path.relative_to(folder).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -242,7 +242,7 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 def import_graph(*, deferred: bool) -> dict[str, set[str]]:
-    """Module -> the modules of localstate (and localstate.sync) it imports. `deferred`: the
+    """Module -> the modules of localstate (and localstate._sync) it imports. `deferred`: the
     imports inside functions too."""
     files = module_files()
 
@@ -314,13 +314,13 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_type_checking_relative_and_function_local_imports() -> None:
     graph = import_graph(deferred=False)
-    assert "localstate.store" in graph["localstate"]  # an `if TYPE_CHECKING:` import
-    assert "localstate.entry_table" in graph["localstate.store"]
-    assert "localstate.entry_table" in graph["localstate.sync.worker"]  # sync/ is read too
-    assert any(t.startswith("localstate.sync.") for t in graph["localstate.store"])
+    assert "localstate._store" in graph["localstate"]  # an `if TYPE_CHECKING:` import
+    assert "localstate._entry_table" in graph["localstate._store"]
+    assert "localstate._entry_table" in graph["localstate._sync.worker"]  # sync/ is read too
+    assert any(t.startswith("localstate._sync.") for t in graph["localstate._store"])
     # an import made inside a function, on use (the REST sink needs httpx, an extra)
-    assert "localstate.sync.api_sink" not in graph["localstate.store"]
-    assert "localstate.sync.api_sink" in import_graph(deferred=True)["localstate.store"]
+    assert "localstate._sync.api_sink" not in graph["localstate._store"]
+    assert "localstate._sync.api_sink" in import_graph(deferred=True)["localstate._store"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -364,25 +364,25 @@ def test_the_folder_is_the_layer() -> None:
     """sync/ holds exactly the central, sinks and flush layers; the layers are in order."""
     names = [name for name, _members in LAYERS]
     assert len(names) == len(set(names))
-    in_sync = {m: layer_name(m) for m in module_files() if m.startswith("localstate.sync")}
+    in_sync = {m: layer_name(m) for m in module_files() if m.startswith("localstate._sync")}
     assert {m: layer for m, layer in in_sync.items() if layer not in SYNC_LAYERS} == {}
-    outside = {m: layer_name(m) for m in module_files() if not m.startswith("localstate.sync")}
+    outside = {m: layer_name(m) for m in module_files() if not m.startswith("localstate._sync")}
     assert {m: layer for m, layer in outside.items() if layer in SYNC_LAYERS} == {}
     sync_at = sorted(names.index(layer) for layer in SYNC_LAYERS)
     assert sync_at == list(range(sync_at[0], sync_at[0] + len(sync_at))), "sync's layers adjoin"
 
 
 def test_the_layer_table_places_modules() -> None:
-    assert layer_name("localstate.sync.central_store") == "central"
-    assert layer_name("localstate.sync.worker") == "flush"
-    assert layer_name("localstate.api.routes") == layer_name("localstate") == "front"
-    assert layer_of("localstate.rows") < layer_of("localstate.sync.sinks")
+    assert layer_name("localstate._sync.central_store") == "central"
+    assert layer_name("localstate._sync.worker") == "flush"
+    assert layer_name("localstate.api._routes") == layer_name("localstate") == "front"
+    assert layer_of("localstate._rows") < layer_of("localstate._sync.sinks")
     with pytest.raises(KeyError):
         layer_of("localstate.nowhere")
 
 
 def test_nothing_below_sync_imports_sync() -> None:
-    lowest = min(layer_of(m) for m in module_files() if m.startswith("localstate.sync"))
-    below = {m: sorted(t for t in targets if t.startswith("localstate.sync"))
+    lowest = min(layer_of(m) for m in module_files() if m.startswith("localstate._sync"))
+    below = {m: sorted(t for t in targets if t.startswith("localstate._sync"))
              for m, targets in import_graph(deferred=True).items() if layer_of(m) < lowest}
     assert {m: t for m, t in below.items() if t} == {}

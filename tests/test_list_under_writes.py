@@ -28,12 +28,12 @@ from conftest import StoreFactory, collations
 from test_api import client_for
 
 from localstate import StateStore
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._rows import DirtyRow
+from localstate._sync.central_store import CentralStore
 from localstate.api import create_app
-from localstate.api.paths import decode_cursor
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
-from localstate.rows import DirtyRow
-from localstate.sync.central_store import CentralStore
+from localstate.api._paths import decode_cursor
 
 STEMS = ["asset", "Asset", "ASSET", "dag", "Dag", "trigger", "a%b", "a_b", "a\\b", "x.y", "Z",
          "é"]

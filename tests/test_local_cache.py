@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from localstate.cache_file import APPLICATION_ID, SCHEMA_VERSION
-from localstate.codec import encode
-from localstate.entry import NOT_DECODED, Entry, StateKey
+from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
+from localstate._codec import encode
+from localstate._entry import NOT_DECODED, Entry, StateKey
+from localstate._local_cache import LocalCache
 from localstate.errors import (
     CacheError,
     CacheLocked,
     CacheWriteFailed,
 )
-from localstate.local_cache import LocalCache
 
 OWNER_ID = "triggerer-test"
 

@@ -19,12 +19,12 @@ import pytest_asyncio
 from sqlalchemy import text
 
 from localstate import StateStore
-from localstate.conflicts import PolicyMap
-from localstate.rows import DirtyRow
-from localstate.sync.central_store import CentralStore
-from localstate.sync.engine import make_engine
-from localstate.sync.schema import STATE_TABLE
-from localstate.testing.postgres_server import PostgresServer
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow
+from localstate._sync.central_store import CentralStore
+from localstate._sync.engine import make_engine
+from localstate._sync.schema import STATE_TABLE
+from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 KEYS = 400

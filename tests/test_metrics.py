@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import StoreFactory
 
-from localstate.metrics import MetricsReporter, Sample, StatsdClient
+from localstate._metrics import MetricsReporter, Sample, StatsdClient
 
 
 class StatsdServer:
@@ -132,8 +132,8 @@ async def test_conflicts_are_counted(open_store: StoreFactory, statsd: StatsdSer
 
 async def test_central_errors_are_counted(tmp_path: Path, statsd: StatsdServer) -> None:
     from localstate import CentralUnavailable, StateStore
-    from localstate.sync.central_store import CentralStore
-    from localstate.sync.engine import make_engine
+    from localstate._sync.central_store import CentralStore
+    from localstate._sync.engine import make_engine
 
     gone = CentralStore(make_engine("postgresql://nobody@127.0.0.1:1/none"))
     store = await StateStore.open(

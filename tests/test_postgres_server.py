@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from localstate.testing import postgres_binaries
-from localstate.testing.postgres_binaries import find_postgres_binaries
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing import postgres_binaries
+from localstate._testing.postgres_binaries import find_postgres_binaries
+from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

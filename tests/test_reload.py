@@ -22,11 +22,11 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import ConfigError, Settings, StateStore
-from localstate.metrics import MetricsReporter
-from localstate.model import Durability
-from localstate.reload import ConfigWatcher
-from localstate.sync.central_store import CentralStore
-from localstate.testing.postgres_server import PostgresServer
+from localstate._metrics import MetricsReporter
+from localstate._model import Durability
+from localstate._reload import ConfigWatcher
+from localstate._sync.central_store import CentralStore
+from localstate._testing.postgres_server import PostgresServer
 
 RELOAD_TIMEOUT = 15.0  # generous: inotify answers in milliseconds, but the machine is shared
 

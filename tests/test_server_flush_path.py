@@ -26,12 +26,12 @@ import orjson
 from api_server import RW_TOKEN, TOKENS
 
 from localstate import Settings
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow, EventRow
+from localstate._sync.api_sink import ApiSink
+from localstate._sync.central_store import CentralStore
+from localstate._sync.fleet import FleetStatus
 from localstate.api import create_app
-from localstate.conflicts import PolicyMap
-from localstate.rows import DirtyRow, EventRow
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.central_store import CentralStore
-from localstate.sync.fleet import FleetStatus
 
 #: the most project files one server-side flush may run through
 MAX_FILES: Final = 10
@@ -152,7 +152,7 @@ async def test_a_server_side_flush_runs_through_at_most_ten_files(
     print(f"\none server-side flush: {len(files)} project files from the route handler's entry "
           "to its response:", *files, f"and {len(middle)} more before it (middlewares, the "
           f"caller's token): {middle}", sep="\n  ")
-    assert {"localstate/api/sink_routes.py", "sync/central_store.py",
+    assert {"localstate/api/_sink_routes.py", "sync/central_store.py",
             "sync/fenced_write.py"} <= set(files)
     assert len(files) <= MAX_FILES, (
         f"one server-side flush runs through {len(files)} project files (at most "

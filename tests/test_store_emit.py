@@ -17,7 +17,13 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import StateStore
-from localstate.conflicts import PolicyMap
+from localstate._conflicts import PolicyMap
+from localstate._rows import EventRow
+from localstate._store import event_key
+from localstate._sync.central_store import CentralStore
+from localstate._sync.schema import event
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 from localstate.errors import (
     CentralUnavailable,
     EventsUnsupported,
@@ -26,12 +32,6 @@ from localstate.errors import (
     ValueEncodingError,
     ValueTooLarge,
 )
-from localstate.rows import EventRow
-from localstate.store import event_key
-from localstate.sync.central_store import CentralStore
-from localstate.sync.schema import event
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
 
 OWNER = "trigger:orders"
 

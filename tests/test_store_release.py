@@ -14,11 +14,11 @@ from conftest import StoreFactory
 from test_store_versions import HeldReads
 
 from localstate import StateStore
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central_store import CentralStore
 from localstate.errors import InvalidName, StoreClosed
-from localstate.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.central_store import CentralStore
 
 OWNER = "trigger:tests.Release:abc"
 

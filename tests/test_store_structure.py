@@ -11,7 +11,7 @@ in the file that makes the access: ``self._name`` inherited from a class of anot
 * any other ``obj._name``: `_name` must be defined by some class of the same file (the object
   is taken to be of that class), or by the file at module level.
 
-The store's modules must have none; the rest of `localstate` and `localstate.sync` may not have
+The store's modules must have none; the rest of `localstate` and `localstate._sync` may not have
 more than the counts recorded below (each is a debt to pay, not a licence).
 """
 
@@ -30,9 +30,9 @@ ROOT = Path(localstate.__file__).resolve().parent.parent
 
 #: the store: `StateStore` and the parts it keeps in files of their own
 STORE_MODULES = (
-    "localstate/store.py", "localstate/local_first.py", "localstate/modes.py",
-    "localstate/mode_gate.py", "localstate/pending_switch.py", "localstate/reload.py",
-    "localstate/default_store.py", "localstate/class_or_instance.py",
+    "localstate/_store.py", "localstate/_local_first.py", "localstate/_modes.py",
+    "localstate/_mode_gate.py", "localstate/_pending_switch.py", "localstate/_reload.py",
+    "localstate/_default_store.py", "localstate/_class_or_instance.py",
 )
 
 #: documented API of the standard library that happens to start with an underscore
@@ -194,7 +194,7 @@ def test_a_long_file_says_why_it_is_one_concept() -> None:
 
 def test_the_store_is_a_long_file_that_says_why() -> None:
     # the check above has a file to check: the store is longer than the limit
-    assert Path(localstate.__file__).with_name("store.py").read_text().count("\n") > LONG_FILE
+    assert Path(localstate.__file__).with_name("_store.py").read_text().count("\n") > LONG_FILE
 
 
 def test_private_reaches_elsewhere_do_not_grow() -> None:

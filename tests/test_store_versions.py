@@ -20,11 +20,11 @@ import pytest
 from conftest import StoreFactory
 
 from localstate import CentralUnavailable, StateStore, VersionConflict, WriteRejected
-from localstate.conflicts import PolicyMap
-from localstate.entry import StateKey
-from localstate.rows import CentralRow, DirtyRow, FlushOutcome
-from localstate.sync.central_store import CentralStore
-from localstate.testing.postgres_server import PostgresServer
+from localstate._conflicts import PolicyMap
+from localstate._entry import StateKey
+from localstate._rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central_store import CentralStore
+from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:versions"
 
@@ -444,7 +444,7 @@ async def test_a_first_write_long_after_a_miss_counts_from_one_with_the_central_
 
 
 def test_clock_versions_only_grow_within_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localstate import entry
+    import localstate._entry as entry
 
     first = entry.unknown_base_version()
     monkeypatch.setattr(entry, "_now", lambda: 1.0)  # the clock stepped back

@@ -37,14 +37,14 @@ from localstate import (
     VersionConflict,
     WriteRejected,
 )
-from localstate.entry import UNKNOWN_BASE
-from localstate.local_cache import LocalCache
-from localstate.rows import CentralRow
-from localstate.sync.central_store import CentralStore
-from localstate.sync.settle import ConflictInfo
-from localstate.sync.worker import SyncWorker, wait_awake
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._entry import UNKNOWN_BASE
+from localstate._local_cache import LocalCache
+from localstate._rows import CentralRow
+from localstate._sync.central_store import CentralStore
+from localstate._sync.settle import ConflictInfo
+from localstate._sync.worker import SyncWorker, wait_awake
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 

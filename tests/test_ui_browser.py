@@ -19,11 +19,11 @@ from conftest import StoreFactory
 from playwright.async_api import Page, Route, async_playwright, expect
 
 from localstate import Settings
+from localstate._conflicts import PolicyMap
+from localstate._rows import DirtyRow
+from localstate._sync.central_store import CentralStore
+from localstate._sync.fleet import FleetStatus
 from localstate.api import create_app
-from localstate.conflicts import PolicyMap
-from localstate.rows import DirtyRow
-from localstate.sync.central_store import CentralStore
-from localstate.sync.fleet import FleetStatus
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

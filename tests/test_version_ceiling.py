@@ -16,14 +16,14 @@ from conftest import StoreFactory
 from sqlalchemy import update
 from test_api import client_for, path
 
+from localstate._model import MAX_VERSION
+from localstate._protocol import error_for
+from localstate._rows import CentralRow
+from localstate._sync.api_sink import ApiSink
+from localstate._sync.central_store import CentralStore
+from localstate._sync.schema import state_variable
 from localstate.api import create_app
 from localstate.errors import VersionExhausted
-from localstate.model import MAX_VERSION
-from localstate.protocol import error_for
-from localstate.rows import CentralRow
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.central_store import CentralStore
-from localstate.sync.schema import state_variable
 
 OWNER = "dag:ceiling"
 

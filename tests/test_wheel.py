@@ -2,8 +2,8 @@
 the wheel installs into a fresh virtual environment beside Airflow 3.3 under pinned
 constraints, where Airflow finds the plugin and the provider and migrates localstate's tables.
 
-The top-level `sync/` installs as `localstate.sync` (pyproject's package-dir mapping): the
-sdist holds it as `sync/`, the wheel built from that sdist under ``localstate/sync/``, and
+The top-level `sync/` installs as `localstate._sync` (pyproject's package-dir mapping): the
+sdist holds it as `sync/`, the wheel built from that sdist under ``localstate/_sync/``, and
 neither has a top-level `sync` package to install. The module builds once (`python -m build`:
 the sdist, then the wheel from it, as a release is made); both tests read that build. The pins are
 `tests/data/constraints-airflow-3.3.2-py3.11.txt` (its header says where they come from). The
@@ -56,23 +56,23 @@ def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(dist: Path)
     assert sdist.is_file()
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    in_wheel_sync = {n.removeprefix("localstate/sync/") for n in names
-                     if n.startswith("localstate/sync/") and n.endswith(".py")}
+    in_wheel_sync = {n.removeprefix("localstate/_sync/") for n in names
+                     if n.startswith("localstate/_sync/") and n.endswith(".py")}
     assert in_wheel_sync == _sync_modules()
     # pyproject lists the packages one by one (sync/ is mapped): a new folder left out of the
     # list would be missing from the wheel while an editable install still finds it
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "localstate").rglob("*.py")}
     assert sources - names == set()
     assert not any(n.startswith("sync/") for n in names)  # never a top-level `sync`
-    for path in ("localstate/py.typed", "localstate/sync/py.typed",
+    for path in ("localstate/py.typed", "localstate/_sync/py.typed",
                  "localstate/api/static/index.html", "localstate/api/static/app.js",
-                 "localstate/airflow/migrations/alembic.ini",
-                 "localstate/airflow/migrations/env.py",
+                 "localstate/airflow/_migrations/alembic.ini",
+                 "localstate/airflow/_migrations/env.py",
                  f"localstate-{VERSION}.dist-info/licenses/LICENSE"):
         assert path in names, path
-    revisions = {n for n in names if n.startswith("localstate/airflow/migrations/versions/")}
+    revisions = {n for n in names if n.startswith("localstate/airflow/_migrations/versions/")}
     assert len(revisions) == len(list(
-        (ROOT / "localstate/airflow/migrations/versions").glob("*.py")))
+        (ROOT / "localstate/airflow/_migrations/versions").glob("*.py")))
     entry_points = zipfile.ZipFile(wheel).read(
         f"localstate-{VERSION}.dist-info/entry_points.txt").decode()
     assert "localstate.airflow.plugin:LocalStatePlugin" in entry_points
@@ -83,7 +83,7 @@ def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(dist: Path)
     top = f"localstate-{VERSION}"
     for module in _sync_modules():
         assert members[f"{top}/sync/{module}"].isfile(), module
-    assert not any(name.startswith(f"{top}/localstate/sync") for name in members)
+    assert not any(name.startswith(f"{top}/localstate/_sync") for name in members)
     assert f"{top}/LICENSE" in members
 
 
@@ -111,12 +111,12 @@ def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(dist: Path, tmp_
          env, tmp_path, timeout=600)
     _run([str(bin_dir / "pip"), "check"], env, tmp_path)
 
-    # the installed copy, not this checkout, and its sync layer under localstate.sync
+    # the installed copy, not this checkout, and its sync layer under localstate._sync
     where = json.loads(_run([str(bin_dir / "python"), "-c",
-                             "import json, localstate, localstate.sync.worker, "
-                             "localstate.api.app, localstate.airflow.plugin; "
+                             "import json, localstate, localstate._sync.worker, "
+                             "localstate.api._app, localstate.airflow.plugin; "
                              "print(json.dumps([localstate.__file__, "
-                             "localstate.sync.worker.__file__]))"], env, tmp_path))
+                             "localstate._sync.worker.__file__]))"], env, tmp_path))
     site = str(venv)
     assert all(path.startswith(site) for path in where), where
 
@@ -144,7 +144,7 @@ def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(dist: Path, tmp_
         head = db.execute("SELECT version_num FROM localstate_alembic_version").fetchall()
     assert {"localstate_state", "localstate_owner_claim", "localstate_fleet",
             "localstate_alembic_version"} <= tables
-    revisions = len(list((ROOT / "localstate/airflow/migrations/versions").glob("*.py")))
+    revisions = len(list((ROOT / "localstate/airflow/_migrations/versions").glob("*.py")))
     assert head == [(f"localstate_{revisions:04d}",)]
 
     out = _run([str(bin_dir / "localstate"), "config"], env, tmp_path)

@@ -2,11 +2,11 @@
 
 Each page is built at every ``mkdocs build`` from the source of truth:
 
-* ``reference/configuration.md``: `localstate.setting_specs.SPECS` (names, defaults, help,
+* ``reference/configuration.md``: `localstate._setting_specs.SPECS` (names, defaults, help,
   environment variables, live settings);
 * ``reference/cli.md``: the argparse parsers of `localstate.cli.build_parser`;
 * ``reference/rest-api.md``: the OpenAPI document of `localstate.api.create_app`;
-* ``reference/metrics.md``: `localstate.metrics` (counters, gauges, the timer, prune counters);
+* ``reference/metrics.md``: `localstate._metrics` (counters, gauges, the timer, prune counters);
 * ``operations/troubleshooting.md``: every exception class of `localstate.errors`, each with the
   advice below (a class without advice, or advice for no class, fails the build);
 * ``benchmarks.md``: the JSON files in ``docs/`` (dated by their last commit).
@@ -156,12 +156,12 @@ def _shown_default(name: str, default: Any) -> str:
 
 
 def configuration_page() -> str:
-    from localstate.setting_specs import LIVE_SETTINGS, SPECS
+    from localstate._setting_specs import LIVE_SETTINGS, SPECS
 
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `localstate/setting_specs.py`. Every setting resolves from, in order: "
+        "Generated from `localstate/_setting_specs.py`. Every setting resolves from, in order: "
         "the argument given in code, the environment variable `AIRFLOW__LOCALSTATE__<NAME>`, "
         "the `[localstate]` section of `airflow.cfg` (`$AIRFLOW_CONFIG`, else "
         "`$AIRFLOW_HOME/airflow.cfg`; read through Airflow's `conf` when the process has loaded "
@@ -225,8 +225,8 @@ def cli_page() -> str:
 
 
 def _openapi() -> dict[str, Any]:
+    from localstate._config import Settings
     from localstate.api import create_app
-    from localstate.config import Settings
 
     settings = Settings.resolve({"central_url": "sqlite:////nonexistent/never-opened.db"})
     document: dict[str, Any] = create_app(settings).openapi()
@@ -307,12 +307,12 @@ def _schema_type(p: dict[str, Any]) -> str:
 
 
 def metrics_page() -> str:
-    from localstate.metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
-    from localstate.stats import StoreStats
+    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate._stats import StoreStats
 
     fields = {f: _field_doc(StoreStats, f) for f in (*COUNTERS, *GAUGES)}
     lines = ["# Metrics reference", "",
-             "Generated from `localstate/metrics.py`. Each name is prefixed with "
+             "Generated from `localstate/_metrics.py`. Each name is prefixed with "
              "`statsd_prefix` (default `localstate`). Off by default: set `statsd_host` for "
              "StatsD over UDP, or `otel = true` for OpenTelemetry instruments (the `otel` "
              "extra; each carries the attribute `triggerer_id`). A report is sampled from "
@@ -357,7 +357,7 @@ def _field_doc(cls: type, field: str) -> str:
             if not text:
                 raise PluginError(f"StoreStats.{field} has no #: comment: add one")
             return text.replace("|", "\\|")
-    raise PluginError(f"StoreStats has no field {field!r} (localstate/metrics.py names it)")
+    raise PluginError(f"StoreStats has no field {field!r} (localstate/_metrics.py names it)")
 
 
 # -- benchmarks -----------------------------------------------------------------------------

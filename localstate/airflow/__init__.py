@@ -10,5 +10,5 @@ Imported only when used: `localstate` itself never imports Airflow.
 * `localstate.airflow.plugin.LocalStatePlugin`: the ``airflow.plugins`` entry point: the API
   and state page in Airflow's API server (`mount`, `serving`, `auth`) and UI;
 * `localstate.airflow.db_manager.LocalStateDBManager`: ``airflow db migrate`` runs the
-  Alembic revisions in `localstate.airflow.migrations`.
+  Alembic revisions in `localstate.airflow._migrations`.
 """

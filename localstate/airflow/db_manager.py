@@ -5,8 +5,8 @@ provider info declares it (``db-managers``), so Airflow runs it with every ``air
 migrate`` without configuration; ``[database] external_db_managers =
 localstate.airflow.db_manager.LocalStateDBManager`` names it explicitly too.
 
-Its Alembic revisions (`localstate.airflow.migrations`) each apply one migration of
-`localstate.sync.schema.MIGRATIONS` through `localstate.sync.schema.apply_step`, and their own
+Its Alembic revisions (`localstate.airflow._migrations`) each apply one migration of
+`localstate._sync.schema.MIGRATIONS` through `localstate._sync.schema.apply_step`, and their own
 version table is ``localstate_alembic_version``. What was applied is recorded where
 ``localstate db upgrade`` records it (``localstate_schema``): a database migrated by either
 path is current for the other, and a revision whose step is already applied changes nothing
@@ -24,12 +24,12 @@ from typing import Any
 
 from airflow.utils.db_manager import BaseDBManager, command
 
-from localstate.airflow.migrations import VERSION_TABLE
-from localstate.sync.schema import metadata
+from localstate._sync.schema import metadata
+from localstate.airflow._migrations import VERSION_TABLE
 
 __all__ = ["LocalStateDBManager"]
 
-_MIGRATIONS = Path(__file__).with_name("migrations")
+_MIGRATIONS = Path(__file__).with_name("_migrations")
 
 
 class LocalStateDBManager(BaseDBManager):

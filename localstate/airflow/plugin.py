@@ -6,7 +6,7 @@ process finds it (``airflow plugins`` lists it). It adds:
 * ``fastapi_apps``: localstate's REST API and state page, mounted in the API server at
   ``/localstate`` (``GET /localstate/api/v1/health``, ``/localstate/api/v1/state``, ...,
   the page at ``/localstate/``), over Airflow's metadata DB, with the cache off. See
-  `localstate.airflow.serving` for what it serves and `localstate.airflow.auth` for who may
+  `localstate.airflow._serving` for what it serves and `localstate.airflow._auth` for who may
   read and write (Airflow's users by role, machines by localstate token);
 * ``external_views``: the state page as a page of Airflow's own UI, under *Browse* in its
   navigation (Airflow shows it in an iframe at ``/plugin/localstate``).
@@ -48,7 +48,7 @@ class _FastApiApps:
 
     def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
         if self._apps is None:
-            from localstate.airflow.mount import LocalStateMount
+            from localstate.airflow._mount import LocalStateMount
 
             self._apps = [{"app": LocalStateMount(), "url_prefix": MOUNT_PREFIX,
                            "name": "localstate"}]

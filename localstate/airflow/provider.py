@@ -3,7 +3,7 @@
 Airflow's ProvidersManager calls it to list the provider (``airflow providers list``) and merges
 its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``[localstate]``
 and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
-settings specs in `localstate.config`: one source of truth for names, defaults and help. Its
+settings specs in `localstate._config`: one source of truth for names, defaults and help. Its
 ``db-managers`` make ``airflow db migrate`` migrate localstate's tables
 (`localstate.airflow.db_manager`).
 Imports nothing from Airflow.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from localstate.setting_specs import setting_specs
+from localstate._setting_specs import setting_specs
 
 __all__ = ["get_provider_info"]
 

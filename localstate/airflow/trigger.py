@@ -59,17 +59,17 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
-from localstate.airflow import shutdown
-from localstate.airflow.runner_gc import freeze_startup_heap
-from localstate.backoff import Backoff
+import localstate.airflow._shutdown as shutdown
+from localstate._backoff import Backoff
+from localstate._model import MAX_NAME_LENGTH
+from localstate._store import StateStore, StateVariable, process_store
+from localstate._sync.airflow_sink import process_sink
+from localstate.airflow._runner_gc import freeze_startup_heap
 from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
-from localstate.model import MAX_NAME_LENGTH
-from localstate.store import StateStore, StateVariable, process_store
-from localstate.sync.airflow_sink import process_sink
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localstate.airflow.trigger")
 
 _T = TypeVar("_T")
 _ASSET_PREFIX: Final = "asset_watcher:"
@@ -409,7 +409,7 @@ class StateEnabledTrigger:
         if claiming is not None:
             claiming.cancel()
         store = self._localstate_store
-        # after a graceful stop's drain (`localstate.airflow.shutdown`) there is nothing left
+        # after a graceful stop's drain (`localstate.airflow._shutdown`) there is nothing left
         # to flush from the mixin's writes, and the airflow sink's channel is gone
         if store is not None and not store.closed and not shutdown.drained():
             try:

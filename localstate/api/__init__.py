@@ -5,6 +5,6 @@ uvicorn).
     app = create_app(settings)
 """
 
-from localstate.api.app import create_app
+from localstate.api._app import create_app
 
 __all__ = ["create_app"]

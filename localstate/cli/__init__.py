@@ -44,6 +44,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from localstate._version import __version__
 from localstate.cli._arg_types import (
     bench_modes,
     count,
@@ -70,7 +71,6 @@ from localstate.cli._serve import cmd_serve, is_loopback
 from localstate.cli._show_config import cmd_config
 from localstate.cli._status import cmd_status
 from localstate.errors import InvalidInput, LocalStateError, VersionConflict
-from localstate.version import __version__
 
 __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_USAGE", "NotFound",
            "build_parser", "is_loopback", "main"]

@@ -22,8 +22,8 @@ def trigger_counts(text: str) -> list[int]:
 
 def bench_modes(text: str) -> list[str]:
     # imported here: the bench package is only needed when `bench --modes` is given
-    from localstate.bench.baselines import PEER_MODES
-    from localstate.bench.runner import STORE_MODES
+    from localstate._bench.baselines import PEER_MODES
+    from localstate._bench.runner import STORE_MODES
 
     allowed = ("bare", *STORE_MODES, *PEER_MODES)
     modes = [m.strip() for m in text.split(",") if m.strip()]

@@ -14,7 +14,7 @@ _MIB = 1024 * 1024
 
 def _churn(url: str, folder: Path, owners: int) -> dict[str, Any]:
     """RSS and cache file under churn: 1,000 live triggers, `owners` passing through."""
-    from localstate.bench.churn import run_churn
+    from localstate._bench.churn import run_churn
 
     result = asyncio.run(run_churn(central_url=url, cache_path=folder / "churn.db",
                                    owners=owners, every=max(100, owners // 20)))
@@ -39,8 +39,8 @@ def churn_summary(churn: dict[str, Any]) -> str:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from localstate.bench.fleet import FleetConfig, run_fleet
-    from localstate.bench.report import write_json
+    from localstate._bench.fleet import FleetConfig, run_fleet
+    from localstate._bench.report import write_json
 
     cfg = FleetConfig(central_url=args.central_url or "", triggerers=args.fleet,
                       budget=args.budget, flush_interval=args.flush_interval or 1.0)
@@ -61,8 +61,8 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from localstate.bench import BenchConfig, print_table, run_bench, summary
-    from localstate.bench.report import write_json, write_plot
+    from localstate._bench import BenchConfig, print_table, run_bench, summary
+    from localstate._bench.report import write_json, write_plot
 
     if args.fleet is not None:
         return _fleet(args)

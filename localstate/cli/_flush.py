@@ -9,11 +9,11 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from localstate._config import Settings
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import settings_for
 from localstate.cli._exit_codes import EXIT_ERROR
 from localstate.cli._printing import print_json
-from localstate.config import Settings
 from localstate.errors import CacheLocked
 
 __all__ = ["cmd_flush"]
@@ -21,8 +21,8 @@ __all__ = ["cmd_flush"]
 
 async def _flush_one(path: Path, settings: Settings, dirty: int, progress: bool
                      ) -> dict[str, Any]:
-    from localstate.bench.progress import Progress
-    from localstate.store import StateStore
+    from localstate._bench.progress import Progress
+    from localstate._store import StateStore
 
     batch = settings.max_batch
     total = max(1, -(-dirty // batch))

@@ -55,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"localstate serve needs the api extra ({exc.name} is missing): "
             "pip install 'localstate[api]'"
         ) from None
-    from localstate.store import StateStore
+    from localstate._store import StateStore
 
     store_id = args.store_id or f"{settings.resolved_triggerer_id}-api"
     cache = args.cache_path or cache_folder(settings) / f"{store_id}.db"
@@ -80,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tokens = settings.api_tokens
     login = ""
     if not tokens and not settings.api_open:
-        from localstate.api.serve_token import serve_token, token_file
+        from localstate.api._serve_token import serve_token, token_file
 
         generated = serve_token(settings)
         tokens = (generated,)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from localstate._config import Settings
 from localstate.cli._state_backend import describe_backend
-from localstate.config import Settings
 from localstate.errors import ConfigError
 
 __all__ = ["cmd_config", "routes"]

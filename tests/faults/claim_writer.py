@@ -58,9 +58,9 @@ import httpx
 from sqlalchemy import event
 
 from localstate import StateStore
+from localstate._sync.api_sink import ApiSink
+from localstate._sync.central_store import CentralStore
 from localstate.errors import LocalStateError, OwnerLost
-from localstate.sync.api_sink import ApiSink
-from localstate.sync.central_store import CentralStore
 
 
 def answer(n: int, *fields: object) -> None:

@@ -36,10 +36,10 @@ from typing import Any
 from crash_writer import state_keys
 
 from localstate import StateStore
-from localstate.cache_file import APPLICATION_ID, SCHEMA_VERSION
-from localstate.codec import decode
-from localstate.entry import StateKey
-from localstate.sync.central_store import CentralStore
+from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
+from localstate._codec import decode
+from localstate._entry import StateKey
+from localstate._sync.central_store import CentralStore
 
 __all__ = [
     "CRASH_WRITER",

@@ -39,8 +39,9 @@ from fault_tally import FaultTally
 from linearizability import ABSENT, CheckResult, Counters, History, check, counters
 
 from localstate import StateStore
+from localstate._codec import decode
+from localstate._sync.central_store import CentralStore
 from localstate.client import AsyncStateClient
-from localstate.codec import decode
 from localstate.errors import (
     CentralError,
     InvalidInput,
@@ -48,7 +49,6 @@ from localstate.errors import (
     VersionConflict,
     WriteRejected,
 )
-from localstate.sync.central_store import CentralStore
 
 __all__ = [
     "KEYS",

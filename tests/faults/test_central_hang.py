@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from localstate import CentralUnavailable, StateStore
-from localstate.sync.central_store import CentralStore
-from localstate.testing.postgres_server import PostgresServer
+from localstate._sync.central_store import CentralStore
+from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"
 

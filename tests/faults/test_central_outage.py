@@ -25,8 +25,8 @@ from central_history import current_rows
 from fault_tally import FaultTally
 
 from localstate import CentralUnavailable, StateStore
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 OWNERS, KEYS = 20, 10
 FLUSH_INTERVAL = 1.0

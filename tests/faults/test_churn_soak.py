@@ -1,6 +1,6 @@
 """Churn soak: 1,000 live triggers while owners come and go through one store.
 
-A writer process (`localstate.bench.churn`: a real process, so this test's heap does not count)
+A writer process (`localstate._bench.churn`: a real process, so this test's heap does not count)
 keeps 1,000 triggers live with ``max_keys_in_memory = 10,000``; each trigger reads its
 watermark (a miss), sets it a few times, then leaves (`StateStore.release`, as the mixin's
 cleanup does) and a new owner takes its place. The writer reports its RSS and its cache
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from fault_tally import FaultTally
 
-from localstate.bench.churn import OWNER_PREFIX, owner_name, run_churn, writes_of
-from localstate.sync.central_store import CentralStore
+from localstate._bench.churn import OWNER_PREFIX, owner_name, run_churn, writes_of
+from localstate._sync.central_store import CentralStore
 
 LIVE = 1000
 MAX_KEYS = 10_000

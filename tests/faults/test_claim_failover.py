@@ -36,7 +36,7 @@ import central_history
 from fault_tally import FaultTally
 from harness import crash_seed
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 WRITER = Path(__file__).with_name("claim_writer.py")
 POLICIES = ("reject", "max", "last_writer_wins")

@@ -17,8 +17,8 @@ from central_history import current_rows
 from fault_tally import FaultTally
 
 from localstate import CentralError, StateStore
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 KEYS = 20_000
 ROUNDS = 3

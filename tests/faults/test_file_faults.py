@@ -34,8 +34,8 @@ from localstate import (
     SchemaError,
     StateStore,
 )
-from localstate.cache_file import SCHEMA_VERSION
-from localstate.file_lock import CacheFileLock
+from localstate._cache_file import SCHEMA_VERSION
+from localstate._file_lock import CacheFileLock
 
 OWNER = "asset_watcher:files"
 

@@ -48,9 +48,9 @@ from api_server import RW_TOKEN, ServeProcess
 from fault_tally import FaultTally
 from test_claim_failover import Triggerer, start
 
-from localstate.sync.central_store import CentralStore
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._sync.central_store import CentralStore
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 BOUND = 2.0
 MOVED = 300

@@ -46,10 +46,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from localstate import StateStore
+from localstate._codec import DEFAULT_MAX_VALUE_BYTES
+from localstate._model import MAX_VERSION
+from localstate._sync.central_store import CentralStore
 from localstate.api import create_app
-from localstate.codec import DEFAULT_MAX_VALUE_BYTES
-from localstate.model import MAX_VERSION
-from localstate.sync.central_store import CentralStore
 
 EXAMPLES: Final = 2_000
 BODY_LIMIT: Final = 4 * DEFAULT_MAX_VALUE_BYTES + 64 * 1024  # create_app's BodyLimit

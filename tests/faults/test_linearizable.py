@@ -44,9 +44,9 @@ from lin_workload import (
 )
 
 from localstate import StateStore
+from localstate._sync.central_store import CentralStore
+from localstate._testing.postgres_server import PostgresServer
 from localstate.client import AsyncStateClient
-from localstate.sync.central_store import CentralStore
-from localstate.testing.postgres_server import PostgresServer
 
 TOKEN = "lincheck-token-0123456789abcdef"
 STORE_OPTIONS = {"flush_interval": 0.05, "central_timeout": 5.0}

@@ -74,8 +74,8 @@ from powerloss import (
     shim_env,
 )
 
-from localstate.codec import decode
-from localstate.entry import StateKey
+from localstate._codec import decode
+from localstate._entry import StateKey
 from localstate.errors import CacheError
 
 # checked per recording: every first-open boundary, up to PER_PHASE boundaries of each other
@@ -324,8 +324,8 @@ async def test_power_loss_at_fsync_boundaries_and_random_points(
 FIRST_COMMIT = """
 import asyncio, os, sys, time
 from pathlib import Path
-from localstate.entry import Entry
-from localstate.local_cache import LocalCache
+from localstate._entry import Entry
+from localstate._local_cache import LocalCache
 
 async def main() -> None:
     cache = await LocalCache.open(Path(sys.argv[1]), owner_id="first", local_sync="full")

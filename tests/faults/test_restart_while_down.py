@@ -26,9 +26,9 @@ import orjson
 from fault_tally import FaultTally
 
 from localstate import StateStore
-from localstate.entry import StateKey
-from localstate.sync.central_store import CentralStore
-from localstate.testing.postgres_server import PostgresServer
+from localstate._entry import StateKey
+from localstate._sync.central_store import CentralStore
+from localstate._testing.postgres_server import PostgresServer
 
 OWN = [(f"trigger:rwd-{o}", f"k{k}") for o in range(4) for k in range(5)]
 PEER = [(f"peer:rwd-{o}", f"k{k}") for o in range(2) for k in range(5)]

@@ -26,7 +26,7 @@ from pathlib import Path
 import asyncpg
 from fault_tally import FaultTally
 
-from localstate.testing.postgres_server import PostgresServer
+from localstate._testing.postgres_server import PostgresServer
 
 WRITER = Path(__file__).with_name("soak_writer.py")
 TRIGGERS = 1000

@@ -34,10 +34,10 @@ from fault_tally import FaultTally
 from toggle_history import ToggleWriters, check_central
 
 from localstate import StateStore
-from localstate.stats import StoreStats
-from localstate.sync.central_store import CentralStore
-from localstate.testing.mysql_server import MysqlServer
-from localstate.testing.postgres_server import PostgresServer
+from localstate._stats import StoreStats
+from localstate._sync.central_store import CentralStore
+from localstate._testing.mysql_server import MysqlServer
+from localstate._testing.postgres_server import PostgresServer
 
 SEEDS = int(os.environ.get("LOCALSTATE_TOGGLE_SEEDS", "3"))
 REPLAY = os.environ.get("LOCALSTATE_TOGGLE_SEED")

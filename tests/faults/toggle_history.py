@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import orjson
 
 from localstate import CentralUnavailable, LocalStateError, StateStore
-from localstate.entry import StateKey
-from localstate.model import Durability
-from localstate.sync.central_store import CentralStore
+from localstate._entry import StateKey
+from localstate._model import Durability
+from localstate._sync.central_store import CentralStore
 
 __all__ = ["KeyState", "ToggleHistory", "ToggleWriters", "check_central"]
 
