@@ -288,20 +288,34 @@ async def _events(db: asyncpg.Connection, prefix: str) -> dict[str, list[dict[st
     return out
 
 
+def _items(extras: list[dict[str, object]]) -> tuple[list[int], int]:
+    """The item numbers of one watcher's events, in event order, and how many events lack
+    ``from_trigger`` or the item's payload."""
+    items: list[int] = []
+    bad = 0
+    for extra in extras:
+        payload = extra.get("payload")
+        if extra.get("from_trigger") is not True or not isinstance(payload, dict) \
+                or not isinstance(payload.get("n"), int):
+            bad += 1
+            continue
+        items.append(payload["n"])
+    return items, bad
+
+
+def _missing(items: list[int], fed: int) -> list[int]:
+    """The fed items (1 to `fed`) that `items` lacks, in order."""
+    return sorted(set(range(1, fed + 1)) - set(items))
+
+
 def _figures(events: dict[str, list[dict[str, object]]], names: list[str], fed: int) -> Figures:
     f = Figures(fed=fed * len(names))
     for name in names:
-        items: list[int] = []
-        for extra in events.get(name, []):
-            payload = extra.get("payload")
-            if extra.get("from_trigger") is not True or not isinstance(payload, dict) \
-                    or not isinstance(payload.get("n"), int):
-                f.bad_extra += 1
-                continue
-            items.append(payload["n"])
+        items, bad = _items(events.get(name, []))
+        f.bad_extra += bad
         f.events += len(items)
         f.duplicates += len(items) - len(set(items))
-        f.missing += len(set(range(1, fed + 1)) - set(items))
+        f.missing += len(_missing(items, fed))
         f.out_of_order += sum(1 for a, b in itertools.pairwise(items) if b < a)
     return f
 
@@ -321,9 +335,7 @@ async def _where_missing(db: asyncpg.Connection, events: dict[str, list[dict[str
     row of each (its claim epoch, cache file, asset events), the watermark and the claim."""
     lines: list[str] = []
     for name in names:
-        got = {e["payload"]["n"] for e in events.get(name, [])  # type: ignore[index]
-               if isinstance(e.get("payload"), dict)}
-        missing = sorted(set(range(1, fed + 1)) - got)
+        missing = _missing(_items(events.get(name, []))[0], fed)
         if not missing:
             continue
         owner = f"asset_watcher:{name}"
