@@ -43,9 +43,15 @@ Invariants:
   the file holds the working set and the writes the central DB lacks, not history.
 * A row read from the central DB while an entry of its owner was dropped may predate the
   version dropped, so it neither adds an entry nor marks a key absent; the reader reads
-  again. The reader tells by `read_epoch` (taken when the read began): it moves with every
-  eviction pass (``evictions``) and with every release of its owner (`OwnerIndex`, which
-  holds exactly the keys of ``entries``, grouped by owner).
+  again. The reader tells by `read_epoch`, taken before the read's query began (the
+  read-through never answers a fetch from a query already running:
+  `localstate._sync.read_through`). It moves with every way an entry leaves the map: every
+  eviction pass (``evictions``), every release of its owner (`OwnerIndex`, which holds
+  exactly the keys of ``entries``, grouped by owner), and the map emptied or refilled when the
+  cache is turned off or on (``resets``). Without it, a row read before a write this store
+  made, acknowledged and then dropped would bring the key back below that write, and the
+  flush's fence would take a write based on it for a replay of this store's own chain
+  (`localstate._sync.fenced_write`, invariant 4): the acknowledged write would be lost.
 * Eviction is amortized, by a second-chance bit (`localstate._eviction`).
 
 Everything here runs on the event loop's thread, synchronously: nothing sees a change half made.
@@ -86,7 +92,8 @@ class EntryTable:
 
     # slots: `write` runs on every set, and a slot read is cheaper than an instance-dict one
     __slots__ = ("_absent", "_cache", "_evict_at", "_owners", "dirty", "entries", "evictions",
-                 "kick_at", "max_keys", "on_full", "pinned", "released", "sets", "updated_by")
+                 "kick_at", "max_keys", "on_full", "pinned", "released", "resets", "sets",
+                 "updated_by")
 
     def __init__(self, *, updated_by: str, kick_at: int, absent_ttl: float,
                  max_keys: int = 100_000) -> None:
@@ -110,6 +117,8 @@ class EntryTable:
         self.evictions = 0
         #: entries dropped by `release` so far, for stats
         self.released = 0
+        #: times the whole map was emptied or refilled (`fill`, `forget_all`): read epochs
+        self.resets = 0
         #: whether the sync worker still needs `k`'s entry in memory
         self.pinned: Callable[[StateKey], bool] = _never
 
@@ -139,6 +148,7 @@ class EntryTable:
         self.pinned = pinned
         self.entries.clear()
         self.entries.update(entries)
+        self.resets += 1
         self._owners.reset(entries)
         self.dirty.clear()
         self.dirty.update({k: e.updated_at for k, e in entries.items() if e.dirty})
@@ -157,6 +167,7 @@ class EntryTable:
         self.on_full = _nothing
         self.pinned = _never
         self.entries.clear()
+        self.resets += 1
         self._owners.reset(())
         self.dirty.clear()
         self._absent.clear()
@@ -266,7 +277,7 @@ class EntryTable:
     def read_epoch(self, owner: str) -> int:
         """A number that moves whenever an entry of `owner` may have been dropped: take it
         before a central read, pass it to `adopt` / `mark_absent` (see the module docstring)."""
-        return self.evictions + self._owners.drop_epoch(owner)
+        return self.evictions + self.resets + self._owners.drop_epoch(owner)
 
     # -- a flush's steps -----------------------------------------------------------------
 
