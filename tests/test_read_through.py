@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -57,7 +58,7 @@ async def held(central_url: str) -> AsyncIterator[HeldAnswers]:
     await central.close()
 
 
-async def _registered(task: asyncio.Task[object]) -> None:
+async def _registered(task: asyncio.Future[Any]) -> None:
     """Let `task` run up to its first wait: a fetch registers its read without awaiting."""
     for _ in range(3):
         await asyncio.sleep(0)
@@ -86,14 +87,17 @@ async def test_a_fetch_made_during_a_read_of_its_key_gets_a_newer_snapshot(
 
 
 @pytest.mark.parametrize("drop", ["evict", "release"])
-@pytest.mark.parametrize("before", ["value", "deleted"])
+@pytest.mark.parametrize(("before", "via"), [("value", "compare_and_set"),
+                                             ("deleted", "compare_and_set"),
+                                             ("value", "get_many")])
 async def test_an_acknowledged_write_is_never_lost_to_a_read_that_began_before_it(
-        held: HeldAnswers, open_store: StoreFactory, drop: str, before: str) -> None:
+        held: HeldAnswers, open_store: StoreFactory, drop: str, before: str, via: str) -> None:
     """The lost update the linearizability checker found under constant evictions: a read of a
     key begins, the store writes the key and the central DB acknowledges it, the entry is
-    dropped, and a compare-and-set joins the read begun before the write. Based on that old
-    snapshot, its flush replaced the acknowledged write (the fence lets a file replace a row
-    of its own chain above its base) and answered success at the same version."""
+    dropped, and a compare-and-set (or a `get_many` before it) joins the read begun before the
+    write. Based on that old snapshot, the compare-and-set's flush replaced the acknowledged
+    write (the fence lets a file replace a row of its own chain above its base) and answered
+    success at the same version."""
     other = await open_store(triggerer_id="other")
     await other.set(OWNER, KEY, "first", durability="central")  # v1 by another writer
     if before == "deleted":
@@ -112,13 +116,21 @@ async def test_an_acknowledged_write_is_never_lost_to_a_read_that_began_before_i
         assert store.entry_table.evict(0) == 1
     else:
         assert (await store.release(OWNER)).dropped == 1
-    cas = asyncio.ensure_future(store.compare_and_set(
-        OWNER, KEY, "compared", expected_version=expected, durability="central"))
-    await _registered(cas)
-    release.set()
 
+    def compare() -> asyncio.Future[Any]:
+        return asyncio.ensure_future(store.compare_and_set(
+            OWNER, KEY, "compared", expected_version=expected, durability="central"))
+
+    joining: asyncio.Future[Any] = (
+        compare() if via == "compare_and_set" else
+        asyncio.ensure_future(store.get_many(OWNER, [KEY])))
+    await _registered(joining)
+    release.set()
+    if via == "get_many":
+        assert await joining == {KEY: "acknowledged"}
+        joining = compare()
     with pytest.raises(VersionConflict) as refused:
-        await cas
+        await joining
     assert refused.value.actual == acked
     assert await reading in ("acknowledged", "first", None)  # began before the write
     row = (await other.read_committed(OWNER, KEY))
