@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import asyncpg
@@ -234,7 +232,7 @@ def test_the_cli_shows_the_tasks_state(run_state: str, server: ApiServer,
                          capture_output=True, text=True, timeout=120, check=False)
     assert got.returncode == 0, got.stdout + got.stderr
     assert str(WATERMARK) in got.stdout
-    listed = subprocess.run([*cli, "ls", f"dag:{DAG_ID}/"], env=env, capture_output=True,
+    listed = subprocess.run([*cli, "ls", "--owner", f"dag:{DAG_ID}/"], env=env, capture_output=True,
                             text=True, timeout=120, check=False)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     for key in ("cursor", "report", "async_seen", "short_path", "stamp"):
@@ -247,7 +245,8 @@ def test_airflow_lists_the_connection_type(deployment: Deployment) -> None:
     hooks = {h["connection_type"]: h for h in json.loads(done.stdout)}
     assert "localstate" in hooks, done.stdout.decode()[-2000:]
     assert hooks["localstate"]["class"] == "localstate.airflow.hook.LocalStateHook"
-    assert hooks["localstate"]["package"] == "localstate"
+    assert hooks["localstate"]["package_name"] == "localstate"
+    assert hooks["localstate"]["conn_id_attribute_name"] == "localstate_conn_id"
 
 
 async def test_the_connections_form_shows_url_and_token_in_chromium(
@@ -272,25 +271,23 @@ async def test_the_connections_form_shows_url_and_token_in_chromium(
             await page.locator("input[name=username]").fill("admin")
             await page.locator("input[name=password]").fill("admin-pw")
             await page.get_by_role("button", name="Sign in").click()
-            await page.goto(server.url + "/connections/add", timeout=120_000)
-            await _choose_type(page, "localstate")
-            await expect(page.get_by_text("API URL", exact=True)).to_be_visible(timeout=60_000)
-            await expect(page.get_by_text("Token", exact=True)).to_be_visible()
+            await page.goto(server.url + "/connections", timeout=120_000)
+            await page.get_by_role("button", name="Add Connection").click(timeout=120_000)
+            form = page.get_by_role("dialog")
+            # Airflow's searchable select: type the type's name into it, take the match
+            await expect(form.get_by_text("Select Connection Type")).to_be_visible()
+            await form.get_by_role("combobox").first.fill("localstate")
+            await page.get_by_role("option", name="localstate", exact=True).click()
+            standard = form.get_by_text("Standard Fields", exact=True)
+            await standard.click()  # the section of the connection's own fields
+            await expect(form.get_by_text("API URL", exact=True)).to_be_visible(timeout=60_000)
+            await expect(form.get_by_text("Token", exact=True)).to_be_visible()
             for hidden in ("Login", "Port", "Schema"):
-                await expect(page.get_by_text(hidden, exact=True)).to_have_count(0)
+                await expect(form.get_by_text(hidden, exact=True)).to_have_count(0)
+            await expect(form.get_by_placeholder(
+                "http://airflow-api-server:8080/localstate")).to_be_visible()
             shot = tmp_path / "localstate-connection-form.png"
             await page.screenshot(path=str(shot), full_page=True)
         finally:
             await browser.close()
     print(f"screenshot: {shot}")
-
-
-async def _choose_type(page: Any, conn_type: str) -> None:
-    """Pick `conn_type` in the form's Connection Type select (a searchable combobox)."""
-    from playwright.async_api import expect
-
-    combo = page.get_by_role("combobox").first
-    await expect(combo).to_be_visible(timeout=120_000)
-    await combo.click()
-    await page.keyboard.type(conn_type)
-    await page.get_by_role("option", name=re.compile(rf"^{conn_type}$")).click()
