@@ -401,8 +401,11 @@ def _machine(data: dict[str, Any]) -> str:
     m = data.get("machine")
     if not m:
         return "2 shared cores (the rest of the hardware is not recorded in this file)"
+    built = m.get("localstate")
+    if built == "0.1.0":  # every build before 0.2.0 called itself 0.1.0: not a release
+        built = "a development build made before 0.2.0 (all of them called themselves 0.1.0)"
     return (f"{m.get('cpus')} shared cores, Python {m.get('python')}, SQLite {m.get('sqlite')}, "
-            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {m.get('localstate')}")
+            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {built}")
 
 
 def _f(x: Any, digits: int = 0) -> str:
