@@ -278,8 +278,11 @@ async def test_the_connections_form_shows_url_and_token_in_chromium(
             await expect(form.get_by_text("Select Connection Type")).to_be_visible()
             await form.get_by_role("combobox").first.fill("localstate")
             await page.get_by_role("option", name="localstate", exact=True).click()
-            standard = form.get_by_text("Standard Fields", exact=True)
-            await standard.click()  # the section of the connection's own fields
+            # the section of the connection's own fields: opened if it is closed
+            standard = form.get_by_role("button", name="Standard Fields")
+            if await standard.get_attribute("aria-expanded") != "true":
+                await standard.click()
+            await expect(standard).to_have_attribute("aria-expanded", "true")
             await expect(form.get_by_text("API URL", exact=True)).to_be_visible(timeout=60_000)
             await expect(form.get_by_text("Token", exact=True)).to_be_visible()
             for hidden in ("Login", "Port", "Schema"):
