@@ -247,6 +247,23 @@ def test_airflow_lists_the_connection_type(deployment: Deployment) -> None:
     assert hooks["localstate"]["class"] == "localstate.airflow.hook.LocalStateHook"
     assert hooks["localstate"]["package_name"] == "localstate"
     assert hooks["localstate"]["conn_id_attribute_name"] == "localstate_conn_id"
+    # `airflow connections` takes the type and lists the connection with it
+    add = subprocess.run(
+        [str(AIRFLOW), "connections", "add", "localstate_cli", "--conn-type", "localstate",
+         "--conn-host", "http://airflow-api-server:8080/localstate", "--conn-password",
+         DAG_TOKEN], env=deployment.env, capture_output=True, text=True, timeout=300,
+        check=False)
+    assert add.returncode == 0, add.stdout + add.stderr
+    listed = subprocess.run([str(AIRFLOW), "connections", "list", "--output", "json"],
+                            env=deployment.env, capture_output=True, text=True, timeout=300,
+                            check=True)
+    assert {"conn_id": "localstate_cli", "conn_type": "localstate"} in json.loads(listed.stdout)
+    got = subprocess.run([str(AIRFLOW), "connections", "get", "localstate_cli", "--output",
+                          "json"], env=deployment.env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    (stored,) = json.loads(got.stdout)
+    assert (stored["conn_type"], stored["host"], stored["password"]) == (
+        "localstate", "http://airflow-api-server:8080/localstate", DAG_TOKEN)
 
 
 async def test_the_connections_form_shows_url_and_token_in_chromium(
