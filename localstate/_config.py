@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from localstate._api_connection import DEFAULT_CONN_ID, airflow_connection_endpoint
 from localstate._model import Durability
 from localstate._retention_rules import RetentionRule
 from localstate._setting_specs import (
@@ -156,6 +157,8 @@ class Settings:
                     f"setting {name!r} from {source} is {_shown(spec, raw)}: {exc}"
                 ) from None
             sources[name] = source
+        if values["sink"] == "api" and values["api_url"] is None:
+            _api_from_connection(values, sources)
         return cls(**values, sources=sources, home=home)
 
     # -- derived -------------------------------------------------------------------------
@@ -213,6 +216,23 @@ class Settings:
              self.sources.get(name, "default"))
             for name in SPECS
         ]
+
+
+def _api_from_connection(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """``sink = api`` with no ``api_url``: the API of Airflow's ``localstate_default``
+    connection, as `LocalStateHook` uses it (its token too, unless ``api_token`` is set)."""
+    found = airflow_connection_endpoint(DEFAULT_CONN_ID)
+    if found is None:
+        return
+    source = f"Airflow connection {DEFAULT_CONN_ID!r}"
+    try:
+        values["api_url"] = SPECS["api_url"].parse(found.url)
+        if values["api_token"] is None and found.token is not None:
+            values["api_token"] = SPECS["api_token"].parse(found.token)
+            sources["api_token"] = source
+    except ValueError as exc:
+        raise ConfigError(f"{source} does not name the localstate API: {exc}") from None
+    sources["api_url"] = source
 
 
 def _shown(spec: Spec, raw: Any) -> str:

@@ -103,8 +103,9 @@ class ApiSink:
         if settings.api_url is None:
             raise ConfigError(
                 "sink = api needs the api_url setting: the localstate API server to flush "
-                "through (AIRFLOW__LOCALSTATE__API_URL, e.g. http://airflow-api:8080/localstate"
-                " or http://state.internal:8686)")
+                "through (AIRFLOW__LOCALSTATE__API_URL, e.g. http://airflow-api-server:8080/localstate"
+                " or http://state.internal:8686), or an Airflow connection "
+                "localstate_default of type localstate whose host is that URL")
         return cls(settings.api_url, settings.api_token, timeout=settings.central_timeout)
 
     # -- one request ---------------------------------------------------------------------

@@ -13,8 +13,8 @@ view the API, the CLI and the UI show. The backlog a row records is the keys sti
 flush's first batch commits (the keys it carries are not a backlog). A triggerer whose last
 flush is older than `STALE_INTERVALS` of its flush intervals is **idle** when that flush left
 nothing waiting (it had nothing to write since: a triggerer flushes only what is dirty) and
-**stalled** when it left keys waiting (they should have gone out by now); ``stale`` flags the
-stalled ones only.
+**stalled** when it left keys waiting (they should have gone out by now); ``stalled`` (and
+``stale``, its earlier name) flags the stalled ones only.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def flush_state(since_last_flush: float, backlog: int, flush_interval: float) ->
 def lag_and_backlog(rows: Sequence[FleetStatus], now: float) -> list[dict[str, Any]]:
     """The fleet view: each triggerer's figures, its lag at its last flush (seconds from its
     oldest unflushed write to that flush), how long since that flush, its ``state``
-    (`flush_state`) and ``stale``: whether it is stalled."""
+    (`flush_state`) and ``stalled`` (also as ``stale``, its earlier name)."""
     out = []
     for r in sorted(rows, key=lambda r: r.triggerer):
         since = max(0.0, now - r.flushed_at)
@@ -78,15 +78,18 @@ def lag_and_backlog(rows: Sequence[FleetStatus], now: float) -> list[dict[str, A
             "last_flush_at": r.flushed_at, "since_last_flush_s": since,
             "dirty_keys": r.dirty_keys, "oldest_unflushed_at": r.oldest_unflushed,
             "lag_s": lag, "rows_per_s": r.rows_per_s, "flush_interval": r.flush_interval,
-            "state": state, "stale": state == "stalled",
+            "state": state, "stalled": state == "stalled",
+            "stale": state == "stalled",  # the earlier name of "stalled", for old readers
         })
     return out
 
 
 def fleet_summary(rows: Sequence[FleetStatus], now: float) -> dict[str, Any]:
     """The whole view: ``triggerers`` (`lag_and_backlog`), ``central_rows_per_s``, and how
-    many are ``stale`` (stalled) and ``idle``; what ``/api/v1/fleet`` answers."""
+    many are ``stalled`` (also as ``stale``, its earlier name) and ``idle``; what
+    ``/api/v1/fleet`` answers."""
     members = lag_and_backlog(rows, now)
     return {"triggerers": members, "central_rows_per_s": fleet_total_rate(rows, now),
-            "stale": sum(1 for m in members if m["stale"]),
+            "stalled": sum(1 for m in members if m["stalled"]),
+            "stale": sum(1 for m in members if m["stalled"]),  # the earlier name, as above
             "idle": sum(1 for m in members if m["state"] == "idle")}

@@ -14,9 +14,10 @@ import json
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from airflow_harness import AIRFLOW, Deployment, new_deployment, stop
@@ -39,13 +40,15 @@ def triggerer_token(name: str) -> str:
     return f"{name}-token-0123456789abcdef"
 
 
-def _api_tokens() -> str:
+def _api_tokens(extra: Sequence[Mapping[str, Any]] = ()) -> str:
     """``api_tokens``: the machine token (no identity: recorded by its name, ``token 1``) and
-    one token per triggerer bound to its id, asset watchers only."""
+    one token per triggerer bound to its id, asset watchers only; then `extra` (a test's
+    own, e.g. a DAG's)."""
     return json.dumps([
         {"token": MACHINE_TOKEN, "role": "read-write", "owners": [MACHINE_PREFIX]},
         *({"token": triggerer_token(n), "role": "read-write", "owners": [MACHINE_PREFIX],
-           "name": n, "identity": n} for n in TRIGGERER_NAMES)])
+           "name": n, "identity": n} for n in TRIGGERER_NAMES),
+        *extra])
 
 
 def free_port() -> int:
@@ -68,14 +71,16 @@ class ApiServer:
         return str(r.json()["access_token"])
 
 
-def new_airflow(pg_server: PostgresServer, tmp_path: Path) -> Deployment:
-    """A deployment with localstate's machine token and the test users configured."""
+def new_airflow(pg_server: PostgresServer, tmp_path: Path, *,
+                extra_tokens: Sequence[Mapping[str, Any]] = ()) -> Deployment:
+    """A deployment with localstate's machine token and the test users configured (and
+    `extra_tokens`, a test's own, in ``api_tokens`` after them)."""
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps({u: pw for u, (_, pw) in USERS.items()}))
     port = free_port()
     return new_deployment(
         pg_server, tmp_path,
-        cfg=f"[localstate]\napi_tokens = {_api_tokens()}\n",
+        cfg=f"[localstate]\napi_tokens = {_api_tokens(extra_tokens)}\n",
         env={
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
                 f"{u}:{role}" for u, (role, _) in USERS.items()),

@@ -408,3 +408,26 @@ asyncio.run(main())
     assert (events["owner"], events["committed"], events["asset_events"]) == (
         "trigger:orders", 7, 0)
     assert "EVENTS OF" in ok(run("status", url=central_url)).stdout
+
+
+def test_flush_says_when_it_upgrades_the_central_schema(tmp_path: Path) -> None:
+    """A flush against a central DB at an earlier schema upgrades it, and says so on the
+    terminal (the upgrade's log line, which a plain CLI run would otherwise drop)."""
+    from sqlalchemy import create_engine
+
+    from localstate._sync.schema import LATEST_VERSION, apply_step
+
+    old = tmp_path / "old-central.db"
+    engine = create_engine(f"sqlite:///{old}")
+    with engine.begin() as conn:
+        for version in (1, 2):
+            assert apply_step(conn, version)
+    engine.dispose()
+    cache = leave_unflushed(f"sqlite:///{tmp_path / 'current.db'}", "stopped", 3)
+    proc = ok(run("flush", "--cache", str(cache), "--no-progress", url=f"sqlite:///{old}"))
+    assert "note: upgraded the localstate schema of the central DB sqlite" in proc.stderr
+    assert f"{old} from version 2 to {LATEST_VERSION}: " in proc.stderr, proc.stderr
+    # a central DB already current: nothing to note
+    again = leave_unflushed(f"sqlite:///{tmp_path / 'current.db'}", "stopped-2", 2)
+    proc = ok(run("flush", "--cache", str(again), "--no-progress", url=f"sqlite:///{old}"))
+    assert "upgraded" not in proc.stderr, proc.stderr

@@ -340,10 +340,28 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
                  .openapi()["paths"])
     airflow_commands: list[list[str]] = []
     seen: set[str] = set()
+    pip_extras: set[str] = set()  # what the last `pip install` of the page installed
     for page, argv in _commands(*USER_PAGES, README):
         where = f"{page.relative_to(ROOT)}: {shlex.join(argv)}"
+        if argv[0] == "export":
+            argv = argv[1:]
         program = argv[0]
-        seen.add(program)
+        seen.add(program.split("=", 1)[0])
+        if re.fullmatch(r"AIRFLOW_CONN_[A-Z0-9_]+=.+", program, re.S):
+            # a connection as Airflow reads it from the environment: a localstate one
+            assert len(argv) == 1, where
+            value = program.split("=", 1)[1]
+            conn = (json.loads(value) if value.startswith("{")
+                    else {"conn_type": value.split("://", 1)[0], "host": value})
+            assert conn["conn_type"] == "localstate", where
+            assert conn["host"].startswith(("http://", "https://", "localstate://")), where
+            continue
+        if program == "mkdocs":
+            # the reference pages are generated from the code, the REST one from the API's
+            # app: a docs build needs the api extra beside the docs one
+            assert argv[1:] in (["serve"], ["build", "--strict"]), where
+            assert {"docs", "api"} <= pip_extras, f"{where}: after pip install {pip_extras}"
+            continue
         if program == "localstate":
             build_parser().parse_args(argv[1:])  # SystemExit(2) on a bad command line
         elif program == "airflow":
@@ -360,8 +378,13 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
             m = re.fullmatch(r"(\.|[\w./-]+\.whl)\[([\w,]+)\]", target)
             assert m, where
             assert m.group(1) in (".", wheel), where
-            assert set(m.group(2).split(",")) <= extras, where
+            pip_extras = set(m.group(2).split(","))
+            assert pip_extras <= extras, where
             assert options in ([], ["--constraint", "constraints-3.11.txt"]), where
+        elif program == "sqlite3":
+            # the backup page's online backup and its check, run by tests/test_cache_backup.py
+            assert page == DOCS / "operations" / "backup.md", where
+            assert argv[2].startswith(".backup '") or argv[2] == "PRAGMA integrity_check", where
         elif program == "curl":
             url = argv[-1]
             path = re.sub(r"^https?://[^/]+(/localstate)?", "", url)
@@ -381,3 +404,109 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+# -- what the docs say matches the code ----------------------------------------------------
+
+
+def test_the_rest_reference_lists_what_each_route_declares_and_raises() -> None:
+    """Each route declares every status it raises itself (`ApiError(NNN, ...)` in its body),
+    every route behind a token declares 401 and 403, and the generated page lists what the
+    route declares, under the route."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    from localstate._config import Settings
+    from localstate.api import create_app
+
+    app = create_app(Settings.resolve({"central_url": "sqlite:////never/opened.db"}))
+    page = _hooks().rest_page()
+    checked = 0
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or not route.path.startswith("/api/v1/"):
+            continue
+        declared = {int(code) for code in route.responses} | {route.status_code or 200}
+        raised = {int(n) for n in re.findall(r"ApiError\((\d{3})",
+                                              inspect.getsource(route.endpoint))}
+        assert raised <= declared, (route.path, raised - declared)
+        if route.path != "/api/v1/health":
+            assert {401, 403, 422, 503} <= declared, (route.path, declared)
+        for method in route.methods:
+            heading = f"## `{method} {route.path_format}`"
+            section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+            listed = {int(n) for n in re.findall(r"^\| (\d{3}) \|", section, re.M)}
+            assert listed == declared, (method, route.path, listed, declared)
+            checked += 1
+    assert checked >= 12
+    flush = page.split("## `POST /api/v1/flush`", 1)[1].split("\n## ", 1)[0]
+    assert "too_many_rows" in flush
+
+
+def test_the_troubleshooting_statuses_are_the_apis() -> None:
+    from localstate._protocol import answer_for
+    from localstate.errors import CentralError, CentralUnavailable, ValueTooLarge
+
+    page = _hooks().troubleshooting_page()
+    for error in (CentralError("x"), CentralUnavailable("x"),
+                  ValueTooLarge("x", size=2, limit=1)):
+        row = re.search(rf"^\| \[`{type(error).__name__}`\].*\| (\S+) \|$", page, re.M)
+        assert row is not None, type(error).__name__
+        assert row.group(1) == str(answer_for(error).status), row.group(0)
+    assert "never a 500" not in page
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_resolves_in_the_repository() -> None:
+    """Read on GitHub, every link of the README and the pages leads to a file of the
+    repository; a generated page has a placeholder there that says so."""
+    hooks = _hooks()
+    for uri in [*hooks.PAGES, "benchmarks.md"]:
+        assert (DOCS / uri).read_text().startswith(hooks.PLACEHOLDER), uri
+    broken = []
+    for page in [*USER_PAGES, README]:
+        text = FENCE.sub("", page.read_text())
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = target.split("#", 1)[0]
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "\n".join(broken)
+
+
+def test_an_included_file_is_named_beside_its_include() -> None:
+    """On GitHub an include shows as its `--8<--` line: the prose before it names the file."""
+    found = 0
+    for page in USER_PAGES:
+        lines = page.read_text().splitlines()
+        for n, line in enumerate(lines):
+            m = re.fullmatch(r'--8<-- "([^"]+)"', line)
+            if m:
+                before = "\n".join(lines[max(0, n - 8):n])
+                assert f"`{m.group(1)}`" in before, (page.relative_to(ROOT), m.group(1))
+                found += 1
+    assert found >= 5
+
+
+def test_the_readme_python_uses_only_names_it_imports_or_defines() -> None:
+    import ast
+    import builtins
+
+    (block,) = [body for _, lang, body in _blocks(README) if lang == "python"]
+    tree = ast.parse(block)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx,
+                                                                                 ast.Load)}
+    assert used <= bound, sorted(used - bound)

@@ -86,6 +86,10 @@ def test_the_view_tells_idle_from_stalled() -> None:
     assert (stuck["state"], stuck["stale"], stuck["dirty_keys"]) == ("stalled", True, 5)
     summary = fleet_summary(rows, now)
     assert (summary["stale"], summary["idle"]) == (1, 1)
+    # "stalled", as the UI, the CLI and the docs say it; "stale" stays for older readers
+    assert [m["stalled"] for m in summary["triggerers"]] == [m["stale"] for m in
+                                                           summary["triggerers"]]
+    assert summary["stalled"] == summary["stale"] == 1
 
 
 async def test_the_api_and_the_cli_show_the_fleet(

@@ -101,6 +101,24 @@ def _exception_classes() -> list[type[BaseException]]:
             if inspect.isclass(obj := getattr(errors, name)) and issubclass(obj, BaseException)]
 
 
+def rest_statuses() -> dict[str, str]:
+    """The REST status of each typed error the API answers with, from the API's own table
+    (`localstate._protocol.answer_for`); `AccessDenied` is the client's name for 401 and 403."""
+    from localstate._protocol import answer_for
+
+    out = {"AccessDenied": "401 / 403"}
+    for cls in _exception_classes():
+        # an instance without __init__: answer_for decides by the class, and reads only the
+        # detail fields set here
+        sample = cls.__new__(cls)
+        for field in ("expected", "actual", "size", "limit", "owner", "key"):
+            setattr(sample, field, 0)
+        answer = answer_for(sample)  # type: ignore[arg-type]
+        if answer.code != "internal_error":
+            out[cls.__name__] = str(answer.status)
+    return out
+
+
 def troubleshooting_page() -> str:
     classes = _exception_classes()
     names = {c.__name__ for c in classes}
@@ -112,21 +130,25 @@ def troubleshooting_page() -> str:
     lines = [
         "# Troubleshooting",
         "",
-        "Every error localstate raises is a `LocalStateError` (`localstate.errors`); driver "
-        "errors are wrapped, with the driver's exception as `__cause__`. This page lists each "
-        "one, generated from the exception classes, with what it means and what to do. The "
-        "CLI ends with exit code 2 for `InvalidInput`, 3 for a missing key, 4 for "
-        "`VersionConflict`, 1 for the others; the REST API answers 422, 413 (`ValueTooLarge`), "
-        "409, 401/403 or 503, never a 500.",
+        "Every error localstate raises is a `LocalStateError` (`localstate.errors`).",
+        "Driver errors are wrapped, with the driver's exception as `__cause__`.",
+        "This page lists each one, generated from the exception classes, with what it means "
+        "and what to do.",
+        "Looking for what you see rather than an exception's name? "
+        "See [troubleshooting by symptom](symptoms.md).",
+        "",
+        "The CLI ends with exit code 2 for `InvalidInput`, 3 for a missing key, 4 for "
+        "`VersionConflict`, and 1 for the others.",
+        "The REST API answers each typed error with the status in the table below.",
+        "It answers 500 `internal_error` for a failure it did not foresee; the body carries a "
+        "request id that the server's log names.",
+        "It answers 499 `client_closed_request` to a client that left before its request's "
+        "body arrived; no one receives that answer.",
         "",
         "| error | is a | REST status |",
         "|---|---|---|",
     ]
-    status = {"InvalidInput": "422", "InvalidName": "422", "ValueEncodingError": "422",
-              "ValueTooLarge": "413", "VersionConflict": "409", "WriteRejected": "409",
-              "VersionExhausted": "409",
-              "AccessDenied": "401 / 403", "CentralUnavailable": "503",
-              "CentralError": "503"}
+    status = rest_statuses()
     for cls in classes:
         bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__ if b.__module__ ==
                           cls.__module__) or "`Exception`"
@@ -270,10 +292,12 @@ def rest_page() -> str:
                 else:
                     lines += ["Request body: JSON.", ""]
             responses = op.get("responses") or {}
-            if responses:
-                codes = ", ".join(f"{code} {' '.join((r.get('description') or '').split())}"
-                                  for code, r in responses.items())
-                lines += [f"Responses: {codes}.", ""]
+            if responses:  # as the route declares them
+                lines += ["| status | meaning |", "|---|---|"]
+                for code in sorted(responses, key=str):
+                    text = " ".join((responses[code].get("description") or "").split())
+                    lines.append(f"| {code} | {text.replace('|', '/')} |")
+                lines.append("")
     schemas = doc.get("components", {}).get("schemas", {})
     if schemas:
         lines += ["## Schemas", ""]
@@ -377,8 +401,11 @@ def _machine(data: dict[str, Any]) -> str:
     m = data.get("machine")
     if not m:
         return "2 shared cores (the rest of the hardware is not recorded in this file)"
+    built = m.get("localstate")
+    if built == "0.1.0":  # every build before 0.2.0 called itself 0.1.0: not a release
+        built = "a development build made before 0.2.0 (all of them called themselves 0.1.0)"
     return (f"{m.get('cpus')} shared cores, Python {m.get('python')}, SQLite {m.get('sqlite')}, "
-            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {m.get('localstate')}")
+            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {built}")
 
 
 def _f(x: Any, digits: int = 0) -> str:
@@ -407,6 +434,15 @@ def benchmarks_page(docs_dir: Path) -> str:
         "runs in `benches/`.",
         "",
     ]
+    lite = json.loads((docs_dir / "bench-sqlite.json").read_text())
+    lines += _bench_rows_section(
+        "Write throughput on the embedded SQLite (the README's figures)",
+        docs_dir / "bench-sqlite.json", lite,
+        "localstate bench --quick --json docs/bench-sqlite.json --plot docs/bench-sqlite.png",
+        "bench-sqlite.png")
+    lines += ["The README quotes the 1,000-trigger rows of this file, the median of three runs "
+              "made one after another (by `local`'s ratio). On a machine shared with other "
+              "work the ratios move between runs: `local` ranged from 22× to 48× that day.", ""]
     pg = json.loads((docs_dir / "bench-postgres.json").read_text())
     lines += _bench_rows_section(
         "Write throughput against PostgreSQL", docs_dir / "bench-postgres.json", pg,
@@ -564,12 +600,28 @@ PAGES = {
 }
 
 
+#: the first line of the placeholder each generated page has in the repository, so that a link
+#: to it resolves when the Markdown is read on GitHub; the build replaces it
+PLACEHOLDER = "<!-- placeholder: the site's build replaces this file with the generated page -->"
+
+
+def placeholder(uri: str, title: str) -> str:
+    """The repository's placeholder of generated page `uri`."""
+    return (f"{PLACEHOLDER}\n# {title}\n\nThis page is generated from the code when the "
+            "documentation site is built.\nBuild the site and read it there:\n\n```sh\n"
+            "pip install '.[docs,api]' && mkdocs serve\n```\n")
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     docs_dir = Path(config["docs_dir"])
     generated = {uri: make() for uri, make in PAGES.items()}
     generated["benchmarks.md"] = benchmarks_page(docs_dir)
     for uri, content in generated.items():
-        if files.get_file_from_path(uri) is not None:
-            raise PluginError(f"docs/{uri} is generated: delete the file of that name")
+        existing = files.get_file_from_path(uri)
+        if existing is not None:
+            if not (docs_dir / uri).read_text().startswith(PLACEHOLDER):
+                raise PluginError(f"docs/{uri} is generated: its file in the repository is "
+                                  "only a placeholder (see `placeholder`)")
+            files.remove(existing)
         files.append(File.generated(config, uri, content=content))
     return files

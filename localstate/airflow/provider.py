@@ -5,7 +5,9 @@ its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``
 and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
 settings specs in `localstate._config`: one source of truth for names, defaults and help. Its
 ``db-managers`` make ``airflow db migrate`` migrate localstate's tables
-(`localstate.airflow.db_manager`).
+(`localstate.airflow.db_manager`). Its ``connection-types`` declare the ``localstate``
+connection (`localstate.airflow.hook.LocalStateHook`) with the Connections form's fields, so
+Airflow lists the type and draws the form without importing the hook.
 Imports nothing from Airflow.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from localstate._api_connection import CONN_TYPE
 from localstate._setting_specs import setting_specs
 
 __all__ = ["get_provider_info"]
@@ -42,6 +45,22 @@ def _option(default: Any, description: str, secret: bool) -> dict[str, Any]:
     return option
 
 
+#: the Connections form of a ``localstate`` connection: the API's URL and a token, nothing else
+_CONNECTION_TYPE: dict[str, Any] = {
+    "connection-type": CONN_TYPE,
+    "hook-class-name": "localstate.airflow.hook.LocalStateHook",
+    "hook-name": "localstate",
+    "ui-field-behaviour": {
+        "hidden-fields": ["schema", "port", "login", "extra"],
+        "relabeling": {"host": "API URL", "password": "Token"},
+        "placeholders": {
+            "host": "http://airflow-api-server:8080/localstate",
+            "password": "a token from [localstate] api_tokens",
+        },
+    },
+}
+
+
 def get_provider_info() -> dict[str, Any]:
     try:
         versions = [version("localstate")]
@@ -56,6 +75,7 @@ def get_provider_info() -> dict[str, Any]:
         "versions": versions,
         # `airflow db migrate` creates and upgrades localstate's tables (see db_manager.py)
         "db-managers": ["localstate.airflow.db_manager.LocalStateDBManager"],
+        "connection-types": [_CONNECTION_TYPE],
         "config": {
             "localstate": {
                 "description": "localstate: local-first state for triggers "

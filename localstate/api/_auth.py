@@ -38,7 +38,8 @@ from starlette.requests import Request
 from localstate._setting_specs import ApiToken
 from localstate.api._errors import ApiError
 
-__all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "recorded_as", "unauthorized"]
+__all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "owner_scope", "recorded_as",
+           "unauthorized"]
 
 #: the audit lines' logger (named apart from this module's: operators route it on its own)
 _audit_log = logging.getLogger("localstate.api.audit")
@@ -90,8 +91,10 @@ class Principal:
     def require_read(self, owner: str) -> None:
         if not self.may_read(owner):
             raise ApiError(403, "forbidden",
-                           f"{self.name} may not touch owner {owner!r}; it is limited to "
-                           f"owners starting with {_listing(self.owners)}")
+                           f"{self.name} may not touch owner {owner!r}: it lacks the prefix "
+                           f"{owner_scope(owner)!r}; it is limited to owners starting with "
+                           f"{_listing(self.owners)}; add {owner_scope(owner)!r} to its "
+                           "owners in api_tokens, or use a token that has it")
 
     def require_write(self, owner: str) -> None:
         if not self.can_write:
@@ -111,6 +114,18 @@ class Principal:
                            f"{self.name} may not list owners starting with {requested!r}; it is "
                            f"limited to owners starting with {_listing(self.owners)}")
         return _minimal(out)
+
+
+def owner_scope(owner: str) -> str:
+    """The prefix a token needs for `owner`, as the docs' tokens are scoped: one DAG's
+    (``dag:<dag_id>/``) for a task's owner, else the owner's kind (``asset_watcher:``,
+    ``trigger:``), else the owner itself."""
+    kind, colon, rest = owner.partition(":")
+    if not colon:
+        return owner
+    if kind == "dag" and "/" in rest:
+        return f"dag:{rest.split('/', 1)[0]}/"
+    return f"{kind}:"
 
 
 def _listing(prefixes: Sequence[str]) -> str:

@@ -59,7 +59,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
         401: "no token, or not a valid one", 403: "outside the token's owners or role",
-        422: "bad input (names, value, query)", 503: "the central DB is unavailable",
+        422: "bad input (names, value, query)", 502: "the central DB failed on this request",
+        503: "the central DB is unavailable",
     }.items()
 }
 
@@ -124,7 +125,8 @@ async def list_state(
                      next_cursor=encode_cursor(page[-1]) if more else None)
 
 
-@router.get(_ITEM_PATH, response_model=StateItem, responses=_ERRORS,
+@router.get(_ITEM_PATH, response_model=StateItem, responses={
+    **_ERRORS, 404: {"model": ErrorBody, "description": "no value"}},
             summary="Read one state variable")
 async def get_state(request: Request, caller: Caller, ctx: Context, c: Central, owner: OwnerDoc,
                     key: KeyDoc, pending: Pending = False) -> StateItem:
@@ -141,7 +143,8 @@ async def get_state(request: Request, caller: Caller, ctx: Context, c: Central, 
 
 
 @router.put(_ITEM_PATH, response_model=StateItem, responses={**_ERRORS, 409: {
-    "model": ErrorBody, "description": "expected_version is not the committed version"}},
+    "model": ErrorBody, "description": "expected_version is not the committed version"},
+    413: {"model": ErrorBody, "description": "the value is over max_value_bytes"}},
     summary="Write one state variable (in the central DB when this answers)")
 async def put_state(request: Request, caller: Caller, ctx: Context, c: Writable,
                     owner: OwnerDoc, key: KeyDoc, body: PutBody) -> StateItem:

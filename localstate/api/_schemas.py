@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from localstate._model import MAX_VERSION
 
 __all__ = [
+    "ERROR_STATUSES",
     "ErrorBody",
     "FlushStateName",
     "Health",
@@ -19,6 +20,7 @@ __all__ = [
     "StateList",
     "Status",
     "Throughput",
+    "error_responses",
 ]
 
 FlushStateName = Literal["dirty", "flushed", "conflict"]
@@ -125,7 +127,8 @@ class FleetMember(BaseModel):
         description="flushing: a flush within a few flush intervals; idle: none since, and "
                     "the last one left nothing waiting (nothing to write); stalled: none since, "
                     "with keys left waiting")
-    stale: bool = Field(description="whether it is stalled")
+    stalled: bool = Field(description="whether it is stalled")
+    stale: bool = Field(description="deprecated: the earlier name of stalled")
 
 
 class Fleet(BaseModel):
@@ -133,7 +136,8 @@ class Fleet(BaseModel):
 
     triggerers: list[FleetMember]
     central_rows_per_s: float = Field(description="the live triggerers' rows/s together")
-    stale: int = Field(description="triggerers stalled")
+    stalled: int = Field(description="triggerers stalled")
+    stale: int = Field(description="deprecated: the earlier name of stalled")
     idle: int = Field(description="triggerers idle (caught up, nothing to write)")
 
 
@@ -157,3 +161,28 @@ class ErrorBody(BaseModel):
     error: str = Field(description="a stable code: not_found, version_conflict, ...")
     message: str = Field(description="what went wrong, for a person")
     detail: Any = None
+
+
+#: what each error status of the API means, for the routes' declared responses (the REST
+#: reference lists them from there)
+ERROR_STATUSES: dict[int, str] = {
+    401: "no token, or not a valid one",
+    403: "outside the token's owners or role",
+    404: "nothing of that name",
+    409: "a version conflict, or a write the central DB refused",
+    413: "a value, a body or a batch over its limit",
+    422: "bad input (names, value, query, body)",
+    502: "the central DB failed on this request",
+    503: "the central DB (or the serving store) is unavailable; try again shortly",
+}
+
+
+def error_responses(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` a route declares: each of `statuses` with its meaning, and the
+    ``s404="..."``-style keyword ones with a meaning of the route's own."""
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": ERROR_STATUSES[status]}
+        for status in statuses}
+    for name, text in described.items():
+        out[int(name.removeprefix("s"))] = {"model": ErrorBody, "description": text}
+    return out

@@ -52,6 +52,7 @@ from localstate._sync.fleet import FleetStatus
 from localstate.api._auth import Principal, audit, claimed_detail, recorded_as
 from localstate.api._context import Caller, Central, Context, ServerContext, Writable
 from localstate.api._errors import ApiError
+from localstate.api._schemas import error_responses
 from localstate.errors import ConfigError, OwnerLost, ValueTooLarge
 
 __all__ = ["SINK_PATHS", "router"]
@@ -238,7 +239,10 @@ router = APIRouter(prefix="/api/v1")
 
 
 @router.post("/flush", summary="Write a batch of fenced rows in one transaction "
-             "(what sink = api flushes through)", response_class=Response)
+             "(what sink = api flushes through)", response_class=Response,
+             responses=error_responses(401, 403, 422, 502, 503, s413=(
+                 "too_large: the body is over api_max_request_bytes; too_many_rows: the "
+                 "batch is over api_max_batch_rows")))
 async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> Response:
     if not caller.can_write:
         caller.require_write("")
@@ -297,7 +301,10 @@ def _parse_flush(raw: bytes, caller: Principal, ctx: ServerContext
 
 
 @router.post("/read", summary="The central records of a batch of keys, or of one owner "
-             "(tombstones included)", response_class=Response)
+             "(tombstones included)", response_class=Response,
+             responses=error_responses(401, 403, 413, 422, 502, 503, s404=(
+                 "no_asset_state_store: a read of Airflow's asset_state_store from a server "
+                 "that does not keep it")))
 async def read(request: Request, caller: Caller, ctx: Context, c: Central) -> Response:
     body = decode_body(await request.body())
     if body.get("fleet") is True:  # the fleet table (what a write budget reads)
@@ -333,7 +340,8 @@ async def read(request: Request, caller: Caller, ctx: Context, c: Central) -> Re
 
 
 @router.post("/claim", summary="Claim an owner: bump its claim epoch in one transaction "
-             "(what a triggerer does when a trigger starts on it)", response_class=Response)
+             "(what a triggerer does when a trigger starts on it)", response_class=Response,
+             responses=error_responses(401, 403, 413, 422, 502, 503))
 async def claim(request: Request, caller: Caller, c: Writable) -> Response:
     body = decode_body(await request.body())
     owner = check_name("owner", body.get("owner"))
@@ -358,7 +366,8 @@ async def claim(request: Request, caller: Caller, c: Writable) -> Response:
 
 
 @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "
-             "(409 on another version) or compare-and-delete", response_class=Response)
+             "(409 on another version) or compare-and-delete", response_class=Response,
+             responses=error_responses(401, 403, 409, 413, 422, 502, 503))
 async def write(request: Request, caller: Caller, ctx: Context, c: Writable) -> Response:
     body = decode_body(await request.body())
     op = body.get("op")

@@ -39,6 +39,7 @@ opened, none created). ``config`` says which (`localstate.cli._state_backend`):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -65,6 +66,7 @@ from localstate.cli._exit_codes import (
     NotFound,
 )
 from localstate.cli._flush import cmd_flush
+from localstate.cli._printing import schema_upgrades_shown
 from localstate.cli._prune import cmd_db_prune
 from localstate.cli._records import cmd_delete, cmd_get, cmd_ls, cmd_set
 from localstate.cli._serve import cmd_serve, is_loopback
@@ -228,8 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    # db upgrade prints what it applied itself, serve and bench log through logging's own setup
+    shown = (contextlib.nullcontext() if handler in (cmd_db_upgrade, cmd_serve, cmd_bench)
+             else schema_upgrades_shown())
     try:
-        return handler(args)
+        with shown:
+            return handler(args)
     except LocalStateError as exc:
         prefix, code = next((prefix, code) for kind, prefix, code in _ERROR_EXITS
                             if isinstance(exc, kind))

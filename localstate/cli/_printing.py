@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import sys
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
-__all__ = ["human_time", "json_text", "print_json"]
+__all__ = ["human_time", "json_text", "print_json", "schema_upgrades_shown"]
+
+#: the loggers of a schema upgrade: the central DB's and a cache file's
+_UPGRADE_LOGGERS = ("localstate.sync.schema", "localstate.cache_file")
 
 
 def json_text(obj: Any, *, indent: bool = False) -> str:
@@ -26,3 +33,25 @@ def print_json(obj: Any) -> None:
 
 def human_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@contextlib.contextmanager
+def schema_upgrades_shown() -> Iterator[None]:
+    """Print the log line of every schema upgrade a command makes (the central DB's, a cache
+    file's) on stderr: a command never changes a schema unannounced on the terminal."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("note: %(message)s"))
+    handler.setLevel(logging.INFO)
+    saved = []
+    for name in _UPGRADE_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level))
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)

@@ -144,8 +144,8 @@
     const lags = members.filter((m) => m.state !== "idle").map((m) => m.lag_s);
     $("st-lag").textContent = lags.length ? seconds(Math.max(...lags)) : "–";
     $("st-rate").textContent = f.central_rows_per_s.toFixed(1);
-    $("st-stalled").textContent = String(f.stale);
-    $("status").dataset.health = f.stale ? "stalled" : "ok";
+    $("st-stalled").textContent = String(f.stalled);
+    $("status").dataset.health = f.stalled ? "stalled" : "ok";
     $("st-updated").textContent = `fleet at ${new Date().toLocaleTimeString()}`;
     $("st-updated").dataset.polls = String(Number($("st-updated").dataset.polls || 0) + 1);
   }
@@ -176,7 +176,7 @@
       }
       $("fleet-summary").textContent =
         `${f.triggerers.length} triggerers · ${f.central_rows_per_s.toFixed(1)} rows/s · ` +
-        `${f.stale} stalled · ${f.idle} idle`;
+        `${f.stalled} stalled · ${f.idle} idle`;
     } catch (e) {
       const text = e.status === 401 || e.status === 403
         ? "enter a valid token" : `unavailable: ${e.message}`;
