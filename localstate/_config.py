@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from localstate._model import Durability
+from localstate._protocol import max_batch_body
 from localstate._retention_rules import RetentionRule
 from localstate._setting_specs import (
     DEFAULTS,
@@ -95,7 +96,7 @@ class Settings:
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
     api_trusted_origins: tuple[str, ...] = DEFAULTS["api_trusted_origins"]
-    api_max_request_bytes: int = DEFAULTS["api_max_request_bytes"]
+    api_max_request_bytes: int | None = DEFAULTS["api_max_request_bytes"]
     api_max_batch_rows: int = DEFAULTS["api_max_batch_rows"]
     api_fleet_details: bool = DEFAULTS["api_fleet_details"]
     api_host: str = DEFAULTS["api_host"]
@@ -178,6 +179,14 @@ class Settings:
     @property
     def resolved_central_url(self) -> str:
         return self.central_url or f"sqlite:///{self.home / 'localstate-central.db'}"
+
+    @property
+    def resolved_max_request_bytes(self) -> int:
+        """The largest flush or batched-read body the API server reads: the setting, else
+        what `api_max_batch_rows` rows can need (`localstate._protocol.max_batch_body`)."""
+        if self.api_max_request_bytes is not None:
+            return self.api_max_request_bytes
+        return max_batch_body(self.api_max_batch_rows, self.max_value_bytes)
 
     @classmethod
     def with_arguments(cls, settings: Settings | None, arguments: Mapping[str, Any]
