@@ -41,10 +41,7 @@ from localstate.api._sink_routes import SINK_PATHS
 from localstate.api._sink_routes import router as sink_router
 from localstate.api._ui import build_ui_router
 
-__all__ = ["create_app"]
-
-_STATE_PATH = STATE_PATH.encode()
-
+__all__ = ["RawStatePath", "create_app"]
 
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413 ``too_large``, before they are read
@@ -116,24 +113,31 @@ class BodyLimit:
 
 
 class RawStatePath:
-    """Route ``/api/v1/state/{owner}/{key}`` on the raw, still percent-encoded path.
+    """Route the paths under `prefix` (``/api/v1/state/``: ``{owner}/{key}``) on the raw,
+    still percent-encoded path.
 
     Routing runs on the decoded path, where a ``%2F`` inside a name is a ``/`` like the one
     between owner and key: a key ending in ``/`` then matched no route and Starlette redirected
     the request (307) to another state variable's URL, and a name holding a newline matched no
-    route either (the route's pattern stops at one). The routes take the names from the raw path
-    anyway (`localstate.api._paths.state_name`), so routing on it changes nothing else.
+    route either (a route's pattern, and a mount's, stops at one). The routes take the names
+    from the raw path anyway (`localstate.api._paths.state_name`), which says 422
+    ``invalid_name`` for a control character, so routing on it changes nothing else.
+
+    Airflow's API server routes to the plugin's mount on the decoded path too, before this
+    app sees the request: the plugin adds this middleware to Airflow's app as well, with the
+    mount's prefix (`localstate.airflow.plugin`), so a newline reaches the same 422.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, prefix: str = STATE_PATH) -> None:
         self.app = app
+        self.prefix = prefix.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") if scope["type"] == "http" else None
         # mounted (Airflow's API server mounts the app under /localstate): the raw path holds
         # the mount's root_path before the app's own path, as Starlette's decoded path does
         root = str(scope.get("root_path", "")).encode()
-        if isinstance(raw, bytes) and raw.startswith(root + _STATE_PATH):
+        if isinstance(raw, bytes) and raw.startswith(root + self.prefix):
             with contextlib.suppress(UnicodeDecodeError):  # not ASCII: state_name says 400
                 scope = {**scope, "path": raw.split(b"?", 1)[0].decode("ascii")}
         await self.app(scope, receive, send)
