@@ -552,7 +552,7 @@ def small_server(central_url: str) -> Iterator[ServeProcess]:
     proc.stop()
 
 
-async def _answer_while_sending(port: int, head: bytes, parts: Iterator[bytes]) -> bytes:
+async def answer_while_sending(port: int, head: bytes, parts: Iterator[bytes]) -> bytes:
     """Send `head`, then `parts` one by one, reading between them: the server's answer as
     soon as it comes, while the request's body is not yet all sent (parts left over)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -592,7 +592,7 @@ async def test_a_flush_body_over_what_the_row_limit_needs_is_refused_before_it_i
         small_server: ServeProcess, tmp_path: Path) -> None:
     limit = max_batch_body(10, 1000)
     # declared: 413 at the headers, after one part of the 100 the length announces
-    answer = await _answer_while_sending(
+    answer = await answer_while_sending(
         small_server.port, _flush_head(RW_TOKEN, b"Content-Length: %d" % (100 * 65536)),
         iter([b'{"rows": [' + b" " * 65526] + [b" " * 65536] * 99))
     body = _json_of(answer)
@@ -601,7 +601,7 @@ async def test_a_flush_body_over_what_the_row_limit_needs_is_refused_before_it_i
     assert f"api_max_request_bytes ({limit} bytes)" in body["message"]
     # chunked (no length): counted as it comes, refused once past the limit, never finished
     chunk = b"%x\r\n%s\r\n" % (16384, b" " * 16384)
-    answer = await _answer_while_sending(
+    answer = await answer_while_sending(
         small_server.port, _flush_head(RW_TOKEN, b"Transfer-Encoding: chunked"),
         iter([b"a\r\n{\"rows\": [\r\n"] + [chunk] * 100))
     assert _json_of(answer)["detail"]["limit"] == limit
