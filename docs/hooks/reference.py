@@ -242,7 +242,9 @@ def rest_page() -> str:
              "OpenAPI document needs a bearer token (`Authorization: Bearer <token>`) or, under "
              "the plugin, an Airflow login. Errors are JSON bodies; see "
              "[Troubleshooting](../operations/troubleshooting.md).", "",
-             f"API version {doc['info']['version']}.", ""]
+             f"API version {doc['info']['version']}.", "",
+             *(f"{part.strip()}\n" for part in doc["info"].get("description", "").split("\n\n")
+               if part.strip())]
     for path, methods in doc["paths"].items():
         for method, op in methods.items():
             lines += [f"## `{method.upper()} {path}`", ""]

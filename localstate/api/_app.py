@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localstate import __version__
 from localstate._config import Settings
+from localstate._model import NAME_RULE
 from localstate._setting_specs import ApiToken
 from localstate._store import StateStore
 from localstate._sync.central_store import CentralStore
@@ -187,7 +188,11 @@ def create_app(
         title="localstate",
         version=__version__,
         description="State variables of Airflow triggers: read, list, fix a watermark, and "
-                    "watch the local caches flush to the central DB.",
+                    "watch the local caches flush to the central DB.\n\n"
+                    f"Owners and keys (and updated_by, claimants) are {NAME_RULE}, on every "
+                    "route: in a URL (each percent-encoded as one path segment), a query or a "
+                    "body. A name that breaks the rule gets 422 invalid_name, whose message "
+                    "names the character and its position.",
         openapi_url="/api/v1/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
