@@ -282,14 +282,18 @@ def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
     """Decode and check a flush body: no I/O, so a large one runs off the event loop.
     The rows come back recorded as the caller (`recorded_as`), with the audit line's note
     of the names the request gave them; the events (None: the body carries none) checked."""
-    body = decode_body(raw)
-    rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
     max_rows = ctx.settings.api_max_batch_rows
-    if len(rows) > max_rows:
-        raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
-                       f"api_max_batch_rows ({max_rows}); send smaller batches",
-                       detail={"rows": len(rows), "limit": max_rows,
-                               "setting": "api_max_batch_rows"})
+
+    def count(rows: int) -> None:  # as the rows are decoded: no more than one slice past
+        if rows > max_rows:
+            raise ApiError(413, "too_many_rows", f"a flush of {rows} rows or more is over "
+                           f"api_max_batch_rows ({max_rows}); send smaller batches",
+                           detail={"rows": rows, "limit": max_rows,
+                                   "setting": "api_max_batch_rows"})
+
+    body = decode_body(raw, sliced="rows", on_items=count)
+    rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+    count(len(rows))
     _require_owners(caller, (r.owner for r in rows), write=True)
     status = None
     named = ""
