@@ -1,8 +1,9 @@
 """What an oversized flush body costs the API server: its memory and its other requests.
 
-    python benches/bench_api_body.py [--json docs/bench-api-body.json] [--skip-old]
+    python benches/bench_api_body.py [--json docs/bench-api-body.json] [--skip-old] [--postgres]
 
-Starts a real `localstate serve` (embedded SQLite central DB, one read-write token) and, in
+Starts a real `localstate serve` (central DB: an SQLite file, or with ``--postgres`` a throwaway
+PostgreSQL server; one read-write token) and, in
 separate threads, samples its RSS (``/proc/<pid>/status``, every 20 ms) and asks its
 ``/api/v1/health`` every 50 ms (the slowest answer is the longest the server's event loop was
 held). Then, one at a time, over a raw socket:
@@ -35,13 +36,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from localstate._protocol import field_header
+from localstate._config import max_batch_body
+from localstate._protocol import MAX_BATCH_ROWS, field_header
 from localstate._rows import DirtyRow
 
 TOKEN = "bench-body-0123456789abcdef"
@@ -61,15 +64,16 @@ def _rss_mib(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, folder: Path, settings: dict[str, str]) -> None:
+    def __init__(self, folder: Path, settings: dict[str, str], central_url: str) -> None:
         self.port = _free_port()
         exe = shutil.which("localstate", path=str(Path(sys.executable).parent))
         assert exe is not None
         env = {**os.environ, "AIRFLOW__LOCALSTATE__API_TOKENS": f"{TOKEN}:read-write:*",
+               "AIRFLOW__LOCALSTATE__CACHE_DIR": str(folder),
                **{f"AIRFLOW__LOCALSTATE__{k.upper()}": v for k, v in settings.items()}}
         self.proc = subprocess.Popen(
             [exe, "serve", "--port", str(self.port), "--central-url",
-             f"sqlite:///{folder / 'central.db'}", "--log-level", "warning",
+             central_url, "--log-level", "warning",
              "--store-id", "bench-body"], env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, cwd=folder)
         deadline = time.monotonic() + 120
@@ -80,12 +84,14 @@ class Server:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
                 raise SystemExit("localstate serve did not start")
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
 
 
 class Watch:
@@ -186,13 +192,38 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--skip-old", action="store_true",
                         help="leave out the baseline (the former 64 MiB limit)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="the central DB on a throwaway PostgreSQL server (default: "
+                             "an SQLite file)")
     args = parser.parse_args()
-    big = flush_body(1_000_000, 16)  # 1,000,000 rows, about 65 MB
-    within = flush_body(100_000, 300)  # 100,000 rows, just under 32 MiB
+    with tempfile.TemporaryDirectory() as folder:
+        if not args.postgres:
+            run(args, lambda name: f"sqlite:///{folder}/{name}.db", "SQLite")
+            return
+        from localstate._testing.postgres_server import PostgresServer
+
+        pg = PostgresServer(Path(folder) / "postgres")
+        pg.start()
+        try:
+            def url(name: str) -> str:
+                pg.create_database(name)
+                return pg.url_for(name)
+
+            run(args, url, "PostgreSQL")
+        finally:
+            pg.close()
+
+
+def run(args: argparse.Namespace, central_url: Callable[[str], str], central: str) -> None:
+    big = flush_body(1_000_000, 6)  # 1,000,000 rows, about 65 MB
+    limit = max_batch_body(MAX_BATCH_ROWS, 64 * 1024)  # the default limit
+    within = flush_body(100_000, 275)  # 100,000 rows, just under it
+    assert 60e6 < len(big) < 70e6, len(big)
+    assert limit - MiB < len(within) <= limit, (len(within), limit)
     print(f"bodies: {len(big) / 1e6:.1f} MB and {len(within) / MiB:.1f} MiB")
     results = []
     with tempfile.TemporaryDirectory() as folder:
-        server = Server(Path(folder), {})
+        server = Server(Path(folder), {}, central_url("bench_new"))
         try:
             results.append(scenario(server, "declared-65MB", big, chunked=False))
             results.append(scenario(server, "chunked-65MB", big, chunked=True))
@@ -201,7 +232,8 @@ def main() -> None:
             server.stop()
     if not args.skip_old:
         with tempfile.TemporaryDirectory() as folder:
-            server = Server(Path(folder), {"api_max_request_bytes": str(64 * MiB)})
+            server = Server(Path(folder), {"api_max_request_bytes": str(64 * MiB)},
+                            central_url("bench_old"))
             try:
                 results.append(scenario(server, "baseline-old-limit-65MB", big,
                                         chunked=False))
@@ -211,6 +243,7 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
             f"{os.cpu_count()} cores, Python {platform.python_version()}",
+            "central": central,
             "results": results}, indent=1) + "\n")
 
 

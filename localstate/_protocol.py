@@ -100,7 +100,6 @@ __all__ = [
     "error_for",
     "field_header",
     "item_path",
-    "max_batch_body",
 ]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
@@ -108,27 +107,10 @@ _T = TypeVar("_T", bound=tuple[Any, ...])
 #: owners (`localstate._sync.asset_states`), not localstate's table (no source)
 ASSET_STATE_SOURCE: Final = "asset_state_store"
 #: a client splits a batch whose body would be larger into several requests (down to one row,
-#: which may be up to 4x max_value_bytes); the server's limit is `max_batch_body`
+#: which may be up to 4x max_value_bytes); the server's limit is `localstate._config.max_batch_body`
 MAX_BATCH_BODY: Final = 32 * 1024 * 1024
 #: most rows a client sends in one flush request (the server's api_max_batch_rows default)
 MAX_BATCH_ROWS: Final = 100_000
-#: what a row takes in a body besides its value: three names of up to 250 characters (4 bytes
-#: each at most in UTF-8; names hold no control characters, so no 6-byte escapes), its
-#: numbers and punctuation
-_ROW_OVERHEAD: Final = 4 * 1024
-#: what a batch body takes besides its rows: the field headers, writer, policies, fleet report
-_BODY_OVERHEAD: Final = 64 * 1024
-
-
-def max_batch_body(max_rows: int, max_value_bytes: int) -> int:
-    """The largest flush body a client can need to send a server that takes at most
-    `max_rows` rows and values of at most `max_value_bytes`: `max_rows` rows of the largest
-    encoding a value may have (4 bytes a byte, escapes included) and their names, but never
-    more than a client sends (it splits a batch over `MAX_BATCH_BODY`, down to one row), plus
-    the body's own fields. The API server's default ``api_max_request_bytes``: 32 MiB + 64 KiB
-    with the default limits."""
-    row = 4 * max_value_bytes + _ROW_OVERHEAD
-    return min(max_rows * row, max(MAX_BATCH_BODY, row)) + _BODY_OVERHEAD
 #: the row types that travel, by the name the header gives them
 ROW_TYPES: Final[dict[str, type[Any]]] = {
     t.__name__: t for t in (DirtyRow, CentralRow, FlushOutcome)}

@@ -43,8 +43,9 @@ from test_api_sink import answer_while_sending
 
 from localstate import StateStore
 from localstate._codec import encode
+from localstate._config import max_batch_body
 from localstate._conflicts import PolicyMap
-from localstate._protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows, max_batch_body
+from localstate._protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
 from localstate._rows import CentralRow, DirtyRow
 from localstate._sync.airflow_sink import AirflowSink, process_sink
 from localstate._sync.api_sink import ApiSink

@@ -23,6 +23,7 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import Settings, StateStore
+from localstate._config import max_batch_body
 from localstate._conflicts import PolicyMap
 from localstate._protocol import (
     WireError,
@@ -33,7 +34,6 @@ from localstate._protocol import (
     encode_outcomes,
     encode_rows,
     field_header,
-    max_batch_body,
 )
 from localstate._rows import CentralRow, DirtyRow, FlushOutcome
 from localstate._sync.api_sink import ApiSink

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from localstate import ConfigError, Settings
-from localstate._protocol import MAX_BATCH_BODY, max_batch_body
+from localstate._config import max_batch_body
+from localstate._protocol import MAX_BATCH_BODY
 from localstate._setting_specs import SPECS
 
 

@@ -58,22 +58,17 @@ class _FastApiApps:
 
 
 class _FastApiRootMiddlewares:
-    """``fastapi_root_middlewares``, built at first read: Airflow's app routes to the mount on
-    the decoded path, where a name holding a newline (``%0A``) matches no mount and gets
-    Airflow's bare 404; the middleware routes the state URLs on the raw path, so they reach
-    the app, which says 422 ``invalid_name`` (`localstate.api._app.RawStatePath`). It costs
-    every request of the API server one prefix test."""
+    """``fastapi_root_middlewares``, built at first read: the state URLs routed on their raw
+    path in Airflow's app too (`localstate.airflow._mount.root_middlewares`)."""
 
     def __init__(self) -> None:
         self._middlewares: list[dict[str, Any]] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
         if self._middlewares is None:
-            from localstate.api._app import RawStatePath
-            from localstate.api._paths import STATE_PATH
+            from localstate.airflow._mount import root_middlewares
 
-            self._middlewares = [{"middleware": RawStatePath, "name": "localstate_raw_path",
-                                  "kwargs": {"prefix": MOUNT_PREFIX + STATE_PATH}}]
+            self._middlewares = root_middlewares(MOUNT_PREFIX)
         return self._middlewares
 
 
