@@ -292,7 +292,8 @@ def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
                                    "setting": "api_max_batch_rows"})
 
     body = decode_body(raw, sliced="rows", on_items=count)
-    rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+    # the decoded arrays go as soon as their rows are made: half the objects a large flush holds
+    rows = decode_rows(DirtyRow, body.get("fields"), body.pop("rows", None))
     count(len(rows))
     _require_owners(caller, (r.owner for r in rows), write=True)
     status = None
@@ -310,7 +311,7 @@ def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
                 status = status._replace(triggerer=caller.identity)
     events = None
     if "events" in body:
-        events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
+        events = decode_rows(EventRow, body.get("event_fields"), body.pop("events"))
         _require_owners(caller, {e.owner for e in events}, write=True)
         _check_events(events, ctx.settings.max_value_bytes)
     return body, rows, events, status, named
