@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from localstate._api_connection import DEFAULT_CONN_ID, airflow_connection_endpoint
 from localstate._model import Durability
+from localstate._protocol import MAX_BATCH_BODY
 from localstate._retention_rules import RetentionRule
 from localstate._setting_specs import (
     DEFAULTS,
@@ -41,7 +42,8 @@ from localstate._setting_specs import (
 )
 from localstate.errors import ConfigError
 
-__all__ = ["Settings", "airflow_home", "config_file_path", "default_triggerer_id"]
+__all__ = ["Settings", "airflow_home", "config_file_path", "default_triggerer_id",
+           "max_batch_body"]
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
 _SECTION: Final = "localstate"
@@ -60,6 +62,25 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> Path:
 def default_triggerer_id() -> str:
     """The host name, made safe for a file name: stable across restarts of the triggerer."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "triggerer"
+
+
+#: what a row takes in a body besides its value: three names of up to 250 characters (4 bytes
+#: each at most in UTF-8; names hold no control characters, so no 6-byte escapes), its
+#: numbers and punctuation
+_ROW_OVERHEAD: Final = 4 * 1024
+#: what a batch body takes besides its rows: the field headers, writer, policies, fleet report
+_BODY_OVERHEAD: Final = 64 * 1024
+
+
+def max_batch_body(max_rows: int, max_value_bytes: int) -> int:
+    """The largest flush body a client can need to send a server that takes at most
+    `max_rows` rows and values of at most `max_value_bytes`: `max_rows` rows of the largest
+    encoding a value may have (4 bytes a byte, escapes included) and their names, but never
+    more than a client sends (it splits a batch over `MAX_BATCH_BODY`, down to one row), plus
+    the body's own fields. The API server's default ``api_max_request_bytes``: 32 MiB + 64 KiB
+    with the default limits."""
+    row = 4 * max_value_bytes + _ROW_OVERHEAD
+    return min(max_rows * row, max(MAX_BATCH_BODY, row)) + _BODY_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -96,7 +117,7 @@ class Settings:
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
     api_trusted_origins: tuple[str, ...] = DEFAULTS["api_trusted_origins"]
-    api_max_request_bytes: int = DEFAULTS["api_max_request_bytes"]
+    api_max_request_bytes: int | None = DEFAULTS["api_max_request_bytes"]
     api_max_batch_rows: int = DEFAULTS["api_max_batch_rows"]
     api_fleet_details: bool = DEFAULTS["api_fleet_details"]
     api_host: str = DEFAULTS["api_host"]
@@ -181,6 +202,14 @@ class Settings:
     @property
     def resolved_central_url(self) -> str:
         return self.central_url or f"sqlite:///{self.home / 'localstate-central.db'}"
+
+    @property
+    def resolved_max_request_bytes(self) -> int:
+        """The largest flush or batched-read body the API server reads: the setting, else
+        what `api_max_batch_rows` rows can need (`max_batch_body`)."""
+        if self.api_max_request_bytes is not None:
+            return self.api_max_request_bytes
+        return max_batch_body(self.api_max_batch_rows, self.max_value_bytes)
 
     @classmethod
     def with_arguments(cls, settings: Settings | None, arguments: Mapping[str, Any]

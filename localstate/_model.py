@@ -22,6 +22,7 @@ __all__ = [
     "DURABILITIES",
     "MAX_NAME_LENGTH",
     "MAX_VERSION",
+    "NAME_RULE",
     "UNSET",
     "Durability",
     "FlushState",
@@ -56,6 +57,10 @@ DURABILITIES: Final[frozenset[str]] = frozenset({"memory", "local", "central"})
 
 # C0 and C1 control characters and lone surrogates (which cannot be encoded as UTF-8).
 _BAD_NAME_CHARS: Final = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: what `check_name` takes, in words (the REST reference and the API's parameters say it)
+NAME_RULE: Final = (
+    f"1 to {MAX_NAME_LENGTH} characters, with no control character (U+0000 to U+001F, such as "
+    "newline, tab or NUL, and U+007F to U+009F) and no lone surrogate")
 
 
 class Unset(enum.Enum):

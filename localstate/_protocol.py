@@ -51,6 +51,7 @@ from urllib.parse import quote
 
 import orjson
 
+from localstate._body_slices import decode_in_slices
 from localstate._codec import decode
 from localstate._model import check_name
 from localstate._rows import CentralRow, DirtyRow, FlushOutcome
@@ -105,8 +106,8 @@ _T = TypeVar("_T", bound=tuple[Any, ...])
 #: ``"source"`` of a ``/api/v1/read`` of keys: Airflow's ``asset_state_store`` rows of asset
 #: owners (`localstate._sync.asset_states`), not localstate's table (no source)
 ASSET_STATE_SOURCE: Final = "asset_state_store"
-#: a client splits a batch whose body would be larger into several requests; the server
-#: accepts batch bodies up to twice this (one row alone may be up to 4x max_value_bytes)
+#: a client splits a batch whose body would be larger into several requests (down to one row,
+#: which may be up to 4x max_value_bytes); the server's limit is `localstate._config.max_batch_body`
 MAX_BATCH_BODY: Final = 32 * 1024 * 1024
 #: most rows a client sends in one flush request (the server's api_max_batch_rows default)
 MAX_BATCH_ROWS: Final = 100_000
@@ -284,9 +285,17 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
         raise WireError(f"cannot send this as JSON: {exc}") from None
 
 
-def decode_body(raw: bytes | str) -> dict[str, Any]:
+def decode_body(raw: bytes | bytearray | str, *, sliced: str | None = None,
+                on_items: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The JSON object `raw` holds (`WireError` for anything else). `sliced`: the name of its
+    big top-level array (a flush's ``rows``), decoded a slice at a time so that a thread
+    decoding a large body gives other threads (the event loop's) their turns between slices;
+    `on_items` hears that array's running length (`localstate._body_slices`)."""
     try:
-        body = orjson.loads(raw)
+        if sliced is not None and not isinstance(raw, str):
+            body = decode_in_slices(raw, sliced, on_items)
+        else:
+            body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise WireError(f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):

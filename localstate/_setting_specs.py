@@ -116,6 +116,16 @@ def _positive_int(raw: Any) -> int:
     return value
 
 
+def _optional_positive_int(raw: Any) -> int | None:
+    """A whole number greater than 0, or none (empty, ``none``): derived from other settings."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+        return None
+    try:
+        return _positive_int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number greater than 0, or none") from None
+
+
 def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(raw: Any) -> str:
         text = str(raw).strip().lower()
@@ -410,11 +420,17 @@ SPECS: Final[dict[str, Spec]] = {
                                 "pages may write with a browser's login cookie "
                                 "(https://airflow.example.com, ...); none: the server's own "
                                 "pages only"),
-    "api_max_request_bytes": Spec(_positive_int, 64 * 1024 * 1024, "largest body of a flush "
-                                  "or batched read the API server reads; larger: 413 before "
-                                  "it is read"),
+    "api_max_request_bytes": Spec(_optional_positive_int, None, "largest body of a flush or "
+                                  "batched read the API server reads; larger: 413 too_large "
+                                  "before it is read (by Content-Length, or counted as a "
+                                  "chunked body arrives). None: what api_max_batch_rows rows "
+                                  "can need, api_max_batch_rows x (4 x max_value_bytes + "
+                                  "4 KiB), but no more than a client sends (it splits its "
+                                  "batches above 32 MiB), plus 64 KiB: 33619968 bytes (32 MiB "
+                                  "+ 64 KiB) with the defaults"),
     "api_max_batch_rows": Spec(_positive_int, 100_000, "most rows one flush request may "
-                               "carry; more: 413 (clients send at most 100,000)"),
+                               "carry; more: 413 too_many_rows (clients send at most "
+                               "100,000); also bounds api_max_request_bytes' default"),
     "api_fleet_details": Spec(_bool, False, "show every caller of /fleet the triggerers' "
                               "hosts and pids; off: admins only (others see names and lag)"),
     "api_host": Spec(_host, "127.0.0.1", "address `localstate serve` binds"),

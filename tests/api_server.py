@@ -53,16 +53,20 @@ def api_env(url: str, token: str = RW_TOKEN) -> dict[str, str]:
 class ServeProcess:
     """`localstate serve` over `central_url` with the test tokens, on a fixed loopback port."""
 
-    def __init__(self, central_url: str, *, store_id: str = "api-sink-server") -> None:
+    def __init__(self, central_url: str, *, store_id: str = "api-sink-server",
+                 settings: dict[str, str] | None = None) -> None:
         self.central_url = central_url
         self.store_id = store_id
+        #: more settings of the server, by name (``api_max_batch_rows``: ``"10"``)
+        self.settings = dict(settings or {})
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.mkstemp(prefix="serve-", suffix=".log")[1])
 
     def start(self, timeout: float = 60.0) -> None:
-        env = {**os.environ, "AIRFLOW__LOCALSTATE__API_TOKENS": TOKENS}
+        env = {**os.environ, "AIRFLOW__LOCALSTATE__API_TOKENS": TOKENS,
+               **{f"AIRFLOW__LOCALSTATE__{k.upper()}": v for k, v in self.settings.items()}}
         with self.log.open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [_command(), "serve", "--port", str(self.port), "--central-url",

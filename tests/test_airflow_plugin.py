@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import asyncpg
 import httpx
@@ -39,11 +39,13 @@ from airflow_api_server import (
 from airflow_harness import AIRFLOW, Deployment
 from starlette.types import ASGIApp, Receive, Scope, Send
 from test_airflow_sink import DictAccessor
+from test_api_sink import answer_while_sending
 
 from localstate import StateStore
 from localstate._codec import encode
+from localstate._config import max_batch_body
 from localstate._conflicts import PolicyMap
-from localstate._protocol import ASSET_STATE_SOURCE, decode_rows
+from localstate._protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
 from localstate._rows import CentralRow, DirtyRow
 from localstate._sync.airflow_sink import AirflowSink, process_sink
 from localstate._sync.api_sink import ApiSink
@@ -920,3 +922,86 @@ async def test_pages_on_other_origins_write_nothing_later_and_after_a_token_refr
           f"after the refresh: {refreshed}")
     assert later["sibling"] > 0
     assert refreshed["sibling"] > 0
+
+
+# -- what a Viewer sees, hostile names, oversized bodies (through the real API server) --------
+
+
+def _db_location(migrated: tuple[Deployment, str]) -> dict[str, str]:
+    """The parts of the metadata DB's URL that say where it is, by name."""
+    url = urlsplit(migrated[0].airflow_dsn)
+    assert url.hostname
+    assert url.port
+    assert url.username
+    return {"host:port": f"{url.hostname}:{url.port}", "user": f"{url.username}@",
+            "database": url.path}
+
+
+async def test_a_viewer_sees_no_db_location_on_any_read_route_and_an_admin_does(
+        server: ApiServer, migrated: tuple[Deployment, str]) -> None:
+    where = _db_location(migrated)
+    owner, key = f"{MACHINE_PREFIX}location", "wm"
+    logins = {u: {"Authorization": f"Bearer {server.login(u)}"} for u in USERS}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        r = await client.put(state_path(owner, key), json={"value": 1}, headers=logins["admin"])
+        assert r.status_code == 200, r.text
+        reads = [("GET", "/localstate/api/v1/status", None),
+                 ("GET", "/localstate/api/v1/state", None),
+                 ("GET", state_path(owner, key), None),
+                 ("GET", "/localstate/api/v1/fleet", None),
+                 ("GET", "/localstate/api/v1/me", None),
+                 ("GET", "/localstate/api/v1/health", None),
+                 ("GET", "/localstate/", None),
+                 ("POST", "/localstate/api/v1/read", {"keys": [[owner, key]]}),
+                 ("POST", "/localstate/api/v1/read", {"owner": owner}),
+                 ("POST", "/localstate/api/v1/read", {"fleet": True})]
+        for method, route, body in reads:
+            r = await client.request(method, route, json=body, headers=logins["viewer"])
+            assert r.status_code == 200, (route, r.text)
+            shown = {name: part for name, part in where.items() if part in r.text}
+            assert not shown, (route, shown, r.text[:500])
+        viewer = (await client.get("/localstate/api/v1/status",
+                                   headers=logins["viewer"])).json()
+        assert viewer["central_url"].startswith("(hidden")
+        # who may read Airflow's connections and configuration sees where the DB is
+        for user in ("admin", "op"):
+            seen = (await client.get("/localstate/api/v1/status", headers=logins[user])).json()
+            assert where["host:port"] in seen["central_url"], (user, seen["central_url"])
+            assert seen["central_url"].endswith(where["database"])
+        # a machine token over some owners only: no location either
+        r = await client.get("/localstate/api/v1/status",
+                             headers={"Authorization": f"Bearer {MACHINE_TOKEN}"})
+        assert r.json()["central_url"].startswith("(hidden"), r.text
+
+
+@pytest.mark.parametrize("char", ["\n", "\t", "\x00", "\x7f"])
+async def test_a_control_character_in_a_name_is_422_through_the_api_server(
+        server: ApiServer, char: str) -> None:
+    admin = {"Authorization": f"Bearer {server.login('admin')}"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        for owner, key in ((f"dag:a{char}b", "k"), ("dag:a", f"k{char}"), ("dag:a", f"{char}k")):
+            for method in ("GET", "PUT", "DELETE"):
+                r = await client.request(method, state_path(owner, key), headers=admin,
+                                         json={"value": 1} if method == "PUT" else None)
+                assert (r.status_code, r.json()["error"]) == (422, "invalid_name"), (
+                    method, owner, key, r.text)
+                assert repr(char) in r.json()["message"]
+        r = await client.post("/localstate/api/v1/read", headers=admin,
+                              json={"keys": [["dag:a", f"k{char}"]]})
+        assert (r.status_code, r.json()["error"]) == (422, "invalid_name"), r.text
+
+
+async def test_a_flush_over_the_body_limit_is_refused_before_it_is_sent(
+        server: ApiServer) -> None:
+    url = urlsplit(server.url)
+    assert url.port is not None
+    limit = max_batch_body(MAX_BATCH_ROWS, 64 * 1024)  # the defaults: 32 MiB + 64 KiB
+    head = (b"POST /localstate/api/v1/flush HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + MACHINE_TOKEN.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 65000000\r\n\r\n")
+    answer = await answer_while_sending(url.port, head, iter([b" " * 65536] * 100))
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert b" 413 " in status_line, answer[:300]
+    body = orjson.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert body["error"] == "too_large"
+    assert body["detail"] == {"limit": limit, "setting": "api_max_request_bytes"}

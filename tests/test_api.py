@@ -16,6 +16,8 @@ from conftest import StoreFactory, collations
 from fastapi import FastAPI
 
 from localstate import Settings, StateStore
+from localstate._protocol import encode_body, encode_rows, field_header
+from localstate._rows import DirtyRow
 from localstate._sync.central_store import CentralStore
 from localstate._sync.engine import make_engine
 from localstate.api import create_app
@@ -498,6 +500,49 @@ async def test_bad_names_in_the_path(api: Api, raw_path: str, status: int, error
         r = await api.client.request(method, raw_path, headers=auth(),
                                      json={"value": 1} if method == "PUT" else None)
         assert (r.status_code, r.json()["error"]) == (status, error), (method, r.text)
+
+
+#: control characters a name may not hold, from each class: C0 (newline, tab, NUL, escape),
+#: DEL, C1 (NEL)
+CONTROLS = ["\n", "\t", "\x00", "\x1b", "\x7f", "\x85"]
+
+
+def _refused_for(r: httpx.Response, char: str) -> None:
+    """The typed 422 that names the bad character."""
+    assert (r.status_code, r.json()["error"]) == (422, "invalid_name"), r.text
+    assert repr(char) in r.json()["message"], r.text
+    assert "control characters" in r.json()["message"]
+
+
+@pytest.mark.parametrize("char", CONTROLS)
+async def test_a_control_character_in_a_name_is_the_same_422_on_every_route(
+        api: Api, char: str) -> None:
+    good = "dag:x"
+    for owner, key in ((f"dag{char}x", "k"), (good, f"k{char}"), (good, f"{char}k"),
+                       (good, f"k{char}k")):
+        for method in ("GET", "PUT", "DELETE"):
+            r = await api.client.request(method, path(owner, key), headers=auth(),
+                                         json={"value": 1} if method == "PUT" else None)
+            _refused_for(r, char)
+    bad = f"dag:x{char}y"
+    _refused_for(await api.client.get("/api/v1/state", params={"owner_prefix": bad},
+                                      headers=auth()), char)
+    row = DirtyRow(bad, "k", "1", 1, 0, 1.0, "w")
+    bodies: dict[str, list[dict[str, Any]]] = {
+        "/api/v1/write": [{"op": "direct", "owner": o, "key": k, "data": "1",
+                           "updated_at": 1.0, "updated_by": "w"}
+                          for o, k in ((bad, "k"), (good, bad))],
+        "/api/v1/claim": [{"owner": bad, "claimant": "c"}],
+        "/api/v1/read": [{"owner": bad}, {"keys": [[bad, "k"]]}, {"keys": [[good, bad]]}],
+        "/api/v1/flush": [{"fields": field_header(DirtyRow), "rows": encode_rows([r])}
+                          for r in (row, row._replace(owner=good, key=bad))],
+    }
+    for route, each in bodies.items():
+        for body in each:
+            r = await api.client.post(route, content=encode_body(body), headers={
+                **auth(), "Content-Type": "application/json"})
+            _refused_for(r, char)
+    assert await central_value(api, good, "k") is None
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ as the client; the store tests go through a real `localstate serve` subprocess.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import Settings, StateStore
+from localstate._config import max_batch_body
 from localstate._conflicts import PolicyMap
 from localstate._protocol import (
     WireError,
@@ -533,3 +535,82 @@ async def test_a_triggerer_stopped_mid_request_holds_no_lock_in_the_server(
         await b.set(owners[0], "wm", 2)
         await b.flush()
         assert await b.read_committed(owners[0], "wm") is not None
+
+
+# -- the body limit ---------------------------------------------------------------------------
+
+#: a server that takes 10 rows of values up to 1,000 bytes: its body limit is what 10 such rows
+#: can need, max_batch_body(10, 1000) bytes
+SMALL_LIMITS = {"api_max_batch_rows": "10", "max_value_bytes": "1000"}
+
+
+@pytest.fixture
+def small_server(central_url: str) -> Iterator[ServeProcess]:
+    proc = ServeProcess(central_url, settings=SMALL_LIMITS)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+async def answer_while_sending(port: int, head: bytes, parts: Iterator[bytes]) -> bytes:
+    """Send `head`, then `parts` one by one, reading between them: the server's answer as
+    soon as it comes, while the request's body is not yet all sent (parts left over)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.5)
+            except TimeoutError:
+                continue
+            length = re.search(rb"(?i)content-length: *(\d+)", head)
+            assert length is not None, head
+            return head + await reader.readexactly(int(length.group(1)))
+        raise AssertionError("every part was sent before the server answered")
+    finally:
+        writer.close()
+
+
+def _flush_head(token: str, *headers: bytes) -> bytes:
+    return (b"POST /api/v1/flush HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + token.encode() + b"\r\n"
+            b"Content-Type: application/json\r\n" + b"".join(h + b"\r\n" for h in headers)
+            + b"\r\n")
+
+
+def _json_of(answer: bytes) -> dict[str, Any]:
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert b" 413 " in status_line, answer[:300]
+    body = rest.split(b"\r\n\r\n", 1)[1]
+    parsed: dict[str, Any] = orjson.loads(body)
+    return parsed
+
+
+async def test_a_flush_body_over_what_the_row_limit_needs_is_refused_before_it_is_read(
+        small_server: ServeProcess, tmp_path: Path) -> None:
+    limit = max_batch_body(10, 1000)
+    # declared: 413 at the headers, after one part of the 100 the length announces
+    answer = await answer_while_sending(
+        small_server.port, _flush_head(RW_TOKEN, b"Content-Length: %d" % (100 * 65536)),
+        iter([b'{"rows": [' + b" " * 65526] + [b" " * 65536] * 99))
+    body = _json_of(answer)
+    assert body["error"] == "too_large"
+    assert body["detail"] == {"limit": limit, "setting": "api_max_request_bytes"}
+    assert f"api_max_request_bytes ({limit} bytes)" in body["message"]
+    # chunked (no length): counted as it comes, refused once past the limit, never finished
+    chunk = b"%x\r\n%s\r\n" % (16384, b" " * 16384)
+    answer = await answer_while_sending(
+        small_server.port, _flush_head(RW_TOKEN, b"Transfer-Encoding: chunked"),
+        iter([b"a\r\n{\"rows\": [\r\n"] + [chunk] * 100))
+    assert _json_of(answer)["detail"]["limit"] == limit
+    # the largest batch a client sends this server is within it: ten rows of the largest
+    # values (backslashes: each one is two bytes in the body), in one request
+    async with api_store(small_server, tmp_path, "a", max_value_bytes=1000) as a:
+        big = "\\" * 497  # JSON text of 996 bytes
+        for i in range(10):
+            await a.set("trigger:big", f"k{i}", big)
+        report = await a.flush()
+        assert (report.written, report.transactions) == (10, 1)
+        assert await a.read_committed("trigger:big", "k9") is not None

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from localstate import ConfigError, Settings
+from localstate._config import max_batch_body
+from localstate._protocol import MAX_BATCH_BODY
+from localstate._setting_specs import SPECS
 
 
 def write_cfg(home: Path, body: str) -> Path:
@@ -324,3 +327,18 @@ def test_settings_fields_are_the_specs_in_order_with_their_defaults() -> None:
 def test_the_central_budget_is_a_rate_or_none(raw: str, value: float | None) -> None:
     assert Settings.resolve({"central_budget_rows_per_s": raw}).central_budget_rows_per_s == (
         value)
+
+
+def test_the_flush_body_limit_is_derived_from_the_row_limit_unless_set() -> None:
+    default = Settings.resolve({})
+    assert default.api_max_request_bytes is None
+    assert default.resolved_max_request_bytes == MAX_BATCH_BODY + 64 * 1024
+    assert str(default.resolved_max_request_bytes) in SPECS["api_max_request_bytes"].help
+    # a lower row limit needs fewer bytes: its rows at their largest, and the body's fields
+    few = Settings.resolve({"api_max_batch_rows": "10", "max_value_bytes": "1000"})
+    assert few.resolved_max_request_bytes == 10 * (4 * 1000 + 4096) + 64 * 1024
+    assert few.resolved_max_request_bytes == max_batch_body(10, 1000)
+    # one value over the client's batch body: one row of it still fits
+    huge = Settings.resolve({"max_value_bytes": str(16 * 1024 * 1024)})
+    assert huge.resolved_max_request_bytes == 4 * 16 * 1024 * 1024 + 4096 + 64 * 1024
+    assert Settings.resolve({"api_max_request_bytes": "5000"}).resolved_max_request_bytes == 5000

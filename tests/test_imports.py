@@ -156,7 +156,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "localstate._retention_rules", "localstate._setting_specs", "localstate._config",
         "localstate._reload", "localstate._file_lock", "localstate._futures", "localstate._backoff",
         "localstate._lanes", "localstate._failure_log", "localstate._protocol",
-        "localstate._class_or_instance", "localstate._api_connection",
+        "localstate._class_or_instance", "localstate._api_connection", "localstate._body_slices",
     }),
     ("local", {
         "localstate._absent_keys", "localstate._owner_index", "localstate._eviction",

@@ -264,7 +264,9 @@ def rest_page() -> str:
              "OpenAPI document needs a bearer token (`Authorization: Bearer <token>`) or, under "
              "the plugin, an Airflow login. Errors are JSON bodies; see "
              "[Troubleshooting](../operations/troubleshooting.md).", "",
-             f"API version {doc['info']['version']}.", ""]
+             f"API version {doc['info']['version']}.", "",
+             *(f"{part.strip()}\n" for part in doc["info"].get("description", "").split("\n\n")
+               if part.strip())]
     for path, methods in doc["paths"].items():
         for method, op in methods.items():
             lines += [f"## `{method.upper()} {path}`", ""]
@@ -518,7 +520,46 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines += ["", "The model is described in [The fleet and the write budget]"
               "(guides/fleet.md).", ""]
     lines += _events_section(docs_dir)
+    lines += _api_body_section(docs_dir)
     return "\n".join(lines)
+
+
+#: what each request of `benches/bench_api_body.py` is, by its name there
+_BODY_SCENARIOS = {
+    "declared-65MB": "a 65 MB flush (1,000,000 rows) with its `Content-Length`",
+    "chunked-65MB": "the same body chunked, no length",
+    "largest-within": "the largest flush a client sends: 100,000 rows, just under the limit",
+    "baseline-old-limit-65MB": "baseline: the 65 MB flush under the former 64 MiB limit",
+}
+
+
+def _api_body_section(docs_dir: Path) -> list[str]:
+    """An oversized flush body against the API server: its memory and its health route."""
+    lines = ["## Oversized flush bodies against the API server", ""]
+    for name in ("bench-api-body.json", "bench-api-body-postgres.json"):
+        path = docs_dir / name
+        data = json.loads(path.read_text())
+        flag = " --postgres" if "postgres" in name else ""
+        lines += [f"*`docs/{name}`, {_dated(path)}; {data['machine']}; central DB "
+                  f"{data['central']}; `python benches/bench_api_body.py{flag} --json "
+                  f"docs/{name}`. A real `localstate serve` with the default limits; its RSS "
+                  "sampled every 20 ms and its health route asked every 50 ms from other "
+                  "threads while each request runs.*", "",
+                  "| request | answer | after | bytes sent by then | RSS growth | slowest "
+                  "`/health` |", "|---|---|---|---|---|---|"]
+        for r in data["results"]:
+            answer = f"{r['status']} {r['error']}" if r["error"] else str(r["status"])
+            lines.append(f"| {_BODY_SCENARIOS.get(r['name'], r['name'])} | {answer} | "
+                         f"{r['answer_s']:.2f} s | {r['sent_bytes'] / 1e6:.1f} of "
+                         f"{r['body_bytes'] / 1e6:.1f} MB | {r['rss_growth_mib']:.0f} MiB | "
+                         f"{r['health_max_s']:.2f} s |")
+        lines.append("")
+    lines += ["A body over the limit is refused at its headers, or after the limit's worth of "
+              "a chunked one, and costs the server no more than that. The largest batch "
+              "within the limit is decoded in slices in a worker thread; the pauses left "
+              "while it is written are the central write's own work on the event loop and "
+              "the collector's full passes over the objects it makes.", ""]
+    return lines
 
 
 def _events_section(docs_dir: Path) -> list[str]:

@@ -18,6 +18,10 @@ Two kinds of caller, told apart by the credential they present:
     is the same kind of act as editing an Airflow Variable (operational data that running code
     reads), an operator's job. SimpleAuthManager grants it from OP up, FAB's default roles to
     Op and Admin; a VIEWER or USER reads, and gets 403 on a write.
+  - Seeing the serving process's internals (the central DB's host, port, user and database
+    name in ``/status``, the triggerers' hosts and pids) needs what reading Airflow's
+    connections and configuration needs: SimpleAuthManager's OP and ADMIN, FAB's Op and
+    Admin. A VIEWER or USER sees ``(hidden: ...)`` there.
 
 No credential at all, or one that is neither a localstate token nor a valid Airflow JWT or
 session: 401, and nothing is read or written.
@@ -77,9 +81,12 @@ class AirflowAuthorizer(Authorizer):
                            f"{name} may not view triggers, so not their state") from None
         manager = get_auth_manager()
         can_write = manager.is_authorized_variable(method="PUT", user=user)
-        # who may read Airflow's configuration (which holds its DB URL) may see where the
-        # central DB is and the triggerers' hosts
-        admin = manager.is_authorized_configuration(method="GET", user=user)
+        # who may read Airflow's connections (databases' hosts, ports and logins) and its
+        # configuration (which holds the metadata DB's URL) may see where the central DB is
+        # and the triggerers' hosts. The configuration alone is not enough: SimpleAuthManager
+        # lets every VIEWER read it (what it shows is up to [api] expose_config)
+        admin = (manager.is_authorized_connection(method="GET", user=user)
+                 and manager.is_authorized_configuration(method="GET", user=user))
         return Principal(name=name if can_write else f"{name} (may not edit variables)",
                          can_write=can_write, owners=("",),
                          identity=f"airflow:{user.get_name()}", bound=True, admin=admin)

@@ -18,14 +18,17 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from localstate.api._app import RawStatePath
 from localstate.api._errors import error_response, from_store_error
+from localstate.api._paths import STATE_PATH
 from localstate.errors import LocalStateError
 
-__all__ = ["LocalStateMount"]
+__all__ = ["LocalStateMount", "root_middlewares"]
 
 log = logging.getLogger("localstate.airflow.mount")
 
@@ -87,3 +90,13 @@ class LocalStateMount(FastAPI):
                                  headers={"Retry-After": "5"})(scope, receive, send)
             return
         await served(scope, receive, send)
+
+
+def root_middlewares(mount_prefix: str) -> list[dict[str, Any]]:
+    """The plugin's ``fastapi_root_middlewares``: Airflow's app routes to the mount at
+    `mount_prefix` on the decoded path, where a name holding a newline (``%0A``) matches no
+    mount and gets Airflow's bare 404. `RawStatePath` routes the state URLs on the raw path in
+    Airflow's app too, so they reach this app, which says 422 ``invalid_name``. It costs every
+    request of the API server one prefix test."""
+    return [{"middleware": RawStatePath, "name": "localstate_raw_path",
+             "kwargs": {"prefix": mount_prefix + STATE_PATH}}]

@@ -8,6 +8,8 @@ process finds it (``airflow plugins`` lists it). It adds:
   the page at ``/localstate/``), over Airflow's metadata DB, with the cache off. See
   `localstate.airflow._serving` for what it serves and `localstate.airflow._auth` for who may
   read and write (Airflow's users by role, machines by localstate token);
+* ``fastapi_root_middlewares``: the state URLs routed on their raw path, so that a name with
+  a newline gets localstate's 422, not Airflow's 404 (`localstate.api._app.RawStatePath`);
 * ``external_views``: the state page as a page of Airflow's own UI, under *Browse* in its
   navigation (Airflow shows it in an iframe at ``/plugin/localstate``).
 
@@ -55,9 +57,25 @@ class _FastApiApps:
         return self._apps
 
 
+class _FastApiRootMiddlewares:
+    """``fastapi_root_middlewares``, built at first read: the state URLs routed on their raw
+    path in Airflow's app too (`localstate.airflow._mount.root_middlewares`)."""
+
+    def __init__(self) -> None:
+        self._middlewares: list[dict[str, Any]] | None = None
+
+    def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
+        if self._middlewares is None:
+            from localstate.airflow._mount import root_middlewares
+
+            self._middlewares = root_middlewares(MOUNT_PREFIX)
+        return self._middlewares
+
+
 class LocalStatePlugin(AirflowPlugin):
     name = "localstate"
     fastapi_apps = _FastApiApps()
+    fastapi_root_middlewares = _FastApiRootMiddlewares()
     external_views: list[Any] = [  # noqa: RUF012 - Airflow reads these class attributes
         {
             "name": "State variables",

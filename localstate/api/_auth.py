@@ -74,7 +74,8 @@ class Principal:
     identity: str | None = None
     bound: bool = False
     #: sees the serving process's internals (the central DB's location, triggerers' hosts):
-    #: a read-write token over every owner, an Airflow user who may read Airflow's config
+    #: a read-write token over every owner (a read token never, whatever its owners), an
+    #: Airflow user who may read Airflow's connections and configuration
     admin: bool = False
 
     def writer_tag(self, writer: str | None) -> str | None:

@@ -50,12 +50,14 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
           405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid_input"}
 
 
-class ApiError(Exception):
-    """Raised by a route: answered as `status` with the JSON error body."""
+class ApiError(StarletteHTTPException):
+    """Raised by a route: answered as `status` with the JSON error body. An HTTP exception,
+    so FastAPI passes it on as it is when it comes from reading the body (a body refused as
+    it arrives), where it turns other exceptions into a bare 400."""
 
     def __init__(self, status: int, error: str, message: str, *, detail: Any = None,
                  headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(status, message, dict(headers or {}))
         self.status = status
         self.error = error
         self.message = message

@@ -30,7 +30,14 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from localstate import __version__
 from localstate._codec import encode
 from localstate._entry import StateKey
-from localstate._model import MAX_VERSION, FlushState, Record, check_name, epoch_to_datetime
+from localstate._model import (
+    MAX_VERSION,
+    NAME_RULE,
+    FlushState,
+    Record,
+    check_name,
+    epoch_to_datetime,
+)
 from localstate._sync.fleet import fleet_summary
 from localstate.api._auth import audit
 from localstate.api._context import Caller, Central, Context, Writable
@@ -80,8 +87,12 @@ def _state_item(item: Item | Record) -> StateItem:
 
 router = APIRouter(prefix="/api/v1")
 
-OwnerDoc = Annotated[str, Path(description="the owner, percent-encoded (a '/' is %2F)")]
-KeyDoc = Annotated[str, Path(description="the key, percent-encoded")]
+OwnerDoc = Annotated[str, Path(
+    description=f"the owner, percent-encoded (a '/' is %2F): {NAME_RULE}; else 422 "
+                "invalid_name, naming the character")]
+KeyDoc = Annotated[str, Path(
+    description=f"the key, percent-encoded: {NAME_RULE}; else 422 invalid_name, naming the "
+                "character")]
 Pending = Annotated[bool, Query(
     description="overlay the server's local store's writes the central DB lacks (flush_state "
                 "dirty) and its keys whose last flush met a conflict (flush_state conflict); "

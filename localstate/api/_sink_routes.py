@@ -246,23 +246,22 @@ router = APIRouter(prefix="/api/v1")
 async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> Response:
     if not caller.can_write:
         caller.require_write("")
-    raw = await request.body()
+    raw = await _body(request)
     if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
-        body, rows, status, named = await asyncio.to_thread(_parse_flush, raw, caller, ctx)
+        body, rows, events, status, named = await asyncio.to_thread(
+            _parse_flush, raw, caller, ctx)
     else:
-        body, rows, status, named = _parse_flush(raw, caller, ctx)
+        body, rows, events, status, named = _parse_flush(raw, caller, ctx)
+    del raw  # parsed: the rows hold what the request carried
     writer = caller.writer_tag(_writer(body.get("writer")))
     policy_map = _policies(body.get("policies", "reject"))
     if status is not None:  # no await until write_batch takes it: this batch's own
         c.note_fleet(status)
-    if "events" not in body:  # a flush without events (any client)
+    if events is None:  # a flush without events (any client)
         outcomes = await c.write_batch(rows, policy_map, writer=writer)
         audit(caller, "POST /api/v1/flush", (r.owner for r in rows), len(rows), named)
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full})
-    events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
-    _require_owners(caller, {e.owner for e in events}, write=True)
-    _check_events(events, ctx.settings.max_value_bytes)
     # the watermarks, the de-duplication rows and the asset events: one transaction
     outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
     audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows), *(e.owner for e in events)},
@@ -272,17 +271,34 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
                   "event_statuses": statuses})
 
 
-def _parse_flush(raw: bytes, caller: Principal, ctx: ServerContext
-                 ) -> tuple[dict[str, Any], list[DirtyRow], FleetStatus | None, str]:
+async def _body(request: Request) -> bytes | bytearray:
+    """The request's body, gathered in one buffer (Starlette's ``request.body()`` holds its
+    chunks and their join: twice the body). `localstate.api._app.BodyLimit` bounds it."""
+    buffer = bytearray()
+    async for chunk in request.stream():
+        buffer += chunk
+    return buffer
+
+
+def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
+                 ) -> tuple[dict[str, Any], list[DirtyRow], list[EventRow] | None,
+                            FleetStatus | None, str]:
     """Decode and check a flush body: no I/O, so a large one runs off the event loop.
     The rows come back recorded as the caller (`recorded_as`), with the audit line's note
-    of the names the request gave them."""
-    body = decode_body(raw)
-    rows = decode_rows(DirtyRow, body.get("fields"), body.get("rows"))
+    of the names the request gave them; the events (None: the body carries none) checked."""
     max_rows = ctx.settings.api_max_batch_rows
-    if len(rows) > max_rows:
-        raise ApiError(413, "too_many_rows", f"a flush of {len(rows)} rows is over "
-                       f"api_max_batch_rows ({max_rows}); send smaller batches")
+
+    def count(rows: int) -> None:  # as the rows are decoded: no more than one slice past
+        if rows > max_rows:
+            raise ApiError(413, "too_many_rows", f"a flush of {rows} rows or more is over "
+                           f"api_max_batch_rows ({max_rows}); send smaller batches",
+                           detail={"rows": rows, "limit": max_rows,
+                                   "setting": "api_max_batch_rows"})
+
+    body = decode_body(raw, sliced="rows", on_items=count)
+    # the decoded arrays go as soon as their rows are made: half the objects a large flush holds
+    rows = decode_rows(DirtyRow, body.get("fields"), body.pop("rows", None))
+    count(len(rows))
     _require_owners(caller, (r.owner for r in rows), write=True)
     status = None
     named = ""
@@ -297,7 +313,12 @@ def _parse_flush(raw: bytes, caller: Principal, ctx: ServerContext
             _check_fleet(status)
             if caller.bound and caller.identity is not None:  # its own fleet row only
                 status = status._replace(triggerer=caller.identity)
-    return body, rows, status, named
+    events = None
+    if "events" in body:
+        events = decode_rows(EventRow, body.get("event_fields"), body.pop("events"))
+        _require_owners(caller, {e.owner for e in events}, write=True)
+        _check_events(events, ctx.settings.max_value_bytes)
+    return body, rows, events, status, named
 
 
 @router.post("/read", summary="The central records of a batch of keys, or of one owner "
