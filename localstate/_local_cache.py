@@ -310,6 +310,17 @@ class LocalCache:
         return len(self._staged)
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_until_stopped()
+        except asyncio.CancelledError:
+            # Nothing but the end of the event loop cancels the writer (`asyncio.run` cancels
+            # every task left when its main coroutine returns or raises): the store was never
+            # closed. Commit what is staged and close the file, so that nothing acknowledged
+            # is lost and no SQLite thread outlives the loop.
+            await self._close_abandoned()
+            raise
+
+    async def _write_until_stopped(self) -> None:
         while True:
             await self._pending.wait()
             if not self._urgent.is_set():
@@ -328,7 +339,13 @@ class LocalCache:
             self._inflight = batch
             started = time.monotonic()
             busy = bool(staged or events or dropped)
-            error = await self._commit_batch(staged, events, dropped) if busy else None
+            try:
+                error = await self._commit_batch(staged, events, dropped) if busy else None
+            except asyncio.CancelledError:
+                # the loop ends mid-commit: `_close_abandoned` commits the batch again (it
+                # holds its waiters' writes whether or not this commit went through)
+                self._restage(staged, events, dropped)
+                raise
             self._inflight = None
             if busy and error is None:
                 ended = time.monotonic()
@@ -337,16 +354,60 @@ class LocalCache:
             batch.done.set()
             if error is not None:
                 # keep what failed, under anything staged since, and try again shortly
-                for key, entry in staged.items():
-                    self._staged.setdefault(key, entry)
-                self._staged_events[:0] = events
-                self._dropped_events[:0] = dropped
+                self._restage(staged, events, dropped)
                 self._pending.set()
                 if not self._stopping:
                     await asyncio.sleep(_RETRY_DELAY)
             if self._stopping and (not (self._staged or self._staged_events
                                         or self._dropped_events) or error is not None):
                 return
+
+    def _restage(self, staged: dict[StateKey, Entry], events: list[EventRow],
+                 dropped: list[int]) -> None:
+        """Put a batch taken for a commit that did not happen back, under anything staged
+        since (a later write of a key wins)."""
+        for key, entry in staged.items():
+            self._staged.setdefault(key, entry)
+        self._staged_events[:0] = events
+        self._dropped_events[:0] = dropped
+
+    async def _close_abandoned(self) -> None:
+        """The event loop ends with this cache open: commit what is staged, close the file
+        and release its lock, then say so (a `ResourceWarning`, unless `close` had begun).
+
+        The writes the central DB lacks stay dirty in the file, for the next open to flush.
+        A commit that fails here leaves what it carried to the memory window's promise (as
+        after a crash); the file itself is consistent either way."""
+        never_closed = not self._closed
+        self._closed = self._stopping = True
+        error: BaseException | None = None
+        try:
+            if self._conn is not None:
+                staged, self._staged = self._staged, {}
+                events, self._staged_events = self._staged_events, []
+                dropped, self._dropped_events = self._dropped_events, []
+                if staged or events or dropped:
+                    error = await self._commit_batch(staged, events, dropped)
+                await self._conn.close()
+        except Exception as exc:  # the loop is ending: report it, never raise
+            error = exc
+        finally:
+            self._conn = None
+            self._lock.release()
+        for batch in (self._batch, self._inflight):
+            if batch is not None and not batch.done.is_set():
+                batch.error = error  # None: this commit carried their writes
+                batch.done.set()
+        if error is not None:
+            log.warning("the local cache %s could not commit its last writes as the event "
+                        "loop ended (%s); those of the last memory window may be lost",
+                        self.path, error)
+        if never_closed:
+            warnings.warn(
+                f"the local cache {self.path} was never closed: its StateStore was left open "
+                "when the event loop ended. Its writes are committed to the file, and the "
+                "next store that opens it flushes those the central DB lacks; close the store "
+                "(`await store.close()`, or `async with`)", ResourceWarning, stacklevel=1)
 
     async def _commit_batch(self, staged: dict[StateKey, Entry], events: list[EventRow],
                             dropped: list[int]) -> CacheError | None:
