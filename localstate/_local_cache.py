@@ -28,6 +28,7 @@ from typing import Any, Final, Literal
 
 import aiosqlite
 
+from localstate import _left_open as left_open
 from localstate._cache_compaction import Compactor, file_bytes
 from localstate._cache_file import (
     UPSERT,
@@ -54,6 +55,8 @@ _OUTBOX_ADD: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?)"
 _OUTBOX_DROP: Final = "DELETE FROM outbox WHERE seq = ?"
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
+# At interpreter exit, the longest the last commit and close of a cache left open may take.
+_EXIT_TIMEOUT: Final = 10.0
 
 
 class _Batch:
@@ -166,6 +169,7 @@ class LocalCache:
         self._writer = asyncio.get_running_loop().create_task(
             self._write_loop(), name=f"localstate-writer:{self.path.name}"
         )
+        left_open.track(self)  # closed at interpreter exit if the program never closes it
 
     async def _abort_open(self) -> None:
         if self._conn is not None:
@@ -195,6 +199,27 @@ class LocalCache:
             self._conn = None
         if not keep_lock:
             self._lock.release()
+        left_open.forget(self)
+
+    def close_at_exit(self) -> None:
+        """The interpreter exits with this cache still open (`localstate._left_open`): end
+        its writer, which commits what is staged, closes the file and warns. On its own
+        loop when that still runs on another thread, else on a loop made for it here."""
+        writer = self._writer
+        if self._closed or writer is None:
+            return
+        loop = writer.get_loop()
+        try:
+            if loop.is_running():  # on another thread: this one is exiting
+                asyncio.run_coroutine_threadsafe(_end(writer), loop).result(_EXIT_TIMEOUT)
+                return
+            # its loop is stopped (closed, as often): the writer will never run again
+            with contextlib.closing(asyncio.new_event_loop()) as own:
+                own.run_until_complete(asyncio.wait_for(self._close_abandoned(), _EXIT_TIMEOUT))
+        except Exception as exc:  # at exit: report, never raise
+            log.warning("the local cache %s could not be closed at exit (%s); it opens as "
+                        "after a crash: only the last memory window's writes may be lost",
+                        self.path, exc)
 
     @property
     def closed(self) -> bool:
@@ -397,17 +422,21 @@ class LocalCache:
         for batch in (self._batch, self._inflight):
             if batch is not None and not batch.done.is_set():
                 batch.error = error  # None: this commit carried their writes
-                batch.done.set()
+                # at exit the event's loop may be closed: nobody is left to wake then
+                with contextlib.suppress(RuntimeError):
+                    batch.done.set()
+        left_open.forget(self)
         if error is not None:
             log.warning("the local cache %s could not commit its last writes as the event "
                         "loop ended (%s); those of the last memory window may be lost",
                         self.path, error)
         if never_closed:
             warnings.warn(
-                f"the local cache {self.path} was never closed: its StateStore was left open "
-                "when the event loop ended. Its writes are committed to the file, and the "
-                "next store that opens it flushes those the central DB lacks; close the store "
-                "(`await store.close()`, or `async with`)", ResourceWarning, stacklevel=1)
+                f"the local cache {self.path} was never closed (its store was left open): its "
+                "writes are committed to the file now, and the next store that opens the file "
+                "flushes those the central DB lacks; close the store (`await store.close()`, "
+                "`async with`, or `with` for a BlockingStateStore)", ResourceWarning,
+                stacklevel=1)
 
     async def _commit_batch(self, staged: dict[StateKey, Entry], events: list[EventRow],
                             dropped: list[int]) -> CacheError | None:
@@ -463,6 +492,13 @@ class LocalCache:
         if self._conn is None:
             raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
         return self._conn
+
+
+async def _end(writer: asyncio.Task[None]) -> None:
+    """Cancel `writer` (it closes its cache as the loop's end would) and wait for it."""
+    writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await writer
 
 
 def _immutable(data: str | None) -> Any:
