@@ -19,7 +19,7 @@ import os
 import weakref
 from typing import Protocol
 
-__all__ = ["LeftOpen", "forget", "track"]
+__all__ = ["LeftOpen", "track_open", "untrack"]
 
 
 class LeftOpen(Protocol):
@@ -47,7 +47,7 @@ class _Tracked:
 _tracked: _Tracked | None = None
 
 
-def track(cache: LeftOpen) -> None:
+def track_open(cache: LeftOpen) -> None:
     """Close `cache` at interpreter exit if it is still open then."""
     global _tracked
     if _tracked is None or _tracked.pid != os.getpid():
@@ -55,7 +55,7 @@ def track(cache: LeftOpen) -> None:
     _tracked.caches.add(cache)
 
 
-def forget(cache: LeftOpen) -> None:
+def untrack(cache: LeftOpen) -> None:
     """`cache` was closed: nothing left to do for it at exit."""
     if _tracked is not None:
         _tracked.caches.discard(cache)

@@ -28,7 +28,6 @@ from typing import Any, Final, Literal
 
 import aiosqlite
 
-from localstate import _left_open as left_open
 from localstate._cache_compaction import Compactor, file_bytes
 from localstate._cache_file import (
     UPSERT,
@@ -42,6 +41,7 @@ from localstate._cache_file import (
 from localstate._codec import IMMUTABLE_TYPES, decode
 from localstate._entry import NOT_DECODED, Entry, StateKey
 from localstate._file_lock import CacheFileLock
+from localstate._left_open import track_open, untrack
 from localstate._rows import EventRow
 from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 
@@ -169,7 +169,7 @@ class LocalCache:
         self._writer = asyncio.get_running_loop().create_task(
             self._write_loop(), name=f"localstate-writer:{self.path.name}"
         )
-        left_open.track(self)  # closed at interpreter exit if the program never closes it
+        track_open(self)  # closed at interpreter exit if the program never closes it
 
     async def _abort_open(self) -> None:
         if self._conn is not None:
@@ -199,7 +199,7 @@ class LocalCache:
             self._conn = None
         if not keep_lock:
             self._lock.release()
-        left_open.forget(self)
+        untrack(self)
 
     def close_at_exit(self) -> None:
         """The interpreter exits with this cache still open (`localstate._left_open`): end
@@ -425,7 +425,7 @@ class LocalCache:
                 # at exit the event's loop may be closed: nobody is left to wake then
                 with contextlib.suppress(RuntimeError):
                     batch.done.set()
-        left_open.forget(self)
+        untrack(self)
         if error is not None:
             log.warning("the local cache %s could not commit its last writes as the event "
                         "loop ended (%s); those of the last memory window may be lost",
