@@ -7,7 +7,8 @@ backend, directly (``sink = sql``) or through a real `localstate serve` (``sink 
 
 * A program whose code raises between open and close exits with status 1, for every
   combination of the cache on or off and the sink, and the write it made reaches the central
-  DB (directly, or through the next open of its cache file).
+  DB (directly, or through the next open of its cache file). The same for the other fronts:
+  `BlockingStateStore`, and `StateClient` and `AsyncStateClient` (no thread of their own).
 * A program that ends normally with its store open, whichever way its event loop ends
   (``asyncio.run``, ``loop.run_until_complete`` then ``loop.close()``, or a
   `BlockingStateStore` whose loop runs on its own thread), exits with status 0, warns with a
@@ -46,6 +47,36 @@ async def main():
     raise RuntimeError("user code failed before close()")
 
 asyncio.run(main())
+"""
+
+OTHER_FRONTS = """
+import asyncio, json, sys, time
+
+front, options = sys.argv[1], json.loads(sys.argv[2])
+
+def failed():
+    print(time.monotonic(), flush=True)
+    raise RuntimeError("user code failed before close()")
+
+if front == "blocking":
+    from localstate import BlockingStateStore
+    store = BlockingStateStore(**options)
+    store.set("o", "k", 1)
+    failed()
+elif front == "client":
+    from localstate.client import StateClient
+    client = StateClient(options["api_url"], token=options["api_token"])
+    client.set("o", "k", 1)
+    failed()
+else:
+    from localstate.client import AsyncStateClient
+
+    async def main():
+        client = AsyncStateClient(options["api_url"], token=options["api_token"])
+        await client.set("o", "k", 1)
+        failed()
+
+    asyncio.run(main())
 """
 
 #: one `local` write, then `memory` writes the 30 s window has not committed when it ends
@@ -131,6 +162,29 @@ async def test_a_program_that_raises_before_close_exits(
     assert done.returncode == 1, done.stderr[-3000:]
     assert "RuntimeError: user code failed before close()" in done.stderr
     assert await central_values(sink, cache, ["k"]) == {"k": 1}
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # no central DB of its own
+@pytest.mark.parametrize("front", ["blocking", "client", "async-client"])
+async def test_the_other_fronts_exit_when_their_code_raises_before_close(
+    central_url: str, front: str, tmp_path: Path,
+) -> None:
+    cache = tmp_path / "h.db"
+    server = ServeProcess(central_url)
+    if front == "blocking":
+        options: dict[str, Any] = {"central_url": central_url, "cache_path": str(cache),
+                                   "triggerer_id": "h"}
+    else:
+        server.start()
+        options = {"api_url": server.url, "api_token": RW_TOKEN}
+    try:
+        done, seconds = run(OTHER_FRONTS, front, json.dumps(options))
+    finally:
+        server.stop()
+    print(f"\n{front}: exit {seconds:.2f} s after the raise")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "RuntimeError: user code failed before close()" in done.stderr
+    assert await central_values({"central_url": central_url}, cache, ["k"]) == {"k": 1}
 
 
 @pytest.mark.parametrize("how", ["asyncio.run", "run_until_complete", "blocking"])
