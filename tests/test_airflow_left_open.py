@@ -13,8 +13,10 @@ The triggerer's process group gets SIGTERM. Its trigger runner ends its event lo
 stores open: the runner must exit on the first signal its supervisor sends (the supervisor's
 log says "Process exited" with SIGINT, never "did not terminate in time"), each cache file must
 hold a count at least the last one acknowledged, and the next store to open the file flushes it
-to the central DB. Before, aiosqlite's worker thread kept the runner's interpreter alive until
-the supervisor's escalation killed it.
+to the central DB. Airflow ends its runner and task processes with ``os._exit`` (after the
+``atexit`` hooks registered in them), so they never waited for aiosqlite's thread; what they
+lost was the open memory window: before the loop's end closed the caches, these files held no
+count at all after the stop.
 
 The same for async tasks (`TASK_DAG`), run by the scheduler's LocalExecutor through a real
 ``airflow api-server``: one raises before it closes its store, one returns without closing it.
