@@ -39,9 +39,15 @@ class _Tracked:
     def close_all(self) -> None:
         if self.pid != os.getpid():
             return  # a fork's copy: the parent's caches are not this process's
+        raised: Warning | None = None
         for cache in list(self.caches):
-            cache.close_at_exit()
+            try:
+                cache.close_at_exit()
+            except Warning as warning:  # an "error" filter: close the others, then raise
+                raised = raised or warning
         self.caches.clear()
+        if raised is not None:
+            raise raised
 
 
 _tracked: _Tracked | None = None

@@ -216,6 +216,8 @@ class LocalCache:
             # its loop is stopped (closed, as often): the writer will never run again
             with contextlib.closing(asyncio.new_event_loop()) as own:
                 own.run_until_complete(asyncio.wait_for(self._close_abandoned(), _EXIT_TIMEOUT))
+        except Warning:
+            raise  # the ResourceWarning, under an "error" filter: the cache is closed
         except Exception as exc:  # at exit: report, never raise
             log.warning("the local cache %s could not be closed at exit (%s); it opens as "
                         "after a crash: only the last memory window's writes may be lost",
