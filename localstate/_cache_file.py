@@ -107,10 +107,12 @@ NEARLY_FULL: Final = 64 * 1024
 async def connect(path: Path) -> aiosqlite.Connection:
     """Open `path` with aiosqlite; SQLite's refusal raises localstate's error naming it.
 
-    The connection's worker thread is a daemon: a program that never closes its store (its
-    code raised first, or it forgot) still exits. Closed, the thread ends as usual; the cache
-    commits and closes the file when its event loop ends (`LocalCache`), and a program that
-    stops its loop any other way leaves the file as a crash would, which it is made for."""
+    The connection's worker thread is a daemon (as SQLAlchemy's aiosqlite dialect makes its
+    own): a program that never closes its store (its code raised first, or it forgot) still
+    exits. Closed, the thread ends as usual. Left open, the cache commits and closes the file
+    when its event loop ends or the interpreter exits (`LocalCache`,
+    `localstate._left_open`); a process killed leaves the file as a crash would, which the
+    file is made for."""
     connection = aiosqlite.connect(path)
     thread = worker_thread(connection)
     if thread is not None:
