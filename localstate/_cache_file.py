@@ -38,6 +38,7 @@ import errno
 import logging
 import os
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,8 @@ from localstate.errors import (
 
 __all__ = [
     "APPLICATION_ID", "KEPT", "OUTBOX", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "connect",
-    "file_in_the_way", "fsync_folder", "make_folder", "prepare", "translate", "wrap_errors",
+    "file_in_the_way", "fsync_folder", "make_folder", "prepare", "translate", "worker_thread",
+    "wrap_errors",
 ]
 
 log = logging.getLogger("localstate.cache_file")
@@ -103,8 +105,18 @@ NEARLY_FULL: Final = 64 * 1024
 
 
 async def connect(path: Path) -> aiosqlite.Connection:
-    """Open `path` with aiosqlite; SQLite's refusal raises localstate's error naming it."""
+    """Open `path` with aiosqlite; SQLite's refusal raises localstate's error naming it.
+
+    The connection's worker thread is a daemon (as SQLAlchemy's aiosqlite dialect makes its
+    own): a program that never closes its store (its code raised first, or it forgot) still
+    exits. Closed, the thread ends as usual. Left open, the cache commits and closes the file
+    when its event loop ends or the interpreter exits (`LocalCache`,
+    `localstate._left_open`); a process killed leaves the file as a crash would, which the
+    file is made for."""
     connection = aiosqlite.connect(path)
+    thread = worker_thread(connection)
+    if thread is not None:
+        thread.daemon = True  # before the await below starts it
     try:
         # wrapped: a cache path SQLite cannot open (a folder, say) must raise our error
         # naming the file, not a bare sqlite3.OperationalError
@@ -114,10 +126,19 @@ async def connect(path: Path) -> aiosqlite.Connection:
         # After a failed connect aiosqlite stops its worker thread without waiting for it;
         # the thread then calls into the event loop, which may be closed by then
         # ("RuntimeError: Event loop is closed" in that thread). Wait for it here.
-        thread = getattr(connection, "_thread", None)  # aiosqlite has no public handle on it
         if thread is not None and thread.is_alive():
             await asyncio.to_thread(thread.join, 10)
         raise
+
+
+def worker_thread(connection: aiosqlite.Connection) -> threading.Thread | None:
+    """The thread an aiosqlite connection runs SQLite on (not yet started before its await),
+    or None if this aiosqlite keeps it elsewhere.
+
+    aiosqlite gives no public handle on it: from 0.22 it is the connection's ``_thread``;
+    before, the connection was the thread itself."""
+    thread = getattr(connection, "_thread", connection)  # no public handle (see above)
+    return thread if isinstance(thread, threading.Thread) else None
 
 
 async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,

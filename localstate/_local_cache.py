@@ -41,6 +41,7 @@ from localstate._cache_file import (
 from localstate._codec import IMMUTABLE_TYPES, decode
 from localstate._entry import NOT_DECODED, Entry, StateKey
 from localstate._file_lock import CacheFileLock
+from localstate._left_open import track_open, untrack
 from localstate._rows import EventRow
 from localstate.errors import CacheError, CachePathNotWritable, CacheWriteFailed
 
@@ -54,6 +55,8 @@ _OUTBOX_ADD: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?)"
 _OUTBOX_DROP: Final = "DELETE FROM outbox WHERE seq = ?"
 # Back off this long after a failed commit before retrying the staged batch (disk full, I/O).
 _RETRY_DELAY: Final = 0.1
+# At interpreter exit, the longest the last commit and close of a cache left open may take.
+_EXIT_TIMEOUT: Final = 10.0
 
 
 class _Batch:
@@ -166,6 +169,7 @@ class LocalCache:
         self._writer = asyncio.get_running_loop().create_task(
             self._write_loop(), name=f"localstate-writer:{self.path.name}"
         )
+        track_open(self)  # closed at interpreter exit if the program never closes it
 
     async def _abort_open(self) -> None:
         if self._conn is not None:
@@ -195,6 +199,29 @@ class LocalCache:
             self._conn = None
         if not keep_lock:
             self._lock.release()
+        untrack(self)
+
+    def close_at_exit(self) -> None:
+        """The interpreter exits with this cache still open (`localstate._left_open`): end
+        its writer, which commits what is staged, closes the file and warns. On its own
+        loop when that still runs on another thread, else on a loop made for it here."""
+        writer = self._writer
+        if self._closed or writer is None:
+            return
+        loop = writer.get_loop()
+        try:
+            if loop.is_running():  # on another thread: this one is exiting
+                asyncio.run_coroutine_threadsafe(_end(writer), loop).result(_EXIT_TIMEOUT)
+                return
+            # its loop is stopped (closed, as often): the writer will never run again
+            with contextlib.closing(asyncio.new_event_loop()) as own:
+                own.run_until_complete(asyncio.wait_for(self._close_abandoned(), _EXIT_TIMEOUT))
+        except Warning:
+            raise  # the ResourceWarning, under an "error" filter: the cache is closed
+        except Exception as exc:  # at exit: report, never raise
+            log.warning("the local cache %s could not be closed at exit (%s); it opens as "
+                        "after a crash: only the last memory window's writes may be lost",
+                        self.path, exc)
 
     @property
     def closed(self) -> bool:
@@ -310,6 +337,17 @@ class LocalCache:
         return len(self._staged)
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_until_stopped()
+        except asyncio.CancelledError:
+            # Nothing but the end of the event loop cancels the writer (`asyncio.run` cancels
+            # every task left when its main coroutine returns or raises): the store was never
+            # closed. Commit what is staged and close the file, so that nothing acknowledged
+            # is lost and no SQLite thread outlives the loop.
+            await self._close_abandoned()
+            raise
+
+    async def _write_until_stopped(self) -> None:
         while True:
             await self._pending.wait()
             if not self._urgent.is_set():
@@ -328,7 +366,13 @@ class LocalCache:
             self._inflight = batch
             started = time.monotonic()
             busy = bool(staged or events or dropped)
-            error = await self._commit_batch(staged, events, dropped) if busy else None
+            try:
+                error = await self._commit_batch(staged, events, dropped) if busy else None
+            except asyncio.CancelledError:
+                # the loop ends mid-commit: `_close_abandoned` commits the batch again (it
+                # holds its waiters' writes whether or not this commit went through)
+                self._restage(staged, events, dropped)
+                raise
             self._inflight = None
             if busy and error is None:
                 ended = time.monotonic()
@@ -337,16 +381,64 @@ class LocalCache:
             batch.done.set()
             if error is not None:
                 # keep what failed, under anything staged since, and try again shortly
-                for key, entry in staged.items():
-                    self._staged.setdefault(key, entry)
-                self._staged_events[:0] = events
-                self._dropped_events[:0] = dropped
+                self._restage(staged, events, dropped)
                 self._pending.set()
                 if not self._stopping:
                     await asyncio.sleep(_RETRY_DELAY)
             if self._stopping and (not (self._staged or self._staged_events
                                         or self._dropped_events) or error is not None):
                 return
+
+    def _restage(self, staged: dict[StateKey, Entry], events: list[EventRow],
+                 dropped: list[int]) -> None:
+        """Put a batch taken for a commit that did not happen back, under anything staged
+        since (a later write of a key wins)."""
+        for key, entry in staged.items():
+            self._staged.setdefault(key, entry)
+        self._staged_events[:0] = events
+        self._dropped_events[:0] = dropped
+
+    async def _close_abandoned(self) -> None:
+        """The event loop ends with this cache open: commit what is staged, close the file
+        and release its lock, then say so (a `ResourceWarning`, unless `close` had begun).
+
+        The writes the central DB lacks stay dirty in the file, for the next open to flush.
+        A commit that fails here leaves what it carried to the memory window's promise (as
+        after a crash); the file itself is consistent either way."""
+        never_closed = not self._closed
+        self._closed = self._stopping = True
+        error: BaseException | None = None
+        try:
+            if self._conn is not None:
+                staged, self._staged = self._staged, {}
+                events, self._staged_events = self._staged_events, []
+                dropped, self._dropped_events = self._dropped_events, []
+                if staged or events or dropped:
+                    error = await self._commit_batch(staged, events, dropped)
+                await self._conn.close()
+        except Exception as exc:  # the loop is ending: report it, never raise
+            error = exc
+        finally:
+            self._conn = None
+            self._lock.release()
+        for batch in (self._batch, self._inflight):
+            if batch is not None and not batch.done.is_set():
+                batch.error = error  # None: this commit carried their writes
+                # at exit the event's loop may be closed: nobody is left to wake then
+                with contextlib.suppress(RuntimeError):
+                    batch.done.set()
+        untrack(self)
+        if error is not None:
+            log.warning("the local cache %s could not commit its last writes as the event "
+                        "loop ended (%s); those of the last memory window may be lost",
+                        self.path, error)
+        if never_closed:
+            warnings.warn(
+                f"the local cache {self.path} was never closed (its store was left open): its "
+                "writes are committed to the file now, and the next store that opens the file "
+                "flushes those the central DB lacks; close the store (`await store.close()`, "
+                "`async with`, or `with` for a BlockingStateStore)", ResourceWarning,
+                stacklevel=1)
 
     async def _commit_batch(self, staged: dict[StateKey, Entry], events: list[EventRow],
                             dropped: list[int]) -> CacheError | None:
@@ -402,6 +494,13 @@ class LocalCache:
         if self._conn is None:
             raise CacheError(f"the local cache {self.path} is not open", path=str(self.path))
         return self._conn
+
+
+async def _end(writer: asyncio.Task[None]) -> None:
+    """Cancel `writer` (it closes its cache as the loop's end would) and wait for it."""
+    writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await writer
 
 
 def _immutable(data: str | None) -> Any:

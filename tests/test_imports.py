@@ -162,6 +162,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "localstate._absent_keys", "localstate._owner_index", "localstate._eviction",
         "localstate._entry_table", "localstate._cache_file", "localstate._cache_compaction",
         "localstate._local_cache", "localstate._outbox", "localstate._mode_gate",
+        "localstate._left_open",
     }),
     ("central", {
         "localstate._sync", "localstate._sync.schema", "localstate._sync.fleet",

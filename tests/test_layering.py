@@ -45,7 +45,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("localstate.airflow.trigger", "inner._by_uri"):
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
     ("localstate._cache_file", 'getattr(connection, "_thread")'):
-        "aiosqlite gives no public handle on the worker thread a failed connect leaves running",
+        "aiosqlite gives no public handle on its worker thread: made a daemon before it starts "
+        "(an unclosed store must not keep the interpreter alive), joined after a failed connect",
 }
 
 

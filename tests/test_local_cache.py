@@ -15,6 +15,7 @@ import gc
 import os
 import random
 import sqlite3
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
 from localstate._codec import encode
 from localstate._entry import NOT_DECODED, Entry, StateKey
 from localstate._local_cache import LocalCache
+from localstate._rows import EventRow
 from localstate.errors import (
     CacheError,
     CacheLocked,
@@ -153,6 +155,123 @@ async def test_normal_use_emits_no_resource_warning(tmp_path: Path) -> None:
         gc.collect()
     resource = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert resource == []
+
+
+# -- left open: the event loop ends, or the interpreter exits, with the cache open ----------
+
+
+def _never_closed(path: Path) -> str:
+    return f"the local cache {path} was never closed"
+
+
+def _reopens(path: Path) -> bool:
+    """Whether another cache opens `path` (its lock was released) and then closes it."""
+    async def reopen() -> None:
+        await (await open_cache(path)).close()
+
+    asyncio.run(reopen())
+    return True
+
+
+def test_an_event_loop_ending_with_the_cache_open_commits_and_closes_it(tmp_path: Path) -> None:
+    """``asyncio.run`` cancels the writer: it commits what is staged (the memory window's
+    writes), closes the file, releases its lock, and warns naming the file."""
+    path = tmp_path / "cache.db"
+
+    async def leave_open() -> LocalCache:
+        cache = await open_cache(path, memory_window=30.0)
+        await cache.commit(("o", "local"), make_entry(1, 1))
+        cache.stage(("o", "memory"), make_entry(2, 1))  # due in 30 s: not yet committed
+        cache.stage_event(EventRow(1, "o", "e1", '{"n":1}', 1.0))
+        return cache
+
+    with pytest.warns(ResourceWarning, match=_never_closed(path)):
+        cache = asyncio.run(leave_open())
+    assert cache.closed
+    assert set(read_rows(path)) == {("o", "local"), ("o", "memory")}
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT key FROM outbox").fetchall() == [("e1",)]
+    assert _reopens(path)
+
+
+def test_a_loop_ending_mid_commit_commits_that_batch_again(tmp_path: Path) -> None:
+    """The writer is cancelled while its commit waits for the file's write lock: that commit
+    rolls back, and the batch it carried is committed by the close that follows."""
+    path = tmp_path / "cache.db"
+    asyncio.run(closed_cache_with_rows(path, 0))
+    entries = {("o", f"k{i}"): make_entry(i, 1) for i in range(500)}
+
+    async def cancelled_mid_commit() -> LocalCache:
+        cache = await open_cache(path)
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the write lock: the cache's commit waits for it
+        cache.stage_many(entries)
+        waiter = asyncio.ensure_future(cache.sync_now())
+        await asyncio.sleep(0.5)  # the commit is in flight, waiting for the lock
+        assert not waiter.done()
+        assert cache.commits == 0
+        # released while asyncio.run cancels the writer: the waiting commit goes on, then
+        # rolls back
+        asyncio.get_running_loop().call_later(0.2, blocker.close)
+        return cache
+
+    with pytest.warns(ResourceWarning, match=_never_closed(path)):
+        cache = asyncio.run(cancelled_mid_commit())
+    assert cache.commits == 1  # the abandoned close's commit, not the cancelled one
+    assert set(read_rows(path)) == set(entries)
+    assert _reopens(path)
+
+
+def test_a_cache_whose_loop_was_closed_is_committed_and_closed_at_exit(tmp_path: Path) -> None:
+    """A loop only stopped and closed (``run_until_complete``, as Airflow's async tasks run)
+    cancels nothing: the exit hook closes the cache on a loop of its own."""
+    path = tmp_path / "cache.db"
+
+    async def leave_open() -> LocalCache:
+        cache = await open_cache(path, memory_window=30.0)
+        cache.stage(("o", "memory"), make_entry(2, 1))
+        return cache
+
+    loop = asyncio.new_event_loop()
+    try:
+        cache = loop.run_until_complete(leave_open())
+    finally:
+        loop.close()
+    assert not cache.closed
+    assert read_rows(path) == {}
+    with pytest.warns(ResourceWarning, match=_never_closed(path)):
+        cache.close_at_exit()
+    assert cache.closed
+    assert set(read_rows(path)) == {("o", "memory")}
+    assert _reopens(path)
+    cache.close_at_exit()  # closed: nothing more to do
+    # the tasks the closed loop left pending (the writer, its wait for the memory window)
+    # never run again: close their coroutines, as the interpreter's exit would drop them
+    for task in asyncio.all_tasks(loop):
+        task.get_coro().close()
+
+
+def test_a_cache_whose_loop_runs_on_another_thread_is_closed_there_at_exit(
+    tmp_path: Path,
+) -> None:
+    """A loop still running on its own thread (a BlockingStateStore's) ends the writer there."""
+    path = tmp_path / "cache.db"
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        cache = asyncio.run_coroutine_threadsafe(
+            open_cache(path, memory_window=30.0), loop).result(30)
+        loop.call_soon_threadsafe(cache.stage, ("o", "memory"), make_entry(2, 1))
+        with pytest.warns(ResourceWarning, match=_never_closed(path)):
+            cache.close_at_exit()
+        assert cache.closed
+        assert set(read_rows(path)) == {("o", "memory")}
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+    assert _reopens(path)
 
 
 async def test_unclosed_cache_would_warn(tmp_path: Path) -> None:
@@ -350,6 +469,9 @@ async def test_staged_write_reaches_disk_without_anyone_waiting(tmp_path: Path) 
                 break
             await asyncio.sleep(0.01)
         assert rows == {("o", "k"): ("1", 1, 0)}
+        # the file shows a commit as soon as SQLite's thread made it, before the writer task
+        # has resumed to count it: wait for the commit in flight to finish
+        await cache.sync_now()
         assert cache.commits == 1
         assert cache.staged_count == 0
     finally:

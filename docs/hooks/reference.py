@@ -521,6 +521,7 @@ def benchmarks_page(docs_dir: Path) -> str:
               "(guides/fleet.md).", ""]
     lines += _events_section(docs_dir)
     lines += _api_body_section(docs_dir)
+    lines += _exit_section(docs_dir)
     return "\n".join(lines)
 
 
@@ -559,6 +560,33 @@ def _api_body_section(docs_dir: Path) -> list[str]:
               "within the limit is decoded in slices in a worker thread; the pauses left "
               "while it is written are the central write's own work on the event loop and "
               "the collector's full passes over the objects it makes.", ""]
+    return lines
+
+
+def _exit_section(docs_dir: Path) -> list[str]:
+    """A program's exit with its store closed or left open."""
+    path = docs_dir / "bench-exit.json"
+    data = json.loads(path.read_text())
+    labels = {"closed": "closed with `await store.close()` (baseline)",
+              "raised": "raised before `close()` (`asyncio.run`)",
+              "left open": "returned with the store open (`asyncio.run`)",
+              "run_until_complete": "returned with the store open, loop only closed "
+                                    "(`run_until_complete`)",
+              "blocking": "a `BlockingStateStore` never closed"}
+    lines = ["## A program's exit, with its store closed or left open", "",
+             f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; embedded SQLite; "
+             f"`python benches/bench_exit.py --rounds {data['rounds']} --json "
+             f"docs/bench-exit.json`. Each case is a fresh program that makes {data['writes']} "
+             "writes (all but one in `memory` durability, their window still open) and ends; "
+             "the figure is the time from its last statement to its exit, the median of "
+             f"{data['rounds']} rounds. After every exit the cache file held all the writes.*",
+             "", "| the program's store | exit after its last statement | × closed | "
+             "programs that hung |", "|---|---|---|---|"]
+    for r in data["results"]:
+        lines.append(f"| {labels.get(r['case'], r['case'])} | {r['median_s']:.2f} s "
+                     f"({r['min_s']:.2f}–{r['max_s']:.2f}) | {r['x_closed']:.2f}× | "
+                     f"{r['hung']} of {data['rounds']} |")
+    lines.append("")
     return lines
 
 

@@ -17,9 +17,9 @@ on to Airflow only when the drain is over:
    until the trigger is cancelled (`gate`);
 2. the store flushes, again while its flush leaves keys dirty (the ``airflow`` sink's flush is
    bounded), for up to `DRAIN_SECONDS`, under the supervisor's first escalation delay;
-3. the store closes. Left open, its SQLite connection's thread (aiosqlite's, not a daemon)
-   kept the runner's interpreter from exiting after ``asyncio.run`` returned, until the
-   supervisor's SIGTERM 10 s later broke the wait: the slow stops of issue #20;
+3. the store closes. Left open, it would only commit its writes to the cache file when the
+   runner's ``asyncio.run`` ends (`localstate._local_cache`), leaving the flush to the next
+   open of that file;
 4. Airflow's handler runs: the runner stops as it would have.
 
 Every write acknowledged before step 1 is in the central store when the runner exits, unless
