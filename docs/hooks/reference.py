@@ -459,6 +459,33 @@ def benchmarks_page(docs_dir: Path) -> str:
         lines.append(f"| {r['sets_per_s']:,.0f} | {r['central_txns_per_s']:.2f} | "
                      f"{r['rows_per_txn']:,.0f} |")
     lines.append("")
+    pooler = json.loads((docs_dir / "bench-pooler.json").read_text())
+    lines += ["## Behind a connection pooler", "",
+              f"*`docs/bench-pooler.json`, {_dated(docs_dir / 'bench-pooler.json')}; "
+              f"{_machine(pooler)}; PostgreSQL and {pooler.get('pgbouncer', 'PgBouncer')} "
+              "(transaction mode, the official Airflow Helm chart's settings) on loopback; "
+              f"`python benches/bench_pooler.py --rounds {pooler['rounds']}`. One store per "
+              "row, each round flushes every store once (the rows in turn, a different one "
+              "first each round); the ratio is the median over the rounds of each flush "
+              "against the same round's first-row flush.*", "",
+              "The central connection shares nothing a pooler in transaction mode could lose: "
+              "the transaction bound is set by each transaction for itself, and statements are "
+              "prepared unnamed inside their transaction. The first row is the connection as "
+              "it was before (the bound in the session, prepared statements cached by name), "
+              "which PgBouncer before 1.21 cannot carry. The run shared its two cores with other "
+              "work, so single flushes vary by a factor of three: read the median ratio.", "",
+              f"| flush of {pooler['keys']:,} dirty keys | median | fastest | × before |",
+              "|---|---|---|---|"]
+    labels = {"session": "before: bound in the session, named statements cached",
+              "per-transaction bounds, cached statements":
+                  "bound per transaction, named statements cached",
+              "pooler-safe direct": "now, straight to PostgreSQL",
+              "pooler-safe via PgBouncer": "now, through PgBouncer"}
+    for key, label in labels.items():
+        r = pooler[key]
+        lines.append(f"| {label} | {r['median_s'] * 1000:,.0f} ms | {r['min_s'] * 1000:,.0f} "
+                     f"ms | {r['x_session']:.2f}× |")
+    lines.append("")
     fleet = json.loads((docs_dir / "bench-fleet.json").read_text())
     lines += ["## The fleet and the write budget", "",
               f"*`docs/bench-fleet.json`, {_dated(docs_dir / 'bench-fleet.json')}; "
