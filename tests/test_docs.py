@@ -240,12 +240,25 @@ def test_the_readme_trigger_is_taken_from_the_tested_example() -> None:
 
 # -- every code block ----------------------------------------------------------------------
 
-LANGS = {"python", "ini", "sh", "json", "text"}
+LANGS = {"python", "ini", "sh", "json", "text", "yaml"}
 
 
 def test_every_code_block_has_a_checked_language() -> None:
     for page, lang, _ in _blocks(*USER_PAGES, README):
         assert lang in LANGS, f"{page.relative_to(ROOT)}: a ```{lang} block: nothing checks it"
+
+
+def test_yaml_blocks_parse() -> None:
+    """Each YAML block is valid YAML (what each says is checked where it is used: the
+    statsd_exporter mapping by the metrics tests, Kubernetes values by the deployment's)."""
+    import yaml
+
+    checked = 0
+    for page, lang, body in _blocks(*USER_PAGES):
+        if lang == "yaml":
+            assert yaml.safe_load(body) is not None, page.relative_to(ROOT)
+            checked += 1
+    assert checked >= 1
 
 
 def _snippet_paths(body: str) -> list[str]:

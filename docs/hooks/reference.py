@@ -315,7 +315,11 @@ def metrics_page() -> str:
              "Generated from `localstate/_metrics.py`. Each name is prefixed with "
              "`statsd_prefix` (default `localstate`). Off by default: set `statsd_host` for "
              "StatsD over UDP, or `otel = true` for OpenTelemetry instruments (the `otel` "
-             "extra; each carries the attribute `triggerer_id`). A report is sampled from "
+             "extra; each carries the attribute `triggerer_id`). Over StatsD, each metric of "
+             "a store ends with its triggerer (`localstate.flush_lag.<triggerer_id>`, every "
+             "character but `A-Z a-z 0-9 _ -` made `_`), or, with `statsd_tags = true`, "
+             "carries the DogStatsD tag `triggerer_id:<triggerer_id>`; the prune counters "
+             "name no triggerer. A report is sampled from "
              "`StateStore.stats()` every `metrics_interval` seconds: nothing is sent per "
              "`set`.", "",
              "| metric | kind | from `stats()` | meaning |", "|---|---|---|---|"]
