@@ -339,6 +339,28 @@ def _commands(*pages: Path) -> Iterator[tuple[Path, list[str]]]:
                 yield page, shlex.split(part, comments=True)
 
 
+def _check_deployment_command(argv: list[str], where: str) -> None:
+    """The Kubernetes page's commands: the files each names exist, and the image built and
+    pushed is the one the values file runs (what the values say is checked by
+    tests/test_kubernetes.py)."""
+    import yaml
+
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-f"]
+    assert files, where
+    assert all((ROOT / f).is_file() for f in files), where
+    values = yaml.safe_load((ROOT / "deploy/kubernetes/values.yaml").read_text())
+    image = f"{values['images']['airflow']['repository']}:{values['images']['airflow']['tag']}"
+    if argv[0] == "docker":
+        assert argv[1:2] == ["build"], where
+        assert argv[-1] == ".", where
+        assert argv[argv.index("-t") + 1] == image, where
+    elif argv[0] == "kubectl":
+        assert argv[1:2] == ["apply"], where
+    else:
+        assert argv[1:3] == ["upgrade", "--install"], where
+        assert argv[4] == "apache-airflow/airflow", where
+
+
 def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
     """Each command line of a ```sh block is run (``python -c``) or parsed by the program that
     will read it; a command no rule knows fails the test."""
@@ -379,6 +401,8 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
             url = argv[-1]
             path = re.sub(r"^https?://[^/]+(/localstate)?", "", url)
             assert path in routes, where
+        elif program in ("docker", "kubectl", "helm"):
+            _check_deployment_command(argv, where)
         elif program in ("python3", "./scripts/test", ".venv/bin/pip", ".venv/bin/localstate"):
             # the README's quick start, run by tests/test_cli_bench.py and by CI as written
             assert page == README, where

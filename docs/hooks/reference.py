@@ -490,6 +490,20 @@ def benchmarks_page(docs_dir: Path) -> str:
         lines.append(f"| {label} | {r['median_s'] * 1000:,.0f} ms | {r['min_s'] * 1000:,.0f} "
                      f"ms | {r['x_session']:.2f}× |")
     lines.append("")
+    sizing = json.loads((docs_dir / "bench-sizing.json").read_text())
+    lines += ["## What a triggerer's state costs", "",
+              f"*`docs/bench-sizing.json`, {_dated(docs_dir / 'bench-sizing.json')}; "
+              f"{_machine(sizing)}; `python benches/bench_sizing.py --sizes "
+              f"{','.join(str(r['keys']) for r in sizing['rows'])}`. One store, one watermark "
+              "(a small JSON object) per owner, flushed; resident memory above the same "
+              "store holding one key, measured in the same run.*", "",
+              "| keys | resident memory | per 1,000 keys | cache file and WAL |",
+              "|---|---|---|---|"]
+    for r in sizing["rows"]:
+        lines.append(f"| {r['keys']:,} | {r['rss_bytes'] / 2**20:,.1f} MiB | "
+                     f"{r['rss_bytes'] / r['keys'] * 1000 / 2**20:.2f} MiB | "
+                     f"{r['cache_file_bytes'] / 2**20:,.1f} MiB |")
+    lines.append("")
     fleet = json.loads((docs_dir / "bench-fleet.json").read_text())
     lines += ["## The fleet and the write budget", "",
               f"*`docs/bench-fleet.json`, {_dated(docs_dir / 'bench-fleet.json')}; "
