@@ -43,6 +43,11 @@ _DRIVERS: Final = {
 }
 SUPPORTED_DIALECTS: Final = tuple(_DRIVERS)
 
+#: the asyncpg connection's and SQLAlchemy's prepared statement caches: off (unnamed
+#: statements, what any pooler can carry) unless the central URL's query sets them, e.g.
+#: ``?prepared_statement_cache_size=100&statement_cache_size=100``
+_STATEMENT_CACHES: Final = ("statement_cache_size", "prepared_statement_cache_size")
+
 #: the execution option that marks a connection as reading only (see `read_connection`)
 _READ_ONLY: Final = "localstate_read_only"
 
@@ -128,15 +133,30 @@ def make_engine(url: str, *,
     # ones), no session setting, no named prepared statement kept across transactions (under
     # transaction pooling the next transaction may run on another server connection). The
     # statements are prepared unnamed, inside their transaction, and the bounds are set per
-    # transaction (`_bound_postgres_transactions`). pre_ping: a server restarted under us
-    # costs one failed ping, not a failed flush.
+    # transaction (`_bound_postgres_transactions`). An unnamed statement costs one round trip
+    # more than a cached one: where no pooler is in between (or one that tracks named
+    # statements, PgBouncer >= 1.21 with max_prepared_statements), the URL may turn the caches
+    # back on (`_STATEMENT_CACHES`). pre_ping: a server restarted under us costs one failed
+    # ping, not a failed flush.
+    caches = {name: _cache_size(parsed, name) for name in _STATEMENT_CACHES}
     engine = create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                 pool_timeout=pool_timeout,
-                                 connect_args={"statement_cache_size": 0,
-                                               "prepared_statement_cache_size": 0})
+                                 pool_timeout=pool_timeout, connect_args=caches)
     if transaction_timeout is not None:
         _bound_postgres_transactions(engine, max(1, round(transaction_timeout * 1000)))
     return engine
+
+
+def _cache_size(url: URL, name: str) -> int:
+    """The statement cache size `name` the central URL's query sets (0: none set)."""
+    raw = url.query.get(name, "0")
+    try:
+        size = int(raw if isinstance(raw, str) else raw[-1])
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ConfigError(f"central_url: {name}={raw!r} is not a number of statements; use "
+                          f"{name}=0 (the default, for any pooler) or e.g. {name}=100")
+    return size
 
 
 def _postgres_bounds_sql(ms: int) -> str:

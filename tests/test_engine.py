@@ -83,3 +83,22 @@ async def test_postgres_bounds_are_set_in_each_transaction_and_left_out_of_the_s
             assert await raw.fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
     finally:
         await engine.dispose()
+
+
+async def test_the_central_url_can_turn_the_statement_caches_back_on(
+    pg_server: PostgresServer,
+) -> None:
+    """Where no pooler is in between, ``?statement_cache_size=100&prepared_statement_cache_size
+    =100`` keeps statements prepared by name on the connection (one round trip less each)."""
+    engine = make_engine(f"{pg_server.url}?statement_cache_size=100"
+                         "&prepared_statement_cache_size=100")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT 1"))
+            named = (await conn.execute(text(
+                "SELECT count(*) FROM pg_prepared_statements"))).scalar_one()
+        assert named >= 1
+    finally:
+        await engine.dispose()
+    with pytest.raises(ConfigError, match="statement_cache_size='lots'"):
+        make_engine(f"{pg_server.url}?statement_cache_size=lots")
