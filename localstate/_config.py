@@ -125,6 +125,7 @@ class Settings:
     statsd_host: str | None = DEFAULTS["statsd_host"]
     statsd_port: int = DEFAULTS["statsd_port"]
     statsd_prefix: str = DEFAULTS["statsd_prefix"]
+    statsd_tags: bool = DEFAULTS["statsd_tags"]
     otel: bool = DEFAULTS["otel"]
     metrics_interval: float = DEFAULTS["metrics_interval"]
     asset_mirror: str = DEFAULTS["asset_mirror"]

@@ -33,9 +33,18 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
     <prefix>.prune.tombstones counter tombstones it deleted
 
-OpenTelemetry measurements carry the attribute ``triggerer_id``; StatsD lines carry no tags
-(as Airflow's own StatsD metrics). A StatsD server that is down costs nothing but a log line:
-UDP sends never wait.
+Every StatsD line of a store carries its triggerer, so that a fleet's gauges stay apart at the
+StatsD server (one name per triggerer; under one name each gauge would be whichever triggerer
+reported last). As Airflow names its per-host metrics (``triggers.running.<hostname>``), the
+triggerer is the last segment of the name: ``<prefix>.flush_lag.<triggerer>``, its characters
+other than ``A-Z a-z 0-9 _ -`` made ``_`` so that it is one segment (`statsd_segment`). With
+``statsd_tags`` on, the name stays ``<prefix>.flush_lag`` and the triggerer goes in a
+DogStatsD tag instead: ``<prefix>.flush_lag:3|g|#triggerer_id:<triggerer>``. Counters are
+per triggerer too; a fleet's total is their sum (Graphite: ``sumSeries(<prefix>.set.*)``;
+Prometheus: ``sum(rate(...))`` over the ``triggerer_id`` label a mapping gives). What
+``localstate db prune`` sends belongs to no triggerer and keeps its plain name.
+OpenTelemetry measurements carry the attribute ``triggerer_id``. A StatsD server that is
+down costs nothing but a log line: UDP sends never wait.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -66,7 +76,7 @@ class MeasuredStore(Protocol):
     def stats(self) -> StoreStats: ...
 
 __all__ = ["COUNTERS", "GAUGES", "PRUNE_COUNTERS", "MetricsReporter", "StatsdClient",
-           "report_prune", "start_reporter"]
+           "report_prune", "start_reporter", "statsd_segment"]
 
 log = logging.getLogger("localstate.metrics")
 
@@ -125,24 +135,42 @@ class _StatsdProtocol(asyncio.DatagramProtocol):
         self._on_error(exc)
 
 
-class StatsdClient:
-    """Sends StatsD lines over UDP, many lines per packet."""
+def statsd_segment(triggerer_id: str) -> str:
+    """`triggerer_id` as one segment of a StatsD name or one DogStatsD tag value: every
+    character but ``A-Z a-z 0-9 _ -`` becomes ``_`` (a ``.`` would split it across segments,
+    ``:`` ``|`` ``#`` ``,`` break the line's syntax)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", triggerer_id)
 
-    def __init__(self, host: str, port: int, prefix: str) -> None:
+
+class StatsdClient:
+    """Sends StatsD lines over UDP, many lines per packet.
+
+    `triggerer_id`: the triggerer every line names (see the module's docstring), in the name
+    or, with `tags`, in a DogStatsD tag; None: plain names (what belongs to no triggerer).
+    """
+
+    def __init__(self, host: str, port: int, prefix: str, *, triggerer_id: str | None = None,
+                 tags: bool = False) -> None:
         self.host = host
         self.port = port
         self.prefix = prefix
+        segment = None if triggerer_id is None else statsd_segment(triggerer_id)
+        #: what follows each metric name, and what follows each line's type
+        self._suffix = f".{segment}" if segment is not None and not tags else ""
+        self._tags = f"|#triggerer_id:{segment}" if segment is not None and tags else ""
         self.packets_sent = 0
         self.errors = 0
         self._transport: asyncio.DatagramTransport | None = None
         self._warned = False
 
     def lines(self, sample: Sample) -> list[str]:
-        p = self.prefix
-        out = [f"{p}.{name}:{value}|c" for name, value in sample.counters.items() if value]
+        p, end, tags = self.prefix, self._suffix, self._tags
+        out = [f"{p}.{name}{end}:{value}|c{tags}"
+               for name, value in sample.counters.items() if value]
         if sample.flush_duration_s is not None:
-            out.append(f"{p}.{TIMER}:{sample.flush_duration_s * 1000:.3f}|ms")
-        out.extend(f"{p}.{name}:{_number(value)}|g" for name, value in sample.gauges.items())
+            out.append(f"{p}.{TIMER}{end}:{sample.flush_duration_s * 1000:.3f}|ms{tags}")
+        out.extend(f"{p}.{name}{end}:{_number(value)}|g{tags}"
+                   for name, value in sample.gauges.items())
         return out
 
     async def send(self, lines: Iterable[str]) -> None:
@@ -354,7 +382,8 @@ def _last_flush_duration(store: MeasuredStore) -> float | None:
 def start_reporter(store: MeasuredStore) -> MetricsReporter | None:
     """Start reporting `store`'s metrics as its settings say; None when metrics are off."""
     s = store.settings
-    statsd = (StatsdClient(s.statsd_host, s.statsd_port, s.statsd_prefix)
+    statsd = (StatsdClient(s.statsd_host, s.statsd_port, s.statsd_prefix,
+                           triggerer_id=store.triggerer_id, tags=s.statsd_tags)
               if s.statsd_host is not None else None)
     otel = _otel_instruments(s.statsd_prefix) if s.otel else None
     if statsd is None and otel is None:

@@ -439,6 +439,9 @@ SPECS: Final[dict[str, Spec]] = {
                          "none: StatsD off"),
     "statsd_port": Spec(_port, 8125, "StatsD port"),
     "statsd_prefix": Spec(_metric_prefix, "localstate", "prefix of every metric name"),
+    "statsd_tags": Spec(_bool, False, "name the triggerer in a DogStatsD tag "
+                        "(|#triggerer_id:<id>) instead of as the last segment of each StatsD "
+                        "metric name"),
     "otel": Spec(_bool, False, "report the same metrics as OpenTelemetry instruments (needs "
                   "opentelemetry-api)"),
     "metrics_interval": Spec(_positive_float, 10.0, "seconds between two metric reports "

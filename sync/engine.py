@@ -43,6 +43,11 @@ _DRIVERS: Final = {
 }
 SUPPORTED_DIALECTS: Final = tuple(_DRIVERS)
 
+#: the asyncpg connection's and SQLAlchemy's prepared statement caches: off (unnamed
+#: statements, what any pooler can carry) unless the central URL's query sets them, e.g.
+#: ``?prepared_statement_cache_size=100&statement_cache_size=100``
+_STATEMENT_CACHES: Final = ("statement_cache_size", "prepared_statement_cache_size")
+
 #: the execution option that marks a connection as reading only (see `read_connection`)
 _READ_ONLY: Final = "localstate_read_only"
 
@@ -107,7 +112,7 @@ def make_engine(url: str, *,
                 transaction_timeout: float | None = DEFAULT_TRANSACTION_TIMEOUT) -> AsyncEngine:
     """An async engine for the central DB, set up for this workload.
 
-    `transaction_timeout` (seconds; None: no bound) is enforced by the server, per session:
+    `transaction_timeout` (seconds; None: no bound) is enforced by the server, per transaction:
     a lock waited for longer fails (a retryable `CentralUnavailable`), and a transaction left
     open and idle longer is ended by the server, its locks released. The process that left it
     learns so at its next statement (its connection is gone: retried, under the claim fence).
@@ -124,22 +129,62 @@ def make_engine(url: str, *,
     pool_timeout = 60.0 if transaction_timeout is None else transaction_timeout
     if parsed.get_backend_name() == "mysql":
         return _mysql_engine(full, transaction_timeout, pool_timeout)
-    server_settings = {}
+    # Nothing a connection pooler can lose: no startup parameter (PgBouncer refuses unknown
+    # ones), no session setting, no named prepared statement kept across transactions (under
+    # transaction pooling the next transaction may run on another server connection). The
+    # statements are prepared unnamed, inside their transaction, and the bounds are set per
+    # transaction (`_bound_postgres_transactions`). An unnamed statement costs one round trip
+    # more than a cached one: where no pooler is in between (or one that tracks named
+    # statements, PgBouncer >= 1.21 with max_prepared_statements), the URL may turn the caches
+    # back on (`_STATEMENT_CACHES`). pre_ping: a server restarted under us costs one failed
+    # ping, not a failed flush.
+    caches = {name: _cache_size(parsed, name) for name in _STATEMENT_CACHES}
+    engine = create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                                 pool_timeout=pool_timeout, connect_args=caches)
     if transaction_timeout is not None:
-        ms = str(max(1, round(transaction_timeout * 1000)))
-        server_settings = {
-            # the frozen writer's side: an open transaction idle this long is ended
-            "idle_in_transaction_session_timeout": ms,
-            # the waiter's side: a row lock not had within this long fails (55P03)
-            "lock_timeout": ms,
-            # a statement still running after three bounds is cancelled (57014): no flush
-            # statement comes near it (one statement writes at most max_batch rows)
-            "statement_timeout": str(3 * int(ms)),
-        }
-    # pre_ping: a server restarted under us costs one failed ping, not a failed flush.
-    return create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                               pool_timeout=pool_timeout,
-                               connect_args={"server_settings": server_settings})
+        _bound_postgres_transactions(engine, max(1, round(transaction_timeout * 1000)))
+    return engine
+
+
+def _cache_size(url: URL, name: str) -> int:
+    """The statement cache size `name` the central URL's query sets (0: none set)."""
+    raw = url.query.get(name, "0")
+    try:
+        size = int(raw if isinstance(raw, str) else raw[-1])
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ConfigError(f"central_url: {name}={raw!r} is not a number of statements; use "
+                          f"{name}=0 (the default, for any pooler) or e.g. {name}=100")
+    return size
+
+
+def _postgres_bounds_sql(ms: int) -> str:
+    """The statement that sets the transaction bound for the current transaction only
+    (``set_config(..., true)`` is ``SET LOCAL``; one statement, so one round trip)."""
+    bounds = {
+        # the frozen writer's side: a transaction left open and idle this long is ended
+        "idle_in_transaction_session_timeout": ms,
+        # the waiter's side: a row lock not had within this long fails (55P03)
+        "lock_timeout": ms,
+        # a statement still running after three bounds is cancelled (57014): no flush
+        # statement comes near it (one statement writes at most max_batch rows)
+        "statement_timeout": 3 * ms,
+    }
+    return "SELECT " + ", ".join(f"set_config('{name}', '{value}', true)"
+                                 for name, value in bounds.items())
+
+
+def _bound_postgres_transactions(engine: AsyncEngine, ms: int) -> None:
+    """Set the transaction bound (`make_engine`) at the start of every transaction, for that
+    transaction: it holds on a direct connection and behind a pooler in transaction mode
+    alike, where a session setting would stay on whichever server connection it was sent to.
+    """
+    statement = _postgres_bounds_sql(ms)
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(statement)
 
 
 def _mysql_engine(full: str, transaction_timeout: float | None,

@@ -81,6 +81,7 @@ LONGEST_FIRST = [
 #: Every other test is handed out on its own, to whichever worker is free.
 ONE_WORKER_MODULES = frozenset({
     "tests/faults/test_central_hang.py",
+    "tests/faults/test_pgbouncer.py",
     "tests/faults/test_power_loss.py",
     "tests/faults/test_restart_while_down.py",
     "tests/test_airflow_api_e2e.py",

@@ -232,6 +232,7 @@ BAD_VALUES = [
     ("statsd_prefix", "bad prefix!", "letters, digits"),
     ("statsd_prefix", "..", "letters, digits"),
     ("otel", "yes please", "true or false"),
+    ("statsd_tags", "dogstatsd", "true or false"),
     ("metrics_interval", "0", "greater than 0"),
     ("watch_config", "sometimes", "true or false"),
     ("api_open", "perhaps", "true or false"),

@@ -240,12 +240,25 @@ def test_the_readme_trigger_is_taken_from_the_tested_example() -> None:
 
 # -- every code block ----------------------------------------------------------------------
 
-LANGS = {"python", "ini", "sh", "json", "text"}
+LANGS = {"python", "ini", "sh", "json", "text", "yaml"}
 
 
 def test_every_code_block_has_a_checked_language() -> None:
     for page, lang, _ in _blocks(*USER_PAGES, README):
         assert lang in LANGS, f"{page.relative_to(ROOT)}: a ```{lang} block: nothing checks it"
+
+
+def test_yaml_blocks_parse() -> None:
+    """Each YAML block is valid YAML (what each says is checked where it is used: the
+    statsd_exporter mapping by the metrics tests, Kubernetes values by the deployment's)."""
+    import yaml
+
+    checked = 0
+    for page, lang, body in _blocks(*USER_PAGES):
+        if lang == "yaml":
+            assert yaml.safe_load(body) is not None, page.relative_to(ROOT)
+            checked += 1
+    assert checked >= 1
 
 
 def _snippet_paths(body: str) -> list[str]:
@@ -326,6 +339,28 @@ def _commands(*pages: Path) -> Iterator[tuple[Path, list[str]]]:
                 yield page, shlex.split(part, comments=True)
 
 
+def _check_deployment_command(argv: list[str], where: str) -> None:
+    """The Kubernetes page's commands: the files each names exist, and the image built and
+    pushed is the one the values file runs (what the values say is checked by
+    tests/test_kubernetes.py)."""
+    import yaml
+
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-f"]
+    assert files, where
+    assert all((ROOT / f).is_file() for f in files), where
+    values = yaml.safe_load((ROOT / "deploy/kubernetes/values.yaml").read_text())
+    image = f"{values['images']['airflow']['repository']}:{values['images']['airflow']['tag']}"
+    if argv[0] == "docker":
+        assert argv[1:2] == ["build"], where
+        assert argv[-1] == ".", where
+        assert argv[argv.index("-t") + 1] == image, where
+    elif argv[0] == "kubectl":
+        assert argv[1:2] == ["apply"], where
+    else:
+        assert argv[1:3] == ["upgrade", "--install"], where
+        assert argv[4] == "apache-airflow/airflow", where
+
+
 def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
     """Each command line of a ```sh block is run (``python -c``) or parsed by the program that
     will read it; a command no rule knows fails the test."""
@@ -389,6 +424,8 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
             url = argv[-1]
             path = re.sub(r"^https?://[^/]+(/localstate)?", "", url)
             assert path in routes, where
+        elif program in ("docker", "kubectl", "helm"):
+            _check_deployment_command(argv, where)
         elif program in ("python3", "./scripts/test", ".venv/bin/pip", ".venv/bin/localstate"):
             # the README's quick start, run by tests/test_cli_bench.py and by CI as written
             assert page == README, where

@@ -1,5 +1,6 @@
 """Central URLs: a wrong one is a `ConfigError` naming the setting and the way out, before any
-connection is tried; the embedded default creates `$AIRFLOW_HOME` as Airflow does."""
+connection is tried; the embedded default creates `$AIRFLOW_HOME` as Airflow does. On
+PostgreSQL the transaction bound lives in each transaction, nothing in the session."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from localstate import ConfigError, StateStore
-from localstate._sync.engine import async_url
+from localstate._sync.engine import async_url, make_engine
+from localstate._testing.postgres_server import PostgresServer
 
 
 @pytest.mark.parametrize(("url", "says"), [
@@ -55,3 +58,47 @@ async def test_a_sqlite_file_in_a_missing_folder_names_the_folder(tmp_path: Path
 ])
 def test_async_url_picks_the_async_driver(url: str, full: str) -> None:
     assert async_url(url) == full
+
+
+async def test_postgres_bounds_are_set_in_each_transaction_and_left_out_of_the_session(
+    pg_server: PostgresServer,
+) -> None:
+    """What a pooler in transaction mode can carry: the bound set by each transaction for
+    itself (SET LOCAL), no session setting and no statement kept by name on the connection."""
+    engine = make_engine(pg_server.url, transaction_timeout=2.5)
+    shown = "SELECT current_setting('lock_timeout'), " \
+        "current_setting('idle_in_transaction_session_timeout'), " \
+        "current_setting('statement_timeout')"
+    try:
+        for _ in range(2):
+            async with engine.begin() as conn:
+                assert tuple((await conn.execute(text(shown))).one()) == ("2500ms", "2500ms",
+                                                                          "7500ms")
+        async with engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None
+            await conn.rollback()
+            # outside the store's transactions, the session has the server's defaults
+            assert tuple(await raw.fetchrow(shown)) == ("0", "0", "0")
+            assert await raw.fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
+    finally:
+        await engine.dispose()
+
+
+async def test_the_central_url_can_turn_the_statement_caches_back_on(
+    pg_server: PostgresServer,
+) -> None:
+    """Where no pooler is in between, ``?statement_cache_size=100&prepared_statement_cache_size
+    =100`` keeps statements prepared by name on the connection (one round trip less each)."""
+    engine = make_engine(f"{pg_server.url}?statement_cache_size=100"
+                         "&prepared_statement_cache_size=100")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT 1"))
+            named = (await conn.execute(text(
+                "SELECT count(*) FROM pg_prepared_statements"))).scalar_one()
+        assert named >= 1
+    finally:
+        await engine.dispose()
+    with pytest.raises(ConfigError, match="statement_cache_size='lots'"):
+        make_engine(f"{pg_server.url}?statement_cache_size=lots")

@@ -341,7 +341,11 @@ def metrics_page() -> str:
              "Generated from `localstate/_metrics.py`. Each name is prefixed with "
              "`statsd_prefix` (default `localstate`). Off by default: set `statsd_host` for "
              "StatsD over UDP, or `otel = true` for OpenTelemetry instruments (the `otel` "
-             "extra; each carries the attribute `triggerer_id`). A report is sampled from "
+             "extra; each carries the attribute `triggerer_id`). Over StatsD, each metric of "
+             "a store ends with its triggerer (`localstate.flush_lag.<triggerer_id>`, every "
+             "character but `A-Z a-z 0-9 _ -` made `_`), or, with `statsd_tags = true`, "
+             "carries the DogStatsD tag `triggerer_id:<triggerer_id>`; the prune counters "
+             "name no triggerer. A report is sampled from "
              "`StateStore.stats()` every `metrics_interval` seconds: nothing is sent per "
              "`set`.", "",
              "| metric | kind | from `stats()` | meaning |", "|---|---|---|---|"]
@@ -496,6 +500,54 @@ def benchmarks_page(docs_dir: Path) -> str:
     for r in flush["rates"]:
         lines.append(f"| {r['sets_per_s']:,.0f} | {r['central_txns_per_s']:.2f} | "
                      f"{r['rows_per_txn']:,.0f} |")
+    lines.append("")
+    pooler = json.loads((docs_dir / "bench-pooler.json").read_text())
+    lines += ["## Behind a connection pooler", "",
+              f"*`docs/bench-pooler.json`, {_dated(docs_dir / 'bench-pooler.json')}; "
+              f"{_machine(pooler)}; PostgreSQL and {pooler.get('pgbouncer', 'PgBouncer')} "
+              "(transaction mode, the official Airflow Helm chart's settings) on loopback; "
+              f"`python benches/bench_pooler.py --rounds {pooler['rounds']}`. One store per "
+              "row; each round flushes every store once, then claims through it (the rows in "
+              "turn, a different one first each round); a ratio is the median over the rounds "
+              "of a row's figure against the same round's first-row figure; the times are "
+              "medians.*", "",
+              "The central connection shares nothing a pooler in transaction mode could lose: "
+              "the transaction bound is set by each transaction for itself, and statements are "
+              "prepared unnamed inside their transaction. The first row is the connection as "
+              "it was before (the bound in the session, prepared statements cached by name), "
+              "which PgBouncer before 1.21 cannot carry. The run shared its two cores with other "
+              "work, so single runs vary by a factor of three: read the median ratios.", "",
+              f"| connection | flush of {pooler['keys']:,} dirty keys | × before | "
+              f"{pooler['claims']} claims at once | × before |",
+              "|---|---|---|---|---|"]
+    labels = {"session": "before: bound in the session, named statements cached",
+              "now, statement caches on by URL":
+                  "now, statement caches on by the URL (direct only)",
+              "pooler-safe direct": "now, straight to PostgreSQL",
+              "pooler-safe via PgBouncer": "now, through PgBouncer"}
+    for key, label in labels.items():
+        f, c = pooler[key]["flush"], pooler[key]["claims"]
+        lines.append(f"| {label} | {f['median_s'] * 1000:,.0f} ms | {f['x_session']:.2f}× | "
+                     f"{c['median_s'] * 1000:,.0f} ms | {c['x_session']:.2f}× |")
+    lines += ["", "A flush is one large transaction: it makes a few more round trips than "
+              "before (the bound, each statement's unnamed prepare), milliseconds against its "
+              "hundreds, and its ratio moves with the machine's load from run to run. A claim "
+              "is a small transaction, where they count; a direct connection gets the cached "
+              "statements back with `?statement_cache_size=100&prepared_statement_cache_size="
+              "100` on its `central_url`.", ""]
+    sizing = json.loads((docs_dir / "bench-sizing.json").read_text())
+    lines += ["## What a triggerer's state costs", "",
+              f"*`docs/bench-sizing.json`, {_dated(docs_dir / 'bench-sizing.json')}; "
+              f"{_machine(sizing)}; `python benches/bench_sizing.py --sizes "
+              f"{','.join(str(r['keys']) for r in sizing['rows'])}`. One store, one watermark "
+              "(a small JSON object) per owner, flushed; resident memory above the same "
+              "store holding one key, measured in the same run.*", "",
+              "| keys | resident memory | per 1,000 keys | cache file and WAL |",
+              "|---|---|---|---|"]
+    for r in sizing["rows"]:
+        lines.append(f"| {r['keys']:,} | {r['rss_bytes'] / 2**20:,.1f} MiB | "
+                     f"{r['rss_bytes'] / r['keys'] * 1000 / 2**20:.2f} MiB | "
+                     f"{r['cache_file_bytes'] / 2**20:,.1f} MiB |")
     lines.append("")
     fleet = json.loads((docs_dir / "bench-fleet.json").read_text())
     lines += ["## The fleet and the write budget", "",
