@@ -43,8 +43,7 @@ def schema_upgrades_shown() -> Iterator[None]:
     handler.setFormatter(logging.Formatter("note: %(message)s"))
     handler.setLevel(logging.INFO)
     saved = []
-    for name in _UPGRADE_LOGGERS:
-        logger = logging.getLogger(name)
+    for logger in map(logging.getLogger, _UPGRADE_LOGGERS):  # literal names, above
         saved.append((logger, logger.level))
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
