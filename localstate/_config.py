@@ -106,6 +106,9 @@ class Settings:
     otel: bool = DEFAULTS["otel"]
     metrics_interval: float = DEFAULTS["metrics_interval"]
     asset_mirror: str = DEFAULTS["asset_mirror"]
+    history: bool = DEFAULTS["history"]
+    history_max_rows: int = DEFAULTS["history_max_rows"]
+    history_max_age: float = DEFAULTS["history_max_age"]
     watch_config: bool = DEFAULTS["watch_config"]
     retention: tuple[RetentionRule, ...] = DEFAULTS["retention"]
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...

@@ -49,19 +49,24 @@ from localstate.api._schemas import (
 )
 from localstate.api._view import Item, item_from_row, local_override, local_overrides
 
-__all__ = ["router"]
+__all__ = ["MAX_PAGE", "error_responses", "router"]
 
 log = logging.getLogger("localstate.api.routes")
 
 MAX_PAGE = 1000
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in {
-        401: "no token, or not a valid one", 403: "outside the token's owners or role",
-        422: "bad input (names, value, query)", 503: "the central DB is unavailable",
-    }.items()
-}
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The error answers every route may give (its OpenAPI ``responses``)."""
+    return {
+        code: {"model": ErrorBody, "description": text}
+        for code, text in {
+            401: "no token, or not a valid one", 403: "outside the token's owners or role",
+            422: "bad input (names, value, query)", 503: "the central DB is unavailable",
+        }.items()
+    }
+
+
+_ERRORS = error_responses()
 
 
 def _named(owner: str, key: str) -> str:

@@ -258,7 +258,14 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
         return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full})
     events = decode_rows(EventRow, body.get("event_fields"), body.get("events"))
     _require_owners(caller, {e.owner for e in events}, write=True)
-    _check_events(events, ctx.settings.max_value_bytes)
+    try:
+        _check_events(events, ctx.settings.max_value_bytes)
+    except (WireError, ValueTooLarge):
+        if len(events) == 1 and not rows:
+            # the sink halves a refused batch down to single events (`SyncWorker.
+            # settle_rejected`): this one is refused for good, recorded in its history
+            await c.record_rejected(events, writer)
+        raise
     # the watermarks, the de-duplication rows and the asset events: one transaction
     outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
     audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows), *(e.owner for e in events)},

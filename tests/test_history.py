@@ -1,0 +1,170 @@
+"""Each owner's history (`localstate._sync.history`): written in the flush's (or claim's)
+own transaction, one watermark row per key per flush, every event with its outcome, every
+claim with its epoch; bounded per owner; off when the setting says so. Each test runs on
+every central backend."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from conftest import StoreFactory
+from sqlalchemy import func, insert, select
+
+from localstate._rows import EventRow
+from localstate._sync.central_store import CentralStore
+from localstate._sync.history import HistoryPolicy, HistoryRow
+from localstate._sync.schema import history
+from localstate.errors import InvalidInput
+
+OWNER = "trigger:orders"
+
+
+def central_of(store: object) -> CentralStore:
+    central = getattr(store, "central_store", None)
+    assert isinstance(central, CentralStore)
+    return central
+
+
+def oldest_first(rows: list[HistoryRow]) -> list[HistoryRow]:
+    return sorted(rows, key=lambda r: r.id)
+
+
+async def test_a_watchers_emits_replay_zombie_and_claims_are_in_its_history(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    first = await open_store(triggerer_id="first")
+    assert await first.claim(OWNER) == 1
+    await first.emit(OWNER, {"n": 1}, watermark=1)
+    await first.emit(OWNER, {"n": 2}, watermark=2)
+    await first.flush()  # one flush: the watermark coalesced to 2
+    second = await open_store(triggerer_id="second")
+    assert await second.claim(OWNER) == 2
+    await first.emit(OWNER, {"n": 3}, watermark=3)  # the zombie's: refused
+    await first.flush()
+    await second.emit(OWNER, {"n": 2}, watermark=2, key="2")  # a replay: duplicate
+    await second.emit(OWNER, {"n": 3}, watermark=3)
+    await second.flush()
+    async with CentralStore.open(central_url) as central:
+        rows = oldest_first(await central.read_history(OWNER))
+    seen = [(r.kind, r.key, r.outcome, r.epoch, r.version, r.triggerer) for r in rows
+            if r.kind != "watermark"]
+    assert seen == [
+        ("claim", None, None, 1, None, "first"),
+        ("event", "1", "committed", 1, None, None),
+        ("event", "2", "committed", 1, None, None),
+        ("claim", None, None, 2, None, "second"),
+        ("event", "3", "refused", 1, None, None),
+        ("event", "2", "duplicate", 2, None, None),
+        ("event", "3", "committed", 2, None, None),
+    ]
+    marks = [(r.key, r.value, r.triggerer) for r in rows if r.kind == "watermark"]
+    # one row per flush that committed it, in order; the zombie's watermark is not there
+    assert marks == [("watermark", "2", "first"), ("watermark", "3", "second")]
+    versions = [r.version for r in rows if r.kind == "watermark"]
+    async with CentralStore.open(central_url) as central:
+        current = (await central.read_many([(OWNER, "watermark")]))[(OWNER, "watermark")]
+    assert versions[1] == current.version
+    assert versions[0] is not None
+    assert versions[0] < current.version
+    assert all(r.writer for r in rows)
+    # the events and watermarks are written in the transaction of the flush that carried them
+    watermark_rows = [r for r in rows if r.kind == "watermark"]
+    assert watermark_rows[0].id < rows[-1].id
+
+
+async def test_history_is_paged_newest_first_and_filtered_by_kind(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    for n in range(1, 8):
+        await store.set(OWNER, "watermark", n)
+        await store.flush()
+    async with CentralStore.open(central_url) as central:
+        page1 = await central.read_history(OWNER, limit=3)
+        page2 = await central.read_history(OWNER, limit=3, before=page1[-1].id)
+        page3 = await central.read_history(OWNER, limit=3, before=page2[-1].id)
+        assert await central.read_history(OWNER, kinds=["claim"]) == []
+    values = [r.value for r in page1 + page2 + page3]
+    assert values == [str(n) for n in range(7, 0, -1)]
+
+
+async def test_history_off_writes_none(open_store: StoreFactory, central_url: str) -> None:
+    store = await open_store()
+    central_of(store).use_history(HistoryPolicy(enabled=False))
+    await store.claim(OWNER)
+    await store.emit(OWNER, 1, watermark=1)
+    await store.flush()
+    async with CentralStore.open(central_url) as central:
+        assert await central.read_history(OWNER) == []
+        assert await central.run_read(select(func.count()).select_from(history), "count") \
+            == [(0,)]
+
+
+async def test_each_owner_stays_within_its_bound_over_many_flushes(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    central_of(store).use_history(HistoryPolicy(max_rows=20))
+    owners = [f"trigger:churn-{i}" for i in range(5)]
+    for n in range(60):
+        for owner in owners:
+            await store.set(owner, "watermark", n)
+        await store.flush()
+        async with CentralStore.open(central_url) as central:
+            counts = dict(await central.run_read(
+                select(history.c.owner, func.count()).group_by(history.c.owner), "count"))
+        # the bound plus the tenth added between two trims
+        assert all(c <= 22 for c in counts.values()), (n, counts)
+    assert set(counts) == set(owners)
+    assert all(c >= 20 for c in counts.values())
+    async with CentralStore.open(central_url) as central:
+        newest = await central.read_history(owners[0], limit=1)
+    assert newest[0].value == "59"  # the newest rows are kept
+
+
+async def test_trim_history_keeps_the_newest_rows_and_none_past_the_age(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store()
+    for n in range(30):
+        await store.set(OWNER, "watermark", n)
+        await store.flush()
+    async with CentralStore.open(central_url) as central:
+        old = datetime.now(timezone.utc) - timedelta(days=30)
+        at = old if central.dialect == "postgresql" else old.replace(tzinfo=None)
+        await central.run_write(insert(history).values(
+            owner="trigger:gone", kind="claim", at=at, epoch=1, triggerer="t"), "old row")
+        assert await central.trim_history(max_rows=10, max_age=7 * 86_400.0) == 21
+        rows = await central.read_history(OWNER)
+        assert [r.value for r in rows] == [str(n) for n in range(29, 19, -1)]
+        assert await central.read_history("trigger:gone") == []
+
+
+async def test_the_summary_counts_the_last_hour_by_outcome(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(triggerer_id="t1")
+    await store.claim(OWNER)
+    await store.emit(OWNER, 1, watermark=1)
+    await store.emit(OWNER, 2, watermark=2)
+    await store.flush()
+    async with CentralStore.open(central_url) as central:
+        await central.record_rejected([EventRow(9, OWNER, "bad", "{}", 0.0, 1)], "w")
+        s = await central.history_summary(OWNER)
+    assert s.events_last_hour == {"committed": 2, "duplicate": 0, "refused": 0, "rejected": 1}
+    assert s.epoch == 1
+    assert s.last_event_at is not None
+    assert s.last_watermark_at is not None
+    assert s.lag is not None
+    assert s.lag >= 0
+    assert s.since_event is not None
+    assert 0 <= s.since_event < 600
+    assert s.rows == 5  # claim, watermark, two events, the rejected one
+
+
+def test_a_bad_bound_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="history_max_rows"):
+        HistoryPolicy(max_rows=0)
+    with pytest.raises(InvalidInput, match="history_max_age"):
+        HistoryPolicy(max_age=0)
