@@ -117,6 +117,16 @@ def _positive_int(raw: Any) -> int:
     return value
 
 
+def _non_negative_float(raw: Any) -> float:
+    try:
+        value = float(raw if not isinstance(raw, str) else raw.strip())
+    except (TypeError, ValueError):
+        raise ValueError("expected a number of seconds, 0 or more") from None
+    if isinstance(raw, bool) or not 0 <= value < float("inf"):
+        raise ValueError("expected a number of seconds, 0 or more")
+    return value
+
+
 def _age(raw: Any) -> float:
     """An age: seconds (a number), or text such as 7d, 36h, 90m, 30s."""
     if isinstance(raw, bool):
@@ -461,6 +471,10 @@ SPECS: Final[dict[str, Spec]] = {
                              "trimmed as writes add them, and by `localstate db prune`)"),
     "history_max_age": Spec(_age, 7 * 86_400.0, "how long a history row is kept: an age such "
                             "as 7d, 36h, 90m"),
+    "history_watermark_every": Spec(_non_negative_float, 10.0, "seconds within which an "
+                                    "owner's watermark advances are recorded once (the "
+                                    "latest, at the next flush after the window); events and "
+                                    "claims are always recorded. 0: every flush's"),
     "retention": Spec(parse_retention, (), "how long `localstate db prune` keeps rows not "
                       "updated: owner-glob=age pairs, first match wins (trigger:*=7d, "
                       "asset_watcher:*=never); owners no rule names: --older-than"),

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -120,10 +121,12 @@ class CentralStore:
         """Whether writes record history, and its bounds (`localstate._sync.history`)."""
         return self._history_trim.policy
 
-    def use_history(self, policy: HistoryPolicy) -> None:
+    def use_history(self, policy: HistoryPolicy, clock: Callable[[], float] = time.monotonic
+                    ) -> None:
         """Write (or not) history under `policy` from the next write on (set by the opener
-        from the settings ``history``, ``history_max_rows``, ``history_max_age``)."""
-        self._history_trim = HistoryTrim(policy)
+        from the settings ``history``, ``history_max_rows``, ``history_max_age``,
+        ``history_watermark_every``); `clock`: the seconds its windows are counted in."""
+        self._history_trim = HistoryTrim(policy, clock)
 
     @property
     def _sql(self) -> BatchSql:
@@ -453,17 +456,18 @@ class CentralStore:
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
         history = self.history.enabled
+        marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status, history)
+                                          status, history, marks)
             if history and self.dialect != "postgresql":  # there: in the upsert itself
-                await record_watermarks(conn, outcomes, writer, self._column_time)
+                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
             if self.asset_mirror is not None:  # Airflow's asset_state_store, same transaction
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         if history:
-            await self._trim_history(o.row.owner for o in outcomes if o.resolution == "written")
+            await self._trim_history(self._marked(outcomes, marks))
         return outcomes
 
     async def write_with_events(
@@ -477,11 +481,12 @@ class CentralStore:
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
         history = self.history.enabled
+        marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status, history)
+                                          status, history, marks)
             if history and self.dialect != "postgresql":  # there: in the upsert itself
-                await record_watermarks(conn, outcomes, writer, self._column_time)
+                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
             if self.asset_mirror is not None and outcomes:
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
             statuses, callbacks = await write_events(
@@ -492,9 +497,7 @@ class CentralStore:
         if callbacks:  # Airflow's listeners, of the asset events just committed
             run_callbacks(callbacks)
         if history:
-            await self._trim_history([
-                *(o.row.owner for o in outcomes if o.resolution == "written"),
-                *(e.owner for e in events)])
+            await self._trim_history([*self._marked(outcomes, marks), *(e.owner for e in events)])
         return outcomes, statuses
 
     # -- the owners' history (`localstate._sync.history`) ---------------------------------
@@ -539,6 +542,14 @@ class CentralStore:
             deleted = await trim(conn, None, rows, cutoff)
         self.transactions += 1
         return deleted
+
+    def _marked(self, outcomes: Sequence[FlushOutcome], marks: set[str] | None) -> list[str]:
+        """The owners of `outcomes` whose watermark rows a committed flush recorded (`marks`:
+        the owners due, None: all), noted as recorded; an owner per row."""
+        owners = [o.row.owner for o in outcomes if o.resolution == "written"
+                  and (marks is None or o.row.owner in marks)]
+        self._history_trim.marked(owners)
+        return owners
 
     async def _trim_history(self, owners: Iterable[str]) -> None:
         """Count the rows just added to `owners`' history; trim those due (`HistoryTrim`), in

@@ -462,11 +462,12 @@ _RETURNING: Final = ' RETURNING t.owner, t."key", t.value, t.version, t.updated_
 
 
 @cache
-def upsert_with_history(dialect: str, fleet: bool) -> TextClause | None:
+def upsert_with_history(dialect: str, fleet: bool, some: bool = False) -> TextClause | None:
     """The batch upsert (PostgreSQL's) returning the rows it wrote into the insert of their
     ``watermark`` history rows, one statement (with the fleet row's upsert too, `fleet`);
-    the statement's row count is the upsert's. None where the dialect cannot (the caller
-    inserts the rows written after the upsert, `localstate._sync.history.record_watermarks`).
+    the statement's row count is the upsert's. `some`: only the rows of the owners in the
+    text array ``:history_owners``. None where the dialect cannot (the caller inserts the
+    rows written after the upsert, `localstate._sync.history.record_watermarks`).
     """
     if dialect != "postgresql":
         return None
@@ -475,4 +476,5 @@ def upsert_with_history(dialect: str, fleet: bool) -> TextClause | None:
         f"WITH {ctes}up AS ({_PostgresSql.upsert.text}{_RETURNING}) "
         f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", value, version, triggerer, '
         "writer) SELECT up.owner, 'watermark', up.updated_at, up.\"key\", up.value, "
-        "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up")
+        "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up"
+        + (" WHERE up.owner = ANY(CAST(:history_owners AS TEXT[]))" if some else ""))

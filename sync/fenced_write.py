@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -108,13 +108,14 @@ __all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
 async def write_fenced(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
     policies: PolicyMap, writer: str | None, status: FleetStatus | None = None,
-    history: bool = False,
+    history: bool = False, history_owners: set[str] | None = None,
 ) -> list[FlushOutcome]:
     """Write `rows` inside `conn`'s transaction, fenced on their bases, conflicts settled by
     each owner's policy and rows refused by a claim reported as claim losses; and `status`'s
     fleet row, when given. `dialect`: the engine's dialect name (`fleet` keys on it).
     `history`: on PostgreSQL, the rows written get their history rows in the upsert itself
-    (`upsert_with_history`; elsewhere the caller records them)."""
+    (`upsert_with_history`; elsewhere the caller records them), those of `history_owners`
+    only when given."""
     # One lock order for every writer. Rows come in each worker's own order (the age of its
     # dirty keys), and two triggerers flushing the same keys in different orders lock them in
     # different orders: MariaDB's locked read and upsert take row locks in the order of the
@@ -126,8 +127,9 @@ async def write_fenced(
     # (3 % of a 10,000-row flush there, benches/bench_flush.py). On PostgreSQL the sorted
     # batch is also the faster one: 83-84 ms against 95 ms for 10,000 rows, in index order.
     in_order = sorted(rows, key=_row_key) if sql.row_locks else rows
+    marks = _Marks(history, history_owners)
     outcomes = await _write_batch(conn, sql, dialect, in_order, policies, writer, status,
-                                  history)
+                                  marks)
     outcomes = await _claim_losses(conn, sql, outcomes, writer)
     if in_order is rows:
         return outcomes
@@ -154,7 +156,7 @@ async def select_rows(
 
 async def _write_batch(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
-    policies: PolicyMap, writer: str | None, status: FleetStatus | None, history: bool,
+    policies: PolicyMap, writer: str | None, status: FleetStatus | None, history: _Marks,
 ) -> list[FlushOutcome]:
     # this file's own chain: a central row its sync worker wrote, or an earlier release's
     # row under the same updated_by (see the module docstring, 4)
@@ -277,26 +279,53 @@ async def _write_batch(
     return outcomes
 
 
+class _Marks(NamedTuple):
+    """Which rows a flush records in the history: none (`on` False), every written row
+    (`owners` None), or those of `owners`."""
+
+    on: bool
+    owners: set[str] | None
+
+    def statement(self, dialect: str, rows: Sequence[tuple[DirtyRow, int, bool]],
+                  fleet: bool) -> tuple[Any, dict[str, Any]]:
+        """The upsert that records the rows' history, and its extra parameters; (None, {})
+        when there is none to record (or the dialect records after the upsert)."""
+        if not self.on or not rows or dialect != "postgresql":
+            return None, {}
+        owners = self.owners
+        if owners is not None:
+            named = {r.owner for r, _b, _c in rows} & owners
+            if not named:
+                return None, {}
+            if len(named) < len({r.owner for r, _b, _c in rows}):
+                return (upsert_with_history(dialect, fleet, True),
+                        {"history_owners": sorted(named)})
+        return upsert_with_history(dialect, fleet), {}
+
+
+#: no history rows
+_NO_MARKS: Final = _Marks(False, None)
+
+
 async def _upsert(
     conn: AsyncConnection, sql: BatchSql, dialect: str,
     rows: Sequence[tuple[DirtyRow, int, bool]], writer: str | None,
-    status: FleetStatus | None = None, history: bool = False,
+    status: FleetStatus | None = None, history: _Marks = _NO_MARKS,
 ) -> dict[StateKey, int] | None:
     """Write `rows` fenced on their bases (and `status`'s fleet row; with `history`, on
     PostgreSQL, their history rows). None: every row went in, each at
     `next_version(row.version, base)`; else the versions of the rows that went in."""
     statement = sql.upsert
-    with_history = upsert_with_history(dialect, status is not None) if (
-        history and rows) else None
-    fleet_extra: dict[str, Any] = {}
+    with_history, history_params = history.statement(dialect, rows, status is not None)
+    fleet_extra: dict[str, Any] = dict(history_params)
     if status is not None:
-        fleet_extra = fleet_params(dialect, status,
-                                   sql.timestamp if dialect == "sqlite" else None)
+        fleet_extra |= fleet_params(dialect, status,
+                                    sql.timestamp if dialect == "sqlite" else None)
         combined = None if not rows else (
             with_history if with_history is not None else upsert_with_fleet(dialect, sql.upsert))
         if combined is None:
             await conn.execute(fleet_statement(dialect), fleet_extra)
-            fleet_extra = {}
+            fleet_extra = dict(history_params)
         else:
             statement = combined
     elif with_history is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Final, Literal, NamedTuple
@@ -37,12 +37,13 @@ from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate._rows import EventRow, FlushOutcome, posix_time
-from localstate._sync.schema import history
+from localstate._sync.schema import history, state_variable
 from localstate.errors import InvalidInput
 
 __all__ = [
     "DEFAULT_MAX_AGE",
     "DEFAULT_MAX_ROWS",
+    "DEFAULT_WATERMARK_EVERY",
     "HISTORY_KINDS",
     "TRIM_INTERVAL",
     "HistoryKind",
@@ -67,6 +68,8 @@ DEFAULT_MAX_ROWS: Final = 1000
 DEFAULT_MAX_AGE: Final = 7 * 86_400.0
 #: seconds between two trims by age from one writer
 TRIM_INTERVAL: Final = 60.0
+#: the default window of `HistoryPolicy.watermark_every`: 10 s
+DEFAULT_WATERMARK_EVERY: Final = 10.0
 #: owners per trim statement
 _TRIM_CHUNK: Final = 200
 #: rows per delete by age
@@ -80,6 +83,9 @@ class HistoryPolicy:
     enabled: bool = True
     max_rows: int = DEFAULT_MAX_ROWS
     max_age: float = DEFAULT_MAX_AGE
+    #: seconds within which an owner's watermark advances after its last recorded one are
+    #: coalesced into the next recorded one (0: every flush's): see `HistoryTrim.marks_due`
+    watermark_every: float = DEFAULT_WATERMARK_EVERY
 
     def __post_init__(self) -> None:
         if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) \
@@ -89,11 +95,15 @@ class HistoryPolicy:
         if not self.max_age > 0:
             raise InvalidInput(f"history_max_age must be above zero seconds, not "
                                f"{self.max_age!r}")
+        if not 0 <= self.watermark_every < float("inf"):
+            raise InvalidInput(f"history_watermark_every must be 0 or more seconds, not "
+                               f"{self.watermark_every!r}")
 
     @classmethod
     def of(cls, settings: Any) -> HistoryPolicy:
         """The policy the resolved `settings` (`localstate._config.Settings`) name."""
-        return cls(settings.history, settings.history_max_rows, settings.history_max_age)
+        return cls(settings.history, settings.history_max_rows, settings.history_max_age,
+                   settings.history_watermark_every)
 
 
 class HistoryRow(NamedTuple):
@@ -206,6 +216,12 @@ async def summary(conn: AsyncConnection, owner: str, now: float, timestamp: Any
             .group_by(t.kind)):
         last[str(kind)] = posix_time(at)
         rows += int(n)
+    # the last advance as the state table holds it: exact, whatever the history coalesced
+    v = state_variable.c
+    written = (await conn.execute(select(func.max(v.updated_at)).where(v.owner == owner))
+               ).scalar()
+    if written is not None:
+        last["watermark"] = max(last.get("watermark", 0.0), posix_time(written))
     epoch = (await conn.execute(
         select(t.epoch).where(t.owner == owner, t.kind == "claim")
         .order_by(t.id.desc()).limit(1))).scalar()
@@ -222,13 +238,15 @@ async def summary(conn: AsyncConnection, owner: str, now: float, timestamp: Any
 
 
 async def record_watermarks(conn: AsyncConnection, outcomes: Sequence[FlushOutcome],
-                            writer: str | None, timestamp: Any) -> int:
-    """Insert a ``watermark`` row per outcome that wrote (where the upsert did not: not
-    PostgreSQL); the rows inserted."""
+                            writer: str | None, timestamp: Any, owners: set[str] | None
+                            ) -> int:
+    """Insert a ``watermark`` row per outcome that wrote, of `owners` (None: all), where the
+    upsert did not (not PostgreSQL); the rows inserted."""
     rows = [{"owner": o.row.owner, "kind": "watermark", "at": timestamp(o.row.updated_at),
              "key": o.row.key, "value": o.row.data, "version": o.central.version,
              "triggerer": o.row.updated_by, "writer": writer}
-            for o in outcomes if o.resolution == "written" and o.central is not None]
+            for o in outcomes if o.resolution == "written" and o.central is not None
+            and (owners is None or o.row.owner in owners)]
     if rows:
         await conn.execute(insert(history), rows)
     return len(rows)
@@ -265,11 +283,38 @@ class HistoryTrim:
     """When one writer trims (see the module docstring): the rows it added per owner since
     that owner's last trim, and the time of its last trim by age."""
 
-    def __init__(self, policy: HistoryPolicy, clock: Any = time.monotonic) -> None:
+    def __init__(self, policy: HistoryPolicy,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._clock = clock
         self._added: Counter[str] = Counter()
         self._aged_at = clock()
+        #: when each owner's watermark was last recorded (`marks_due`)
+        self._marked: dict[str, float] = {}
+
+    def marks_due(self, owners: Iterable[str]) -> set[str] | None:
+        """Which of `owners` get their watermarks recorded by the flush about to be made:
+        those with none recorded within `HistoryPolicy.watermark_every` seconds (None: all
+        of them). An owner's advances in between are coalesced into its next recorded one,
+        so a flush of every watcher every second records each one's watermark once per
+        window, not once per flush: an index entry per owner per flush cost a 10,000-owner
+        flush on PostgreSQL half its throughput (benches/bench_history.py). Events and
+        claims are always recorded."""
+        every = self.policy.watermark_every
+        if every <= 0:
+            return None
+        now = self._clock()
+        marked = self._marked
+        due = {o for o in owners if now - marked.get(o, -every) >= every}
+        if len(marked) > 4 * max(len(due), 10_000):  # forget owners long quiet
+            self._marked = marked = {o: t for o, t in marked.items() if now - t < every}
+        return due
+
+    def marked(self, owners: Iterable[str]) -> None:
+        """`owners`' watermarks were recorded (their flush committed)."""
+        now = self._clock()
+        for o in owners:
+            self._marked[o] = now
         #: rows trimmed so far (for stats and tests)
         self.trimmed = 0
 

@@ -33,12 +33,12 @@ def oldest_first(rows: list[HistoryRow]) -> list[HistoryRow]:
 async def test_a_watchers_emits_replay_zombie_and_claims_are_in_its_history(
     open_store: StoreFactory, central_url: str,
 ) -> None:
-    first = await open_store(triggerer_id="first")
+    first = await open_store(triggerer_id="first", history_watermark_every=0)
     assert await first.claim(OWNER) == 1
     await first.emit(OWNER, {"n": 1}, watermark=1)
     await first.emit(OWNER, {"n": 2}, watermark=2)
     await first.flush()  # one flush: the watermark coalesced to 2
-    second = await open_store(triggerer_id="second")
+    second = await open_store(triggerer_id="second", history_watermark_every=0)
     assert await second.claim(OWNER) == 2
     await first.emit(OWNER, {"n": 3}, watermark=3)  # the zombie's: refused
     await first.flush()
@@ -76,7 +76,7 @@ async def test_a_watchers_emits_replay_zombie_and_claims_are_in_its_history(
 async def test_history_is_paged_newest_first_and_filtered_by_kind(
     open_store: StoreFactory, central_url: str,
 ) -> None:
-    store = await open_store()
+    store = await open_store(history_watermark_every=0)
     for n in range(1, 8):
         await store.set(OWNER, "watermark", n)
         await store.flush()
@@ -105,7 +105,7 @@ async def test_each_owner_stays_within_its_bound_over_many_flushes(
     open_store: StoreFactory, central_url: str,
 ) -> None:
     store = await open_store()
-    central_of(store).use_history(HistoryPolicy(max_rows=20))
+    central_of(store).use_history(HistoryPolicy(max_rows=20, watermark_every=0))
     owners = [f"trigger:churn-{i}" for i in range(5)]
     for n in range(60):
         for owner in owners:
@@ -126,7 +126,7 @@ async def test_each_owner_stays_within_its_bound_over_many_flushes(
 async def test_trim_history_keeps_the_newest_rows_and_none_past_the_age(
     open_store: StoreFactory, central_url: str,
 ) -> None:
-    store = await open_store()
+    store = await open_store(history_watermark_every=0)
     for n in range(30):
         await store.set(OWNER, "watermark", n)
         await store.flush()
@@ -163,8 +163,35 @@ async def test_the_summary_counts_the_last_hour_by_outcome(
     assert s.rows == 5  # claim, watermark, two events, the rejected one
 
 
+async def test_watermarks_within_the_window_are_coalesced_events_never(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """By default (history_watermark_every 10 s) an owner's watermark is recorded at most once
+    per window, the latest at the next flush after it; every event is recorded."""
+    store = await open_store(history_watermark_every=3600)
+    for n in range(1, 4):
+        await store.emit(OWNER, n, watermark=n)
+        await store.flush()
+    await store.set("trigger:other", "watermark", 1)
+    await store.flush()
+    async with CentralStore.open(central_url) as central:
+        rows = oldest_first(await central.read_history(OWNER))
+        other = await central.read_history("trigger:other")
+        s = await central.history_summary(OWNER)
+    assert [(r.kind, r.value or r.outcome) for r in rows] == [
+        ("watermark", "1"), ("event", "committed"), ("event", "committed"),
+        ("event", "committed")]
+    assert [r.value for r in other] == ["1"]  # its first advance: recorded
+    # the summary's last advance is the state table's, not the coalesced history's
+    record = await store.read_committed(OWNER, "watermark")
+    assert record is not None
+    assert s.last_watermark_at == pytest.approx(record.updated_at.timestamp(), abs=1e-3)
+
+
 def test_a_bad_bound_is_refused() -> None:
     with pytest.raises(InvalidInput, match="history_max_rows"):
         HistoryPolicy(max_rows=0)
     with pytest.raises(InvalidInput, match="history_max_age"):
         HistoryPolicy(max_age=0)
+    with pytest.raises(InvalidInput, match="history_watermark_every"):
+        HistoryPolicy(watermark_every=-1)
