@@ -64,8 +64,16 @@ from localstate._sync.schema import (
     STATE_TABLE,
 )
 
-__all__ = ["BatchSql", "batch_sql_for", "fleet_params", "fleet_statement", "prefix_upper_bound",
-           "upsert_with_fleet", "upsert_with_history"]
+__all__ = [
+    "BatchSql",
+    "batch_sql_for",
+    "event_history_insert",
+    "fleet_params",
+    "fleet_statement",
+    "prefix_upper_bound",
+    "upsert_with_fleet",
+    "upsert_with_history",
+]
 
 _SET: Final = (
     'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
@@ -478,3 +486,18 @@ def upsert_with_history(dialect: str, fleet: bool, some: bool = False) -> TextCl
         "writer) SELECT up.owner, 'watermark', up.updated_at, up.\"key\", up.value, "
         "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up"
         + (" WHERE up.owner = ANY(CAST(:history_owners AS TEXT[]))" if some else ""))
+
+
+#: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's
+#: many-row insert of the same rows built and bound a parameter per column per row in Python)
+_EVENT_HISTORY_PG: Final = text(
+    f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", outcome, asset_event, epoch, writer) '
+    "SELECT r->>0, 'event', CAST(:at AS TIMESTAMPTZ), r->>1, r->>2, (r->>3)::bigint, "
+    "(r->>4)::bigint, CAST(:writer AS TEXT) FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r")
+
+
+def event_history_insert(dialect: str) -> TextClause | None:
+    """The one-statement insert of a flush's event history rows (params ``rows``: a JSON
+    array of [owner, key, outcome, asset event id, epoch], ``at``, ``writer``); None where
+    the rows go through SQLAlchemy's many-row insert."""
+    return _EVENT_HISTORY_PG if dialect == "postgresql" else None

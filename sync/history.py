@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Final, Literal, NamedTuple
 
+import orjson
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from localstate._rows import EventRow, FlushOutcome, posix_time
+from localstate._sync.dialects import event_history_insert
 from localstate._sync.schema import history, state_variable
 from localstate.errors import InvalidInput
 
@@ -264,8 +266,20 @@ def event_rows(events: Sequence[EventRow], outcomes: Sequence[str],
 
 
 async def record_events(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert `event_rows`."""
-    if rows:
+    """Insert `event_rows` (on PostgreSQL as one JSON array, `event_history_insert`)."""
+    if not rows:
+        return
+    packed = event_history_insert(conn.dialect.name)
+    if packed is None:
+        await conn.execute(insert(history), list(rows))
+        return
+    first = rows[0]
+    if all(r["at"] == first["at"] and r["writer"] == first["writer"] for r in rows):
+        await conn.execute(packed, {
+            "at": first["at"], "writer": first["writer"], "rows": orjson.dumps(
+                [(r["owner"], r["key"], r["outcome"], r["asset_event"], r["epoch"])
+                 for r in rows]).decode()})
+    else:
         await conn.execute(insert(history), list(rows))
 
 
