@@ -195,3 +195,100 @@ def test_a_bad_bound_is_refused() -> None:
         HistoryPolicy(max_age=0)
     with pytest.raises(InvalidInput, match="history_watermark_every"):
         HistoryPolicy(watermark_every=-1)
+
+
+# -- shown: the REST route and the CLI ------------------------------------------------------
+
+VIEWER = "history-viewer-0123456789"
+DAGS_ONLY = "history-dags-only-0123456789"
+
+
+async def _history_scenario(open_store: StoreFactory) -> None:
+    store = await open_store(triggerer_id="t1", history_watermark_every=0)
+    await store.claim(OWNER)
+    for n in range(1, 6):
+        await store.emit(OWNER, n, watermark=n)
+        await store.flush()
+
+
+async def test_the_rest_route_pages_the_history_for_a_reader_only_of_its_owners(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    import httpx
+
+    from localstate import Settings
+    from localstate.api import create_app
+
+    await _history_scenario(open_store)
+    server = await open_store(triggerer_id="api-server")
+    tokens = Settings.resolve({"api_tokens": f"{VIEWER}:read:trigger:, "
+                                             f"{DAGS_ONLY}:read:dag:"}).api_tokens
+    app = create_app(server.settings, local=server, tokens=tokens)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        viewer = {"Authorization": f"Bearer {VIEWER}"}
+        r = await client.get("/api/v1/history", params={"owner": OWNER, "limit": 4},
+                             headers=viewer)
+        assert r.status_code == 200, r.text
+        first = r.json()
+        assert first["summary"]["events_last_hour"]["committed"] == 5
+        assert first["summary"]["epoch"] == 1
+        assert len(first["items"]) == 4
+        seen = list(first["items"])
+        before = first["next_before"]
+        while before is not None:
+            r = await client.get("/api/v1/history", params={
+                "owner": OWNER, "limit": 4, "before": before}, headers=viewer)
+            page = r.json()
+            assert page["summary"] is None  # on the first page only
+            seen += page["items"]
+            before = page["next_before"]
+        assert len(seen) == 11  # the claim, five events and five watermarks
+        ids = [i["id"] for i in seen]
+        assert ids == sorted(ids, reverse=True)
+        marks = [i["value"] for i in seen if i["kind"] == "watermark"]
+        assert marks == [5, 4, 3, 2, 1]
+        r = await client.get("/api/v1/history", params={"owner": OWNER, "kind": "claim"},
+                             headers=viewer)
+        assert [(i["kind"], i["epoch"], i["triggerer"]) for i in r.json()["items"]] == [
+            ("claim", 1, "t1")]
+        # outside the token's owners: refused, as every read
+        r = await client.get("/api/v1/history", params={"owner": OWNER},
+                             headers={"Authorization": f"Bearer {DAGS_ONLY}"})
+        assert r.status_code == 403
+        r = await client.get("/api/v1/history", params={"owner": OWNER})
+        assert r.status_code == 401
+        r = await client.get("/api/v1/history", params={"owner": ""}, headers=viewer)
+        assert r.status_code == 422
+
+
+async def test_the_cli_prints_the_history_as_a_table_and_as_json(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    await _history_scenario(open_store)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "localstate.cli", "history", OWNER, *args,
+                               "--central-url", central_url],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    table = run("--limit", "4")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "5 committed, 0 duplicate, 0 refused, 0 rejected" in table.stdout
+    assert any(line.startswith("claim epoch") and line.endswith("1") for line in lines)
+    body = [line for line in lines if "UTC" in line]
+    assert len(body) == 4  # the newest four, oldest first
+    assert "v5 = 5" in body[-1] or "committed" in body[-1]
+    listed = run("--json", "--kind", "event")
+    assert listed.returncode == 0, listed.stderr
+    page = json.loads(listed.stdout)
+    assert [(i["key"], i["outcome"]) for i in page["items"]] == [
+        (str(n), "committed") for n in range(1, 6)]
+    assert page["summary"]["events_last_hour"]["committed"] == 5
+    bad = run("--limit", "0")
+    assert bad.returncode == 2
