@@ -5,6 +5,7 @@ every central backend."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -292,3 +293,22 @@ async def test_the_cli_prints_the_history_as_a_table_and_as_json(
     assert page["summary"]["events_last_hour"]["committed"] == 5
     bad = run("--limit", "0")
     assert bad.returncode == 2
+
+
+async def test_db_prune_trims_every_owners_history_to_the_settings_bounds(
+    open_store: StoreFactory, central_url: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from localstate.cli import main
+
+    store = await open_store(history_watermark_every=0)
+    for n in range(10):
+        for owner in (OWNER, "trigger:other"):
+            await store.set(owner, "watermark", n)
+        await store.flush()
+    monkeypatch.setenv("AIRFLOW__LOCALSTATE__HISTORY_MAX_ROWS", "3")
+    assert await asyncio.to_thread(main, ["db", "prune", "--central-url", central_url]) == 0
+    assert "14 history rows" in capsys.readouterr().out
+    async with CentralStore.open(central_url) as central:
+        for owner in (OWNER, "trigger:other"):
+            assert [r.value for r in await central.read_history(owner)] == ["9", "8", "7"]
