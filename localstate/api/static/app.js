@@ -199,14 +199,7 @@
     tr.replaceChildren();
     tr.dataset.owner = item.owner;
     tr.dataset.key = item.key;
-    const ownerCell = cell(tr, "owner", item.owner);
-    const hist = document.createElement("button");
-    hist.type = "button";
-    hist.className = "history";
-    hist.textContent = "History";
-    hist.title = "what this owner's watchers did: watermarks, events, claims";
-    hist.addEventListener("click", () => openWatcher(item.owner));
-    ownerCell.appendChild(hist);
+    cell(tr, "owner", item.owner);
     cell(tr, "key", item.key);
     const v = cell(tr, "value", "");
     const code = document.createElement("code");
@@ -221,6 +214,13 @@
     badge.textContent = item.flush_state;
     fs.appendChild(badge);
     const actions = cell(tr, "actions", "");
+    const hist = document.createElement("button");
+    hist.type = "button";
+    hist.className = "history";
+    hist.textContent = "History";
+    hist.title = "what this owner's watchers did: watermarks, events, claims";
+    hist.addEventListener("click", () => openWatcher(item.owner));
+    actions.appendChild(hist);
     if (canWrite) {
       const edit = document.createElement("button");
       edit.type = "button";
