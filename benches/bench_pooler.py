@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import localstate._sync.central_store as central_store_module
 from localstate import StateStore
-from localstate._bench.report import _machine
+from localstate._bench.report import machine_info
 from localstate._sync.engine import DEFAULT_TRANSACTION_TIMEOUT, async_url, make_engine
 
 CACHES_ON = "statement_cache_size=100&prepared_statement_cache_size=100"
@@ -130,7 +130,7 @@ async def run(direct: str, pooled: str, folder: Path, keys: int, rounds: int
     finally:
         for store, _owners in stores.values():
             await store.close()
-    result: dict[str, Any] = {"machine": _machine(), "keys": keys, "claims": CLAIMS,
+    result: dict[str, Any] = {"machine": machine_info(), "keys": keys, "claims": CLAIMS,
                               "rounds": rounds}
     for name in ways:
         result[name] = {}

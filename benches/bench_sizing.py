@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from localstate import StateStore
-from localstate._bench.report import _machine
+from localstate._bench.report import machine_info
 
 
 async def run(folder: Path, sizes: list[int]) -> dict[str, Any]:
@@ -50,7 +50,7 @@ async def run(folder: Path, sizes: list[int]) -> dict[str, Any]:
             print(f"{size:>9,} keys: +{rss / 2**20:6.1f} MiB resident "
                   f"({rss / size * 1000 / 2**20:.2f} MiB per 1,000), cache file and WAL "
                   f"{stats.cache_file_bytes / 2**20:6.1f} MiB", flush=True)
-    return {"machine": _machine(), "rows": rows}
+    return {"machine": machine_info(), "rows": rows}
 
 
 def main() -> None:

@@ -130,6 +130,10 @@ class Settings:
     metrics_interval: float = DEFAULTS["metrics_interval"]
     asset_mirror: str = DEFAULTS["asset_mirror"]
     watch_config: bool = DEFAULTS["watch_config"]
+    history: bool = DEFAULTS["history"]
+    history_max_rows: int = DEFAULTS["history_max_rows"]
+    history_max_age: float = DEFAULTS["history_max_age"]
+    history_watermark_every: float = DEFAULTS["history_watermark_every"]
     retention: tuple[RetentionRule, ...] = DEFAULTS["retention"]
     #: where each value came from: "argument", "env AIRFLOW__LOCALSTATE__X", "airflow.cfg", ...
     sources: dict[str, str] = field(default_factory=dict, compare=False)

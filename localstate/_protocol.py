@@ -78,6 +78,7 @@ __all__ = [
     "FLEET_PATH",
     "FLUSH_PATH",
     "HEALTH_PATH",
+    "HISTORY_PATH",
     "LIST_PATH",
     "MAX_BATCH_BODY",
     "MAX_BATCH_ROWS",
@@ -131,6 +132,8 @@ STATE_PATH: Final = f"{LIST_PATH}/"
 HEALTH_PATH: Final = f"{API_PREFIX}/health"
 STATUS_PATH: Final = f"{API_PREFIX}/status"
 FLEET_PATH: Final = f"{API_PREFIX}/fleet"
+#: an owner's history (``GET``, with ``owner``, ``before``, ``limit``, ``kind``)
+HISTORY_PATH: Final = f"{API_PREFIX}/history"
 #: the batched sink endpoints (`localstate._sync.api_sink` to `localstate.api._sink_routes`)
 FLUSH_PATH: Final = f"{API_PREFIX}/flush"
 READ_PATH: Final = f"{API_PREFIX}/read"

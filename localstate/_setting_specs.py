@@ -17,7 +17,8 @@ from typing import Any, Final, Literal
 
 from localstate._conflicts import ConflictPolicy
 from localstate._model import DURABILITIES
-from localstate._retention_rules import parse_retention
+from localstate._retention_rules import parse_age, parse_retention
+from localstate.errors import InvalidInput
 
 __all__ = [
     "API_ROLES",
@@ -124,6 +125,35 @@ def _optional_positive_int(raw: Any) -> int | None:
         return _positive_int(raw)
     except ValueError:
         raise ValueError("expected a whole number greater than 0, or none") from None
+
+
+def _non_negative_float(raw: Any) -> float:
+    try:
+        value = float(raw if not isinstance(raw, str) else raw.strip())
+    except (TypeError, ValueError):
+        raise ValueError("expected a number of seconds, 0 or more") from None
+    if isinstance(raw, bool) or not 0 <= value < float("inf"):
+        raise ValueError("expected a number of seconds, 0 or more")
+    return value
+
+
+def _age(raw: Any) -> float:
+    """An age: seconds (a number), or text such as 7d, 36h, 90m, 30s."""
+    if isinstance(raw, bool):
+        raise ValueError("expected an age: seconds, or 7d, 36h, 90m, 30s")
+    try:
+        seconds = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
+    except ValueError:
+        try:
+            parsed = parse_age(str(raw), what="an age")
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        if parsed is None:
+            raise ValueError("expected an age such as 7d, not never") from None
+        seconds = parsed
+    if not 0 < seconds < float("inf"):
+        raise ValueError("expected an age above zero: seconds, or 7d, 36h, 90m, 30s")
+    return seconds
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -452,6 +482,18 @@ SPECS: Final[dict[str, Spec]] = {
     "watch_config": Spec(_bool, False, "watch airflow.cfg and apply changes of the live "
                           "settings (enabled, flush_interval, max_batch, durability) to the "
                           "running store"),
+    "history": Spec(_bool, True, "record each owner's history (watermarks a flush committed, "
+                    "events with their outcome, claims) in the central DB, in the flush's own "
+                    "transaction; shown by `localstate history OWNER`, the REST API and the "
+                    "state page"),
+    "history_max_rows": Spec(_positive_int, 1000, "history rows each owner keeps (the newest; "
+                             "trimmed as writes add them, and by `localstate db prune`)"),
+    "history_max_age": Spec(_age, 7 * 86_400.0, "how long a history row is kept: an age such "
+                            "as 7d, 36h, 90m"),
+    "history_watermark_every": Spec(_non_negative_float, 10.0, "seconds within which an "
+                                    "owner's watermark advances are recorded once (the "
+                                    "latest, at the next flush after the window); events and "
+                                    "claims are always recorded. 0: every flush's"),
     "retention": Spec(parse_retention, (), "how long `localstate db prune` keeps rows not "
                       "updated: owner-glob=age pairs, first match wins (trigger:*=7d, "
                       "asset_watcher:*=never); owners no rule names: --older-than"),

@@ -93,6 +93,7 @@ from localstate._sync.asset_events import NO_ASSET_EVENTS
 from localstate._sync.asset_mirror import AssetMirror
 from localstate._sync.central_store import CentralStore
 from localstate._sync.claims import ClaimBook, claim_owner, claiming_sink
+from localstate._sync.history import HistoryPolicy
 from localstate._sync.read_through import ReadThrough
 from localstate._sync.settle import ConflictInfo, FlushReport
 from localstate._sync.sink_thread import ThreadedSink
@@ -819,6 +820,7 @@ async def _open_central(s: Settings) -> Sink:
         central = await CentralStore.open(url, upgrade_schema=upgrade, defer_if_unreachable=True,
                                           transaction_timeout=s.central_transaction_timeout)
         central.asset_mirror = None if s.asset_mirror == "off" else AssetMirror(s.asset_mirror)
+        central.use_history(HistoryPolicy.of(s))
         return central
 
     if s.central_thread:

@@ -45,7 +45,7 @@ localstate API fails loudly instead of reading as "no value".
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Final
@@ -57,6 +57,7 @@ from localstate._model import FlushState, Record
 from localstate._protocol import (
     FLEET_PATH,
     HEALTH_PATH,
+    HISTORY_PATH,
     LIST_PATH,
     STATUS_PATH,
     body_of,
@@ -98,6 +99,16 @@ def _list_params(owner_prefix: str, page_size: int, cursor: str | None) -> dict[
     params: dict[str, Any] = {"owner_prefix": owner_prefix, "limit": page_size}
     if cursor is not None:
         params["cursor"] = cursor
+    return params
+
+
+def _history_params(owner: str, before: int | None, limit: int, kinds: Sequence[str]
+                    ) -> dict[str, Any]:
+    params: dict[str, Any] = {"owner": owner, "limit": limit}
+    if before is not None:
+        params["before"] = before
+    if kinds:
+        params["kind"] = list(kinds)
     return params
 
 
@@ -214,6 +225,15 @@ class StateClient:
         assert body is not None
         return body
 
+    def history(self, owner: str, *, before: int | None = None, limit: int = 100,
+                kinds: Sequence[str] = ()) -> dict[str, Any]:
+        """A page of `owner`'s history, newest first (``items``, ``summary`` on the first
+        page, ``next_before``: pass it as `before` for the next page)."""
+        body = self._request("GET", HISTORY_PATH,
+                             params=_history_params(owner, before, limit, kinds))
+        assert body is not None
+        return body
+
     def close(self) -> None:
         self._http.close()
 
@@ -291,6 +311,14 @@ class AsyncStateClient:
     async def fleet(self) -> dict[str, Any]:
         """Every triggerer's lag, backlog and state, from the fleet table."""
         body = await self._request("GET", FLEET_PATH)
+        assert body is not None
+        return body
+
+    async def history(self, owner: str, *, before: int | None = None, limit: int = 100,
+                      kinds: Sequence[str] = ()) -> dict[str, Any]:
+        """A page of `owner`'s history (see `StateClient.history`)."""
+        body = await self._request("GET", HISTORY_PATH,
+                                   params=_history_params(owner, before, limit, kinds))
         assert body is not None
         return body
 

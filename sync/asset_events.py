@@ -73,15 +73,16 @@ class AssetEvents:
         return self._tables
 
     async def apply(self, conn: AsyncConnection, events: Sequence[EventRow]
-                    ) -> tuple[list[int], list[Callable[[], None]]]:
+                    ) -> tuple[list[int], list[int | None], list[Callable[[], None]]]:
         """Register the asset events of `events` (in their order) on `conn`, inside its
-        transaction; the number made per event, and the listener callbacks to run after the
-        commit."""
+        transaction; the number made per event, the id of the asset event each made (None:
+        none, or not known), and the listener callbacks to run after the commit."""
         counts = [0] * len(events)
+        ids: list[int | None] = [None] * len(events)
         assets = [(i, name) for i, e in enumerate(events)
                   if (name := asset_name(e.owner)) is not None]
         if not assets:
-            return counts, []
+            return counts, ids, []
         if self._tables is None:
             self._tables = await conn.run_sync(_has_asset_tables) and airflow_importable()
             if not self._tables:
@@ -89,7 +90,7 @@ class AssetEvents:
                     "%s; asset watchers' events are recorded and de-duplicated, but no asset "
                     "event is made", NO_ASSET_EVENTS)
         if not self._tables:
-            return counts, []
+            return counts, ids, []
         callbacks: list[Callable[[], None]] = []
 
         def register(sync_conn: Connection) -> None:
@@ -122,6 +123,7 @@ class AssetEvents:
                     if first is None:
                         continue
                     counts[indexes[0]] += 1
+                    ids[indexes[0]] = getattr(first, "id", None)
                     if len(indexes) == 1:
                         continue
                     # The rest would repeat the same lookups and queue the same DAGs again
@@ -131,13 +133,23 @@ class AssetEvents:
                     calls = _listener_calls(callbacks, extras[1:])
                     if calls is None:  # an Airflow whose calls look otherwise: its own path
                         for i, extra in zip(indexes[1:], extras[1:], strict=True):
-                            if AssetManager.register_asset_change(
-                                    asset=asset, extra=extra, session=session,
-                                    callback_sink=callbacks) is not None:
+                            made = AssetManager.register_asset_change(
+                                asset=asset, extra=extra, session=session,
+                                callback_sink=callbacks)
+                            if made is not None:
                                 counts[i] += 1
+                                ids[i] = getattr(made, "id", None)
                         continue
-                    session.execute(insert(AssetEventRow), [
-                        {"asset_id": first.asset_id, "extra": extra} for extra in extras[1:]])
+                    rest = [{"asset_id": first.asset_id, "extra": extra} for extra in extras[1:]]
+                    if sync_conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+                        # the ids of the rows, in the order given (the history records them)
+                        made_ids = session.scalars(
+                            insert(AssetEventRow).returning(
+                                AssetEventRow.id, sort_by_parameter_order=True), rest).all()
+                        for i, made_id in zip(indexes[1:], made_ids, strict=True):
+                            ids[i] = int(made_id)
+                    else:
+                        session.execute(insert(AssetEventRow), rest)
                     for i in indexes[1:]:
                         counts[i] += 1
                     callbacks.extend(calls)
@@ -148,7 +160,7 @@ class AssetEvents:
 
         await conn.run_sync(register)
         self.written += sum(counts)
-        return counts, callbacks
+        return counts, ids, callbacks
 
 
 def _listener_calls(callbacks: Sequence[Callable[[], None]], extras: Sequence[dict[str, Any]]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,6 +47,21 @@ from localstate._sync.driver_errors import is_unreachable
 from localstate._sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
 from localstate._sync.fenced_write import select_rows, write_events, write_fenced
 from localstate._sync.fleet import FleetStatus
+from localstate._sync.history import (
+    HistoryPolicy,
+    HistoryRow,
+    HistoryTrim,
+    OwnerSummary,
+    column_time,
+    event_rows,
+    history_query,
+    record_claim,
+    record_events,
+    record_watermarks,
+    rows_of,
+    summary,
+    trim,
+)
 from localstate._sync.schema import fleet, owner_claim, require_current, state_variable, upgrade
 from localstate.errors import (
     CentralError,
@@ -97,6 +113,20 @@ class CentralStore:
         self.asset_mirror: AssetMirror | None = None
         #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
         self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
+        #: the owners' history this store writes and trims (`use_history`)
+        self._history_trim = HistoryTrim(HistoryPolicy())
+
+    @property
+    def history(self) -> HistoryPolicy:
+        """Whether writes record history, and its bounds (`localstate._sync.history`)."""
+        return self._history_trim.policy
+
+    def use_history(self, policy: HistoryPolicy, clock: Callable[[], float] = time.monotonic
+                    ) -> None:
+        """Write (or not) history under `policy` from the next write on (set by the opener
+        from the settings ``history``, ``history_max_rows``, ``history_max_age``,
+        ``history_watermark_every``); `clock`: the seconds its windows are counted in."""
+        self._history_trim = HistoryTrim(policy, clock)
 
     @property
     def _sql(self) -> BatchSql:
@@ -280,8 +310,9 @@ class CentralStore:
         reach) so never takes the owner back from a triggerer that took it over meanwhile.
         """
         await self._ready()
+        now = datetime.now(timezone.utc).timestamp()
         params = {"owner": owner, "by": claimant, "writer": writer,
-                  "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
+                  "at": self._sql.timestamp(now)}
         async with self._claim_slots, self._errors("claim"), self.engine.begin() as conn:
             if unless_claimed_since is not None:
                 c = owner_claim.c
@@ -293,7 +324,12 @@ class CentralStore:
             if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
                 result = await conn.execute(self._sql.claim_epoch, params)
             epoch = int(result.scalar_one())
+            if self.history.enabled:
+                await record_claim(conn, owner, epoch, claimant, writer,
+                                   column_time(self.dialect, now))
         self.transactions += 1
+        if self.history.enabled:
+            await self._trim_history([owner])
         return epoch
 
     async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
@@ -419,13 +455,19 @@ class CentralStore:
         # taken before any await: a status noted just before this call is this batch's
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
+        history = self.history.enabled
+        marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status)
+                                          status, history, marks)
+            if history and self.dialect != "postgresql":  # there: in the upsert itself
+                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
             if self.asset_mirror is not None:  # Airflow's asset_state_store, same transaction
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        if history:
+            await self._trim_history(self._marked(outcomes, marks))
         return outcomes
 
     async def write_with_events(
@@ -438,19 +480,97 @@ class CentralStore:
         Airflow's listeners hear of the asset events once the transaction has committed."""
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
+        history = self.history.enabled
+        marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
             outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status)
+                                          status, history, marks)
+            if history and self.dialect != "postgresql":  # there: in the upsert itself
+                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
             if self.asset_mirror is not None and outcomes:
                 await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
             statuses, callbacks = await write_events(
-                conn, events, writer, self.asset_events, self._now_column())
+                conn, events, writer, self.asset_events, self._now_column(), history)
         self.transactions += 1
         self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
         self.events_committed += statuses.count("committed")
         if callbacks:  # Airflow's listeners, of the asset events just committed
             run_callbacks(callbacks)
+        if history:
+            await self._trim_history([*self._marked(outcomes, marks), *(e.owner for e in events)])
         return outcomes, statuses
+
+    # -- the owners' history (`localstate._sync.history`) ---------------------------------
+
+    async def record_rejected(self, events: Sequence[EventRow], writer: str | None) -> None:
+        """Record `events` as ``rejected`` (refused as malformed by the central side, so no
+        flush transaction carries them), in a transaction of their own; nothing when history
+        is off."""
+        if not events or not self.history.enabled:
+            return
+        await self._ready()
+        rows = event_rows(events, ["rejected"] * len(events), None, writer, self._now_column())
+        async with self._errors("record rejected events"), self.engine.begin() as conn:
+            await record_events(conn, rows)
+        self.transactions += 1
+
+    async def read_history(self, owner: str, *, before: int | None = None, limit: int = 100,
+                           kinds: Sequence[str] = ()) -> list[HistoryRow]:
+        """`owner`'s history, newest first: `limit` rows older than row id `before`."""
+        await self._ready()
+        async with self._errors("read history"), read_connection(self.engine) as conn:
+            return rows_of(await conn.execute(
+                history_query(owner, before=before, limit=limit, kinds=kinds)))
+
+    async def history_summary(self, owner: str) -> OwnerSummary:
+        """`owner`'s counts at a glance (`localstate._sync.history.OwnerSummary`)."""
+        await self._ready()
+        now = datetime.now(timezone.utc).timestamp()
+        async with self._errors("read history"), read_connection(self.engine) as conn:
+            return await summary(conn, owner, now, self._column_time)
+
+    async def trim_history(self, *, max_rows: int | None = None,
+                           max_age: float | None = None) -> int:
+        """Trim every owner's history to `max_rows` rows and `max_age` seconds (default: this
+        store's policy), in one transaction; the rows deleted (``localstate db prune``)."""
+        await self._ready()
+        policy = self.history
+        rows = policy.max_rows if max_rows is None else max_rows
+        age = policy.max_age if max_age is None else max_age
+        cutoff = column_time(self.dialect, datetime.now(timezone.utc).timestamp() - age)
+        async with self._errors("trim history"), self.engine.begin() as conn:
+            deleted = await trim(conn, None, rows, cutoff)
+        self.transactions += 1
+        return deleted
+
+    def _marked(self, outcomes: Sequence[FlushOutcome], marks: set[str] | None) -> list[str]:
+        """The owners of `outcomes` whose watermark rows a committed flush recorded (`marks`:
+        the owners due, None: all), noted as recorded; an owner per row."""
+        owners = [o.row.owner for o in outcomes if o.resolution == "written"
+                  and (marks is None or o.row.owner in marks)]
+        self._history_trim.marked(owners)
+        return owners
+
+    async def _trim_history(self, owners: Iterable[str]) -> None:
+        """Count the rows just added to `owners`' history; trim those due (`HistoryTrim`), in
+        a transaction of its own. A failed trim is logged and left to the next one: the
+        write it follows has committed."""
+        trimmer = self._history_trim
+        trimmer.added(owners)
+        due, aged = trimmer.due()
+        if not due and not aged:
+            return
+        policy = trimmer.policy
+        cutoff = column_time(self.dialect, datetime.now(timezone.utc).timestamp()
+                             - policy.max_age) if aged else None
+        try:
+            async with self._errors("trim history"), self.engine.begin() as conn:
+                deleted = await trim(conn, due, policy.max_rows, cutoff)
+        except LocalStateError as exc:
+            log.warning("%s; the history is trimmed again after the next writes", exc)
+            return
+        self.transactions += 1
+        trimmer.done(due, aged, deleted)
 
 
     async def asset_events_ready(self) -> bool:
@@ -459,6 +579,10 @@ class CentralStore:
         await self._ready()
         async with self._errors("read"):
             return await self.asset_events.ready(self.engine)
+
+    def _column_time(self, ts: float) -> datetime:
+        """POSIX time `ts` as a timestamp column takes it (`column_time`)."""
+        return column_time(self.dialect, ts)
 
     def _now_column(self) -> datetime:
         """Now, as a timestamp column takes it: UTC, naive where the dialect keeps no offset."""

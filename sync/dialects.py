@@ -58,13 +58,22 @@ from localstate._sync.fleet import FleetStatus
 from localstate._sync.schema import (
     CLAIM_TABLE,
     FLEET_TABLE,
+    HISTORY_TABLE,
     MARIADB_NAME_COLLATION,
     MYSQL_NAME_COLLATION,
     STATE_TABLE,
 )
 
-__all__ = ["BatchSql", "batch_sql_for", "fleet_params", "fleet_statement", "prefix_upper_bound",
-           "upsert_with_fleet"]
+__all__ = [
+    "BatchSql",
+    "batch_sql_for",
+    "event_history_insert",
+    "fleet_params",
+    "fleet_statement",
+    "prefix_upper_bound",
+    "upsert_with_fleet",
+    "upsert_with_history",
+]
 
 _SET: Final = (
     'value = EXCLUDED.value, version = EXCLUDED.version, prev_version = EXCLUDED.prev_version, '
@@ -453,3 +462,42 @@ def fleet_params(dialect: str, status: FleetStatus,
     return {"f_id": status.triggerer, "f_host": status.host, "f_pid": status.pid,
             "f_at": at, "f_dirty": status.dirty_keys, "f_oldest": oldest,
             "f_rate": status.rows_per_s, "f_interval": status.flush_interval}
+
+
+# -- the history rows of a flush (`localstate._sync.history`) --------------------------------
+
+_RETURNING: Final = ' RETURNING t.owner, t."key", t.value, t.version, t.updated_at, t.updated_by'
+
+
+@cache
+def upsert_with_history(dialect: str, fleet: bool, some: bool = False) -> TextClause | None:
+    """The batch upsert (PostgreSQL's) returning the rows it wrote into the insert of their
+    ``watermark`` history rows, one statement (with the fleet row's upsert too, `fleet`);
+    the statement's row count is the upsert's. `some`: only the rows of the owners in the
+    text array ``:history_owners``. None where the dialect cannot (the caller inserts the
+    rows written after the upsert, `localstate._sync.history.record_watermarks`).
+    """
+    if dialect != "postgresql":
+        return None
+    ctes = f"fleet AS ({fleet_statement(dialect).text}), " if fleet else ""
+    return text(
+        f"WITH {ctes}up AS ({_PostgresSql.upsert.text}{_RETURNING}) "
+        f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", value, version, triggerer, '
+        "writer) SELECT up.owner, 'watermark', up.updated_at, up.\"key\", up.value, "
+        "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up"
+        + (" WHERE up.owner = ANY(CAST(:history_owners AS TEXT[]))" if some else ""))
+
+
+#: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's
+#: many-row insert of the same rows built and bound a parameter per column per row in Python)
+_EVENT_HISTORY_PG: Final = text(
+    f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", outcome, asset_event, epoch, writer) '
+    "SELECT r->>0, 'event', CAST(:at AS TIMESTAMPTZ), r->>1, r->>2, (r->>3)::bigint, "
+    "(r->>4)::bigint, CAST(:writer AS TEXT) FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r")
+
+
+def event_history_insert(dialect: str) -> TextClause | None:
+    """The one-statement insert of a flush's event history rows (params ``rows``: a JSON
+    array of [owner, key, outcome, asset event id, epoch], ``at``, ``writer``); None where
+    the rows go through SQLAlchemy's many-row insert."""
+    return _EVENT_HISTORY_PG if dialect == "postgresql" else None

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -96,8 +96,10 @@ from localstate._sync.dialects import (
     fleet_params,
     fleet_statement,
     upsert_with_fleet,
+    upsert_with_history,
 )
 from localstate._sync.fleet import FleetStatus
+from localstate._sync.history import event_rows, record_events
 from localstate._sync.schema import LEGACY_WRITER, event, owner_claim
 
 __all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
@@ -106,10 +108,14 @@ __all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
 async def write_fenced(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
     policies: PolicyMap, writer: str | None, status: FleetStatus | None = None,
+    history: bool = False, history_owners: set[str] | None = None,
 ) -> list[FlushOutcome]:
     """Write `rows` inside `conn`'s transaction, fenced on their bases, conflicts settled by
     each owner's policy and rows refused by a claim reported as claim losses; and `status`'s
-    fleet row, when given. `dialect`: the engine's dialect name (`fleet` keys on it)."""
+    fleet row, when given. `dialect`: the engine's dialect name (`fleet` keys on it).
+    `history`: on PostgreSQL, the rows written get their history rows in the upsert itself
+    (`upsert_with_history`; elsewhere the caller records them), those of `history_owners`
+    only when given."""
     # One lock order for every writer. Rows come in each worker's own order (the age of its
     # dirty keys), and two triggerers flushing the same keys in different orders lock them in
     # different orders: MariaDB's locked read and upsert take row locks in the order of the
@@ -121,7 +127,9 @@ async def write_fenced(
     # (3 % of a 10,000-row flush there, benches/bench_flush.py). On PostgreSQL the sorted
     # batch is also the faster one: 83-84 ms against 95 ms for 10,000 rows, in index order.
     in_order = sorted(rows, key=_row_key) if sql.row_locks else rows
-    outcomes = await _write_batch(conn, sql, dialect, in_order, policies, writer, status)
+    marks = _Marks(history, history_owners)
+    outcomes = await _write_batch(conn, sql, dialect, in_order, policies, writer, status,
+                                  marks)
     outcomes = await _claim_losses(conn, sql, outcomes, writer)
     if in_order is rows:
         return outcomes
@@ -148,7 +156,7 @@ async def select_rows(
 
 async def _write_batch(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
-    policies: PolicyMap, writer: str | None, status: FleetStatus | None,
+    policies: PolicyMap, writer: str | None, status: FleetStatus | None, history: _Marks,
 ) -> list[FlushOutcome]:
     # this file's own chain: a central row its sync worker wrote, or an earlier release's
     # row under the same updated_by (see the module docstring, 4)
@@ -206,7 +214,7 @@ async def _write_batch(
             else:
                 outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
     # 2. The fenced upsert; what it does not return was refused by the fence.
-    written = await _upsert(conn, sql, dialect, to_write, writer, status)
+    written = await _upsert(conn, sql, dialect, to_write, writer, status, history)
     refused: list[DirtyRow] = []
     if written is None and not replaced:
         # the common case, every row through the fence: one outcome per row, built flat
@@ -257,7 +265,7 @@ async def _write_batch(
             replaced[(r.owner, r.key)] = c
         else:
             outcomes.append(FlushOutcome(r, "adopted", c, True, policy.spec))
-    written = await _upsert(conn, sql, dialect, retry, writer)
+    written = await _upsert(conn, sql, dialect, retry, writer, None, history)
     for r, base, conflict in retry:
         version = next_version(r.version, base) if written is None else written.get(
             (r.owner, r.key))
@@ -271,26 +279,57 @@ async def _write_batch(
     return outcomes
 
 
+class _Marks(NamedTuple):
+    """Which rows a flush records in the history: none (`on` False), every written row
+    (`owners` None), or those of `owners`."""
+
+    on: bool
+    owners: set[str] | None
+
+    def statement(self, dialect: str, rows: Sequence[tuple[DirtyRow, int, bool]],
+                  fleet: bool) -> tuple[Any, dict[str, Any]]:
+        """The upsert that records the rows' history, and its extra parameters; (None, {})
+        when there is none to record (or the dialect records after the upsert)."""
+        if not self.on or not rows or dialect != "postgresql":
+            return None, {}
+        owners = self.owners
+        if owners is not None:
+            named = {r.owner for r, _b, _c in rows} & owners
+            if not named:
+                return None, {}
+            if len(named) < len({r.owner for r, _b, _c in rows}):
+                return (upsert_with_history(dialect, fleet, True),
+                        {"history_owners": sorted(named)})
+        return upsert_with_history(dialect, fleet), {}
+
+
+#: no history rows
+_NO_MARKS: Final = _Marks(False, None)
+
+
 async def _upsert(
     conn: AsyncConnection, sql: BatchSql, dialect: str,
     rows: Sequence[tuple[DirtyRow, int, bool]], writer: str | None,
-    status: FleetStatus | None = None,
+    status: FleetStatus | None = None, history: _Marks = _NO_MARKS,
 ) -> dict[StateKey, int] | None:
-    """Write `rows` fenced on their bases (and `status`'s fleet row). None: every row went
-    in, each at `next_version(row.version, base)`; else the versions of the rows that
-    went in."""
+    """Write `rows` fenced on their bases (and `status`'s fleet row; with `history`, on
+    PostgreSQL, their history rows). None: every row went in, each at
+    `next_version(row.version, base)`; else the versions of the rows that went in."""
     statement = sql.upsert
-    fleet_extra: dict[str, Any] = {}
+    with_history, history_params = history.statement(dialect, rows, status is not None)
+    fleet_extra: dict[str, Any] = dict(history_params)
     if status is not None:
-        sql = sql
-        fleet_extra = fleet_params(dialect, status,
-                                   sql.timestamp if dialect == "sqlite" else None)
-        combined = upsert_with_fleet(dialect, sql.upsert) if rows else None
+        fleet_extra |= fleet_params(dialect, status,
+                                    sql.timestamp if dialect == "sqlite" else None)
+        combined = None if not rows else (
+            with_history if with_history is not None else upsert_with_fleet(dialect, sql.upsert))
         if combined is None:
             await conn.execute(fleet_statement(dialect), fleet_extra)
-            fleet_extra = {}
+            fleet_extra = dict(history_params)
         else:
             statement = combined
+    elif with_history is not None:
+        statement = with_history
     if not rows:
         return {}
     # an unknown base (UNKNOWN_BASE, below 0) travels as 0: "replaced nothing", which the
@@ -360,13 +399,24 @@ _EVENT_CHUNK: Final = 500
 
 async def write_events(
     conn: AsyncConnection, events: Sequence[EventRow], writer: str | None,
-    assets: AssetEvents, now: Any,
+    assets: AssetEvents, now: Any, history: bool = False,
 ) -> tuple[list[EventStatus], list[Callable[[], Any]]]:
     """Write `events` in `conn`'s transaction (see "Events" above); one status per event,
     and the Airflow listener callbacks to run once the transaction committed. `now`: the
-    commit time (an aware datetime)."""
+    commit time (an aware datetime). `history`: with each event's history row
+    (`localstate._sync.history`), one statement for them all."""
     if not events:
         return [], []
+    statuses, callbacks, asset_ids = await _write_events(conn, events, writer, assets, now)
+    if history:
+        await record_events(conn, event_rows(events, statuses, asset_ids, writer, now))
+    return statuses, callbacks
+
+
+async def _write_events(
+    conn: AsyncConnection, events: Sequence[EventRow], writer: str | None,
+    assets: AssetEvents, now: Any,
+) -> tuple[list[EventStatus], list[Callable[[], Any]], list[int | None]]:
     owners = {e.owner for e in events}
     c = owner_claim.c
     claims = {o: (int(ep), w) for o, ep, w in await conn.execute(
@@ -398,14 +448,19 @@ async def write_events(
         else:
             known.add(k)
             new.append(e)
+    asset_ids: list[int | None] = [None] * len(events)
     if not new:
-        return statuses, []
+        return statuses, [], asset_ids
+    made: list[int | None] = []
     if any(asset_name(e.owner) is not None for e in new):  # an asset watcher's events
-        counts, callbacks = await assets.apply(conn, new)
+        counts, made, callbacks = await assets.apply(conn, new)
     else:
         counts, callbacks = [0] * len(new), []
     await conn.execute(insert(event), [
         {"owner": e.owner, "key": e.key, "seq": e.seq, "writer": writer, "epoch": e.epoch,
          "asset_events": n, "committed_at": now}
         for e, n in zip(new, counts, strict=True)])
-    return statuses, callbacks
+    if made:  # each committed event's asset event, in the order of `events`
+        by_event = iter(made)
+        asset_ids = [next(by_event) if s == "committed" else None for s in statuses]
+    return statuses, callbacks, asset_ids

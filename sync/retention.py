@@ -12,6 +12,9 @@ What goes (at ``now``):
   that can still arrive based on it. The horizon (default 30 days, at least one day) is far
   longer than any flush, backoff or handover window;
 * nothing of an owner whose rule says ``never``;
+* each owner's history rows past ``history_max_rows`` (the oldest) or older than
+  ``history_max_age`` (the writers trim as they add rows; this is the sweep of owners no
+  longer written), unless a dry run;
 * an event's de-duplication row (`localstate._sync.fenced_write`) older than the *event
   horizon* (default 7 days, at least one hour) once its owner's state was written after it:
   that later write is the watermark at or past the event's key, from which a trigger that
@@ -80,6 +83,8 @@ class PruneReport:
     dry_run: bool = False
     #: events' de-duplication rows deleted
     event_keys: int = 0
+    #: history rows past their owner's bounds deleted (`localstate._sync.history`)
+    history_rows: int = 0
 
     @property
     def deleted(self) -> int:
@@ -168,8 +173,12 @@ async def prune(
     event_keys, event_batches = await _prune_event_keys(
         central, cutoff=now - event_horizon, owner_prefix=owner_prefix, never=never,
         dry_run=dry_run, batch_size=batch_size)
+    # each owner's history to its bounds (the store's policy: the history settings); a dry
+    # run counts nothing there (the trim is one pass, not batches to count)
+    history_rows = 0 if dry_run else await central.trim_history()
     return PruneReport(rows=rows, tombstones=tombstones, scanned=scanned,
-                       batches=batches + event_batches, dry_run=dry_run, event_keys=event_keys)
+                       batches=batches + event_batches, dry_run=dry_run, event_keys=event_keys,
+                       history_rows=history_rows)
 
 
 async def _prune_event_keys(

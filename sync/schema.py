@@ -19,6 +19,15 @@ Two tables, named so they can live beside Airflow's own in its metadata database
     flush's time, the dirty keys it carried, the time of the oldest write among them, the rows
     per second the triggerer has been writing, and its flush interval. Written by each flush in
     its own transaction (`localstate._sync.fleet`).
+``localstate_event``
+    one row per event committed (``StateStore.emit``), keyed by (owner, key): the
+    de-duplication of replays.
+``localstate_history`` (migration 8)
+    a bounded record of what each owner's writers did (`localstate._sync.history`): one row per
+    watermark a flush committed (value, version, writer, triggerer), per event a flush carried
+    (its outcome: committed, duplicate, refused or rejected, and the asset event it made), and
+    per claim (epoch, triggerer). Written in the transaction that did the thing; kept within
+    ``history_max_rows`` per owner and ``history_max_age``.
 ``localstate_schema``
     one row per migration applied.
 
@@ -58,6 +67,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -80,6 +90,7 @@ __all__ = [
     "EVENT_TABLE",
     "FILLFACTOR",
     "FLEET_TABLE",
+    "HISTORY_TABLE",
     "LATEST_VERSION",
     "LEGACY_WRITER",
     "MARIADB_NAME_COLLATION",
@@ -92,6 +103,7 @@ __all__ = [
     "current_version",
     "event",
     "fleet",
+    "history",
     "metadata",
     "name_collation",
     "owner_claim",
@@ -110,6 +122,8 @@ CLAIM_TABLE: Final = "localstate_owner_claim"
 FLEET_TABLE: Final = "localstate_fleet"
 #: one row per event committed (`StateStore.emit`): its (owner, key) de-duplicates replays
 EVENT_TABLE: Final = "localstate_event"
+#: what each owner's writers did, bounded per owner (`localstate._sync.history`)
+HISTORY_TABLE: Final = "localstate_history"
 #: the ``writer`` migration 7 gives the rows of releases that wrote none (central schema
 #: below 3): their identity is their ``updated_by`` (`localstate._sync.fenced_write`, 4). No
 #: file's writer id (hex) is ever this.
@@ -223,6 +237,33 @@ def _event_table(meta: MetaData, names: str | None) -> Table:
 
 
 event = _event_table(metadata, None)
+
+
+def _history_table(meta: MetaData, names: str | None) -> Table:
+    return Table(
+        HISTORY_TABLE,
+        meta,
+        # the order rows were written in; SQLite autoincrements an INTEGER primary key only
+        Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+               autoincrement=True),
+        Column("owner", _name(names), nullable=False),
+        Column("kind", String(16), nullable=False),  # watermark, event or claim
+        Column("at", _timestamp(), nullable=False),
+        Column("key", _name(names), nullable=True),  # the state key or the event's key
+        Column("value", _json_text(), nullable=True),  # a watermark's value (NULL: deleted)
+        Column("version", BigInteger, nullable=True),  # a watermark's central version
+        Column("outcome", String(16), nullable=True),  # an event's: committed, duplicate, ...
+        Column("asset_event", BigInteger, nullable=True),  # the Airflow asset event it made
+        Column("epoch", BigInteger, nullable=True),  # a claim's epoch, an event's claim epoch
+        Column("triggerer", _name(names), nullable=True),  # updated_by, or the claimant
+        Column("writer", String(64), nullable=True),  # the local cache file that wrote it
+        Index("localstate_history_owner", "owner", "id"),
+        Index("localstate_history_at", "at"),
+        **_MYSQL_TABLE,
+    )
+
+
+history = _history_table(metadata, None)
 
 schema_table = Table(
     "localstate_schema",
@@ -341,6 +382,15 @@ def _v7_fence_earlier_releases(conn: Connection) -> None:
     conn.execute(text(rename.format(old=_STATE_TABLE_BEFORE_7, new=STATE_TABLE)))
 
 
+def _v8_create_history(conn: Connection) -> None:
+    # Pinned here, where the model is still this one; checkfirst as in v5. No fence: the table
+    # is a record, not a condition of any write. A process of the release before, still
+    # running, keeps flushing correctly and only leaves no history rows (its flushes are
+    # missing from the record until it restarts on this release); nothing it writes can
+    # corrupt a row written here, since it never names this table.
+    _history_table(MetaData(), name_collation(conn.dialect)).create(conn, checkfirst=True)
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "create localstate_state_variable", _v1_create_state_variable),
     Migration(2, "state table fillfactor for HOT updates", _v2_state_variable_fillfactor),
@@ -350,6 +400,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(6, "events committed with watermarks", _v6_create_event),
     Migration(7, "earlier releases' rows marked, their writers fenced out",
               _v7_fence_earlier_releases),
+    Migration(8, "history of each owner's watermarks, events and claims", _v8_create_history),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

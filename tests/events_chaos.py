@@ -35,6 +35,7 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -353,8 +354,11 @@ async def _where_missing(db: asyncpg.Connection, events: dict[str, list[dict[str
 
 
 async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
-              progress: bool = False) -> Outcome:
-    """The whole scenario; every process it started is stopped when it returns."""
+              progress: bool = False, env: dict[str, str] | None = None,
+              inspect: Callable[[Deployment, int], Awaitable[None]] | None = None) -> Outcome:
+    """The whole scenario; every process it started is stopped when it returns. `env`: more
+    environment of every process; `inspect`: called with the deployment and the items fed
+    once the emit watchers have every event, while the processes still run."""
     started = time.monotonic()
     d = new_airflow(pg_server, tmp)
     dags = tmp / "dags"
@@ -365,6 +369,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
         "LOCALSTATE_E2E_SOURCE": str(source),
         **fast_loops(dags, health_threshold=schedule.health_threshold, executor="LocalExecutor"),
+        **(env or {}),
     })
     w = schedule.watchers
     emit_names = [f"emit_{i}" for i in range(w)]
@@ -431,6 +436,8 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
             r.outcome.log.extend(await _where_missing(db, events, emit_names, fed))
         r.outcome.consumer_runs = int(await db.fetchval(
             "SELECT count(*) FROM dag_run WHERE dag_id = 'localstate_events_chaos'"))
+        if inspect is not None:
+            await inspect(d, fed)
     finally:
         if scheduler is not None:
             stop(scheduler)

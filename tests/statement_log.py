@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from localstate import StateStore
 from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import FLEET_TABLE
+from localstate._sync.schema import FLEET_TABLE, HISTORY_TABLE
 
 
 class StatementLog:
@@ -46,14 +46,19 @@ class StatementLog:
             event.remove(self._engine, "commit", self._on_commit)
 
     def of_kind(self, verb: str) -> list[tuple[str, Any]]:
-        """The statements of `verb` on the state (the fleet row each flush records is left
-        out: on PostgreSQL its ``WITH fleet AS (...)`` prefix, elsewhere its statement)."""
+        """The statements of `verb` on the state (the fleet row and the history rows each
+        flush records are left out: on PostgreSQL their ``WITH fleet AS (...)`` and ``WITH
+        up AS (...) INSERT INTO localstate_history`` wrappers, elsewhere their statements)."""
         out = []
         for s, p in self.statements:
             text = s.lstrip()
-            if text.startswith("WITH fleet AS ("):
+            if "), up AS (" in text and text.startswith("WITH fleet AS ("):
+                text = text[text.index("), up AS (") + len("), up AS ("):]
+            elif text.startswith("WITH fleet AS ("):
                 text = text[text.index(") INSERT") + 2:]
-            elif FLEET_TABLE in text.split("(", 1)[0]:
+            elif text.startswith("WITH up AS ("):
+                text = text[len("WITH up AS ("):]
+            elif FLEET_TABLE in text.split("(", 1)[0] or HISTORY_TABLE in text.split("(", 1)[0]:
                 continue
             if text.upper().startswith(verb):
                 out.append((s, p))

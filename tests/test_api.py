@@ -692,7 +692,7 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
     doc = r.json()
     assert set(doc["paths"]) == {"/api/v1/state", "/api/v1/state/{owner}/{key}",
                                  "/api/v1/status", "/api/v1/fleet", "/api/v1/health",
-                                 "/api/v1/me",
+                                 "/api/v1/me", "/api/v1/history",
                                  # the batched endpoints of sink = api
                                  "/api/v1/flush", "/api/v1/read", "/api/v1/write",
                                  "/api/v1/claim"}

@@ -237,6 +237,11 @@ BAD_VALUES = [
     ("watch_config", "sometimes", "true or false"),
     ("api_open", "perhaps", "true or false"),
     ("asset_mirror", "sometimes", "auto, on, off"),
+    ("history", "sometimes", "true or false"),
+    ("history_max_rows", "0", "whole number greater than 0"),
+    ("history_max_age", "soon", "an age"),
+    ("history_max_age", "0s", "above zero"),
+    ("history_watermark_every", "-1", "0 or more"),
     ("retention", "trigger:*=7x", "not an age"),
     ("retention", "trigger:*", "owner-glob=age"),
 ]

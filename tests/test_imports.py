@@ -168,7 +168,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "localstate._sync", "localstate._sync.schema", "localstate._sync.fleet",
         "localstate._sync.dialects", "localstate._sync.driver_errors", "localstate._sync.engine",
         "localstate._sync.asset_mirror", "localstate._sync.asset_events",
-        "localstate._sync.fenced_write",
+        "localstate._sync.history", "localstate._sync.fenced_write",
         "localstate._sync.cas_write", "localstate._sync.central_store",
         "localstate._sync.retention",
     }),

@@ -161,7 +161,8 @@ def test_cli_prune(central_url: str, capsys: pytest.CaptureFixture[str]) -> None
     assert asyncio.run(remaining(central_url)) == before
     assert main(["db", "prune", "--older-than", "7d", "--owner-prefix", "trigger:",
                  "--batch-size", "1", "--central-url", central_url]) == 0
-    assert "deleted 3 rows, 1 tombstones and 0 event keys" in capsys.readouterr().out
+    assert "deleted 3 rows, 1 tombstones, 0 event keys and 0 history rows" in (
+        capsys.readouterr().out)
     assert main(["db", "prune", "--older-than", "7x", "--central-url", central_url]
                 ) == EXIT_USAGE
     assert "--older-than" in capsys.readouterr().err

@@ -29,13 +29,16 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKEN = "ui-browser-token-0123456789"
+#: a Viewer's: reads every owner, writes none
+READ_TOKEN = "ui-browser-viewer-0123456789"
 
 
 @pytest_asyncio.fixture
 async def live_url(open_store: StoreFactory) -> AsyncIterator[str]:
     """The app over a serving store, on a free loopback port, in this test's event loop."""
     store = await open_store(triggerer_id="ui-api")
-    tokens = Settings.resolve({"api_tokens": f"{TOKEN}:read-write:*"}).api_tokens
+    tokens = Settings.resolve(
+        {"api_tokens": f"{TOKEN}:read-write:*, {READ_TOKEN}:read:*"}).api_tokens
     config = uvicorn.Config(create_app(store.settings, local=store, tokens=tokens),
                             host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
@@ -289,3 +292,76 @@ async def test_the_fleet_view_shows_lag_and_backlog_and_tells_idle_from_stalled(
             assert not errors, errors
         finally:
             await browser.close()
+
+
+async def test_the_watcher_view_shows_events_with_outcomes_watermarks_and_claims(
+    live_url: str, open_store: StoreFactory, tmp_path: Path,
+) -> None:
+    """A watcher that emits, is taken over while its old triggerer goes on (a zombie) and
+    replays an event: a Viewer opens its history from the owner's row and sees each event
+    once with its outcome, its watermark advances in order and both claims with epochs."""
+    owner = "trigger:watched"
+    first = await open_store(triggerer_id="triggerer-a", history_watermark_every=0)
+    assert await first.claim(owner) == 1
+    await first.emit(owner, {"n": 1}, watermark=1)
+    await first.flush()
+    await first.emit(owner, {"n": 2}, watermark=2)
+    await first.flush()
+    second = await open_store(triggerer_id="triggerer-b", history_watermark_every=0)
+    assert await second.claim(owner) == 2
+    await first.emit(owner, {"n": 3}, watermark=3)  # the zombie's
+    await first.flush()
+    await second.emit(owner, {"n": 2}, watermark=2, key="2")  # a replay
+    await second.emit(owner, {"n": 3}, watermark=3)
+    await second.flush()
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(f"{live_url}/?token={READ_TOKEN}")
+            state_row = page.locator(f'#rows tr[data-owner="{owner}"]')
+            await expect(state_row).to_have_count(1)
+            await expect(state_row.locator("button.edit")).to_have_count(0)  # a Viewer
+            await state_row.locator("button.history").click()
+            watcher = page.locator("#watcher")
+            await expect(watcher).to_have_attribute("data-loaded", owner)
+            events = page.locator("#w-rows tr[data-kind=event]")
+            await expect(events).to_have_count(5)
+            outcomes = [await events.nth(i).get_attribute("data-outcome") for i in range(5)]
+            keys = [await events.nth(i).locator("td.key").inner_text() for i in range(5)]
+            # newest first
+            assert list(zip(keys, outcomes, strict=True)) == [
+                ("3", "committed"), ("2", "duplicate"), ("3", "refused"),
+                ("2", "committed"), ("1", "committed")]
+            claims = page.locator("#w-rows tr[data-kind=claim]")
+            await expect(claims).to_have_count(2)
+            assert [await claims.nth(i).locator("td.epoch").inner_text() for i in range(2)] \
+                == ["2", "1"]
+            assert [await claims.nth(i).locator("td.triggerer").inner_text()
+                    for i in range(2)] == ["triggerer-b", "triggerer-a"]
+            marks = page.locator("#w-marks li")
+            await expect(marks).to_have_count(3)
+            texts = [await marks.nth(i).inner_text() for i in range(3)]
+            assert [t.rsplit(": ", 1)[1] for t in texts] == ["1", "2", "3"]  # in order
+            versions = [int(await marks.nth(i).get_attribute("data-version") or 0)
+                        for i in range(3)]
+            assert versions == sorted(versions)
+            assert len(set(versions)) == 3
+            await expect(page.locator("#w-events")).to_have_text(
+                "3 committed · 1 duplicate · 1 refused · 0 rejected")
+            await expect(page.locator("#w-epoch")).to_have_text("2")
+            # a link to share: the view opens from the address
+            assert f"history={owner.replace(':', '%3A')}" in page.url
+            shot = tmp_path / "localstate-ui-watcher.png"
+            await page.screenshot(path=str(shot), full_page=True)
+            reopened = await browser.new_page()
+            await reopened.goto(f"{live_url}/?token={READ_TOKEN}&history={owner}")
+            await expect(reopened.locator("#w-rows tr[data-kind=event]")).to_have_count(5)
+            assert errors == []
+        finally:
+            await browser.close()
+    print(f"screenshot: {shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

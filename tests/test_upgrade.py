@@ -128,7 +128,7 @@ async def test_upgrade_from_the_previous_release(
             upgrades = [r.getMessage() for r in caplog.records
                         if "upgraded the localstate schema of the central DB" in r.getMessage()]
             assert len(upgrades) == 1, upgrades
-            assert "from version 2 to 7" in upgrades[0], upgrades
+            assert "from version 2 to 8" in upgrades[0], upgrades
             cache_upgrades = [r.getMessage() for r in caplog.records
                               if r.getMessage().startswith("upgraded the local cache")]
             assert cache_upgrades == [
@@ -280,7 +280,7 @@ async def test_airflow_db_migrate_upgrades_the_previous_releases_schema(
         steps = [r.getMessage() for r in caplog.records
                  if "upgraded the localstate schema of the central DB" in r.getMessage()]
         assert [s.split(" to ")[1].split(":")[0] for s in steps] == [
-            str(v) for v in range(3, 8)], steps  # one line per step, 3 to 7
+            str(v) for v in range(3, 9)], steps  # one line per step, 3 to 8
         first = _state(engine)
         with engine.connect() as conn:
             marked = conn.execute(text(

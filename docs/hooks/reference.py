@@ -574,6 +574,7 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines += _events_section(docs_dir)
     lines += _api_body_section(docs_dir)
     lines += _exit_section(docs_dir)
+    lines += _history_section(docs_dir)
     return "\n".join(lines)
 
 
@@ -638,6 +639,36 @@ def _exit_section(docs_dir: Path) -> list[str]:
         lines.append(f"| {labels.get(r['case'], r['case'])} | {r['median_s']:.2f} s "
                      f"({r['min_s']:.2f}–{r['max_s']:.2f}) | {r['x_closed']:.2f}× | "
                      f"{r['hung']} of {data['rounds']} |")
+    lines.append("")
+    return lines
+
+
+def _history_section(docs_dir: Path) -> list[str]:
+    """A watcher's history: what it costs a flush, and its bounds over a churn run."""
+    path = docs_dir / "bench-history.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["## A watcher's history: its cost to a flush", "",
+             f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; PostgreSQL on loopback; "
+             "`python benches/bench_history.py --json docs/bench-history.json`. Three stores "
+             "in one run, taking turns each round: history off, on (the default "
+             "`history_watermark_every`, its window counted in one-second flush intervals) and "
+             "on for every flush (`history_watermark_every = 0`); throughput over every flush "
+             "of the run.*", "",
+             "| flush of | off rows/s | on rows/s | × off | every flush rows/s | × off |",
+             "|---|---|---|---|---|---|"]
+    for r in data["flush"]:
+        what = f"{r['keys']:,} {'owners emitting' if r['kind'] == 'events' else 'watermarks'}"
+        lines.append(f"| {what} | {r['off_rows_per_s']:,.0f} | {r['on_rows_per_s']:,.0f} | "
+                     f"{r['on_vs_off']:.2f}× | {r['every_rows_per_s']:,.0f} | "
+                     f"{r['every_vs_off']:.2f}× |")
+    c = data.get("churn")
+    if c:
+        lines += ["", f"**Churn**, same run: {c['owners']:,} owners flushed {c['flushes']:,} "
+                  f"times (a third emitting) with `history_max_rows` {c['max_rows']}: at most "
+                  f"{c['most_rows_held']} rows held by any owner (bound with the trim's tenth: "
+                  f"{c['bound_with_slack']}), {c['rows_at_end']:,} rows at the end."]
     lines.append("")
     return lines
 

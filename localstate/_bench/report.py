@@ -30,7 +30,7 @@ from localstate._bench.runner import BenchConfig, BenchRow, rss_mb, run_scenario
 from localstate._sync.central_store import CentralStore
 from localstate.errors import LocalStateError
 
-__all__ = ["print_table", "run_bench", "summary", "write_json", "write_plot"]
+__all__ = ["machine_info", "print_table", "run_bench", "summary", "write_json", "write_plot"]
 
 
 async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -103,7 +103,7 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                              rows_per_txn=1.0, rss_mb=rss_mb(), note=peer_note))
         progress.step(f"Airflow MetastoreBackend.aset: {peer_rate:,.0f} calls/s")
     return {
-        "machine": _machine(),
+        "machine": machine_info(),
         "settings": {
             "central_url": _hide(cfg.url), "dialect": dialect, "duration_s": cfg.duration,
             "triggers": cfg.triggers, "modes": cfg.modes, "poll_delay_s": cfg.poll_delay,
@@ -197,7 +197,8 @@ def _hide(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
+    """The machine and versions a benchmark ran on (its JSON's ``machine``)."""
     import aiosqlite
     import orjson
     import sqlalchemy

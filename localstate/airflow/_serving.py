@@ -33,6 +33,7 @@ from localstate._config import Settings, default_triggerer_id
 from localstate._sync.asset_mirror import AssetMirror
 from localstate._sync.central_store import CentralStore
 from localstate._sync.engine import async_url
+from localstate._sync.history import HistoryPolicy
 from localstate.airflow._auth import AirflowAuthorizer
 from localstate.api._app import create_app
 
@@ -80,6 +81,7 @@ async def open_app(central_url: str, *, asset_states: bool, **more: Any
         stack.push_async_callback(central.close)
         if settings.asset_mirror != "off":
             central.asset_mirror = AssetMirror(settings.asset_mirror)
+        central.use_history(HistoryPolicy.of(settings))
         app = create_app(settings, central=central,
                          auth=AirflowAuthorizer(settings.api_tokens), asset_states=asset_states)
         return app, stack.pop_all().aclose

@@ -32,10 +32,12 @@ from localstate._model import NAME_RULE
 from localstate._setting_specs import ApiToken
 from localstate._store import StateStore
 from localstate._sync.central_store import CentralStore
+from localstate._sync.history import HistoryPolicy
 from localstate.api._auth import Authorizer
 from localstate.api._context import ServerContext
 from localstate.api._csrf import CsrfGuard
 from localstate.api._errors import ApiError, error_response, install_error_handlers
+from localstate.api._history_routes import router as history_router
 from localstate.api._paths import STATE_PATH
 from localstate.api._routes import router
 from localstate.api._sink_routes import SINK_PATHS
@@ -180,6 +182,7 @@ def create_app(
                     settings.resolved_central_url, upgrade_schema=settings.upgrade_schema,
                     transaction_timeout=settings.central_transaction_timeout)
                 stack.push_async_callback(opened.close)
+                opened.use_history(HistoryPolicy.of(settings))
                 ctx.central = opened
                 stack.callback(setattr, ctx, "central", None)
             yield
@@ -202,6 +205,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(sink_router)
+    app.include_router(history_router)
     app.include_router(build_ui_router())
     # value limit, room for JSON whitespace and escapes, and the body's own fields; a batch:
     # what api_max_batch_rows rows can need, no more than a client sends (Settings)

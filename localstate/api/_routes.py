@@ -56,7 +56,7 @@ from localstate.api._schemas import (
 )
 from localstate.api._view import Item, item_from_row, local_override, local_overrides
 
-__all__ = ["router"]
+__all__ = ["MAX_PAGE", "router"]
 
 log = logging.getLogger("localstate.api.routes")
 

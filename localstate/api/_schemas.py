@@ -14,6 +14,9 @@ __all__ = [
     "ErrorBody",
     "FlushStateName",
     "Health",
+    "HistoryItem",
+    "HistoryPage",
+    "HistorySummary",
     "Me",
     "PutBody",
     "StateItem",
@@ -186,3 +189,47 @@ def error_responses(*statuses: int, **described: str) -> dict[int | str, dict[st
     for name, text in described.items():
         out[int(name.removeprefix("s"))] = {"model": ErrorBody, "description": text}
     return out
+
+
+class HistoryItem(BaseModel):
+    """One row of an owner's history: a watermark a flush committed, an event with its
+    outcome, or a claim."""
+
+    id: int = Field(description="its place in the history (pass the last as ?before=)")
+    kind: Literal["watermark", "event", "claim"]
+    at: datetime = Field(description="a watermark's write time; an event's or claim's commit")
+    key: str | None = Field(description="the state key, or the event's key")
+    value: Any = Field(default=None, description="a watermark's value (null: a deletion)")
+    version: int | None = Field(description="a watermark's central version")
+    outcome: Literal["committed", "duplicate", "refused", "rejected"] | None = Field(
+        description="an event's: committed, duplicate (a replay), refused (a zombie's: its "
+                    "claim epoch is below the owner's), rejected (malformed)")
+    asset_event: int | None = Field(description="the Airflow asset event a committed event "
+                                    "made")
+    epoch: int | None = Field(description="a claim's epoch; the claim epoch of an event")
+    triggerer: str | None
+    writer: str | None = Field(description="the local cache file whose flush wrote it")
+
+
+class HistorySummary(BaseModel):
+    """An owner's counts at a glance."""
+
+    events_last_hour: dict[str, int] = Field(description="events by outcome")
+    last_event_at: datetime | None
+    last_watermark_at: datetime | None
+    last_claim_at: datetime | None
+    epoch: int | None = Field(description="the latest claim's epoch")
+    rows: int = Field(description="history rows held")
+    since_event_s: float | None
+    since_watermark_s: float | None
+    lag_s: float | None = Field(description="how far the watermark trails the last event")
+
+
+class HistoryPage(BaseModel):
+    """GET /api/v1/history: an owner's history, newest first."""
+
+    owner: str
+    summary: HistorySummary | None = Field(description="on the first page only")
+    items: list[HistoryItem]
+    next_before: int | None = Field(description="pass as ?before= for the next page; null on "
+                                    "the last page")

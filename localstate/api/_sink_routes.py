@@ -247,11 +247,15 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
     if not caller.can_write:
         caller.require_write("")
     raw = await _body(request)
-    if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
-        body, rows, events, status, named = await asyncio.to_thread(
-            _parse_flush, raw, caller, ctx)
-    else:
-        body, rows, events, status, named = _parse_flush(raw, caller, ctx)
+    try:
+        if len(raw) > _OFF_LOOP_BYTES:  # parsing megabytes would stall every other request
+            body, rows, events, status, named = await asyncio.to_thread(
+                _parse_flush, raw, caller, ctx)
+        else:
+            body, rows, events, status, named = _parse_flush(raw, caller, ctx)
+    except _RefusedForGood as refused:
+        await c.record_rejected(refused.events, caller.writer_tag(_writer(refused.writer)))
+        raise refused.error from None
     del raw  # parsed: the rows hold what the request carried
     writer = caller.writer_tag(_writer(body.get("writer")))
     policy_map = _policies(body.get("policies", "reject"))
@@ -317,8 +321,25 @@ def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
     if "events" in body:
         events = decode_rows(EventRow, body.get("event_fields"), body.pop("events"))
         _require_owners(caller, {e.owner for e in events}, write=True)
-        _check_events(events, ctx.settings.max_value_bytes)
+        try:
+            _check_events(events, ctx.settings.max_value_bytes)
+        except (WireError, ValueTooLarge) as exc:
+            if len(events) == 1 and not rows:
+                raise _RefusedForGood(events, exc, body.get("writer")) from exc
+            raise
     return body, rows, events, status, named
+
+
+class _RefusedForGood(Exception):
+    """One event the checks refuse, with no rows beside it: the sink halves a refused batch
+    down to single events (`SyncWorker.settle_rejected`), so this one is refused for good and
+    the route records it in its owner's history before it answers."""
+
+    def __init__(self, events: list[EventRow], error: Exception, writer: Any) -> None:
+        super().__init__(str(error))
+        self.events = events
+        self.error = error
+        self.writer = writer
 
 
 @router.post("/read", summary="The central records of a batch of keys, or of one owner "

@@ -5,6 +5,7 @@
     localstate delete OWNER KEY [--expected-version N]
     localstate ls [--owner PREFIX] [--limit N] [--json]
     localstate status [--fleet] [--json]
+    localstate history OWNER [--limit N] [--kind KIND ...] [--json]
     localstate flush [--cache PATH ...] [--json]
     localstate serve [--host HOST] [--port PORT]
     localstate bench [--quick] [--central-url URL] [--json PATH] [--plot PATH] ...
@@ -66,6 +67,7 @@ from localstate.cli._exit_codes import (
     NotFound,
 )
 from localstate.cli._flush import cmd_flush
+from localstate.cli._history import cmd_history
 from localstate.cli._printing import schema_upgrades_shown
 from localstate.cli._prune import cmd_db_prune
 from localstate.cli._records import cmd_delete, cmd_get, cmd_ls, cmd_set
@@ -204,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="every triggerer's lag and backlog (the fleet table)")
     central_url(st)
     st.set_defaults(handler=cmd_status)
+
+    hist = sub.add_parser("history", help="an owner's history: the watermarks its flushes "
+                                          "committed, its events with their outcome, its "
+                                          "claims (central DB, or the API)")
+    hist.add_argument("owner", metavar="OWNER", help="e.g. asset_watcher:orders")
+    hist.add_argument("--limit", type=positive_count, default=50, metavar="N",
+                      help="the newest N rows, printed oldest first (default 50)")
+    hist.add_argument("--kind", action="append", choices=["watermark", "event", "claim"],
+                      help="only this kind (repeatable)")
+    hist.add_argument("--json", action="store_true", help="as JSON, for scripts")
+    central_url(hist)
+    hist.set_defaults(handler=cmd_history)
 
     fl = sub.add_parser("flush", help="flush cache files no live process holds")
     fl.add_argument("--cache", action="append", metavar="PATH",

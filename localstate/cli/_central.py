@@ -56,6 +56,7 @@ async def open_central(settings: Settings, *, read_only: bool = False
     schema raises `SchemaError`, saying to run ``localstate db upgrade``). A database with
     none of localstate's tables gets them, as on any first use (under `upgrade_schema`)."""
     from localstate._sync.central_store import CentralStore
+    from localstate._sync.history import HistoryPolicy
 
     url = central_url_for(settings)
     timeout = settings.central_transaction_timeout
@@ -67,6 +68,7 @@ async def open_central(settings: Settings, *, read_only: bool = False
         if not (read_only and settings.upgrade_schema and await schema_version(url) == 0):
             raise
         central = await CentralStore.open(url, upgrade_schema=True, transaction_timeout=timeout)
+    central.use_history(HistoryPolicy.of(settings))
     try:
         yield central
     finally:

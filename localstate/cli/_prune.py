@@ -48,7 +48,7 @@ def cmd_db_prune(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {result['rows']} rows, {result['tombstones']} tombstones and "
-          f"{result['event_keys']} event keys ({result['scanned']} old rows looked at, "
-          f"{result['batches']} delete transactions)")
+    print(f"{verb} {result['rows']} rows, {result['tombstones']} tombstones, "
+          f"{result['event_keys']} event keys and {result['history_rows']} history rows "
+          f"({result['scanned']} old rows looked at, {result['batches']} delete transactions)")
     return 0

@@ -54,6 +54,11 @@ class StateBackend(Protocol):
         """The fleet view: ``triggerers`` (as `lag_and_backlog` gives them), the totals."""
         ...
 
+    async def history(self, owner: str, limit: int, kinds: tuple[str, ...]) -> dict[str, Any]:
+        """`owner`'s newest `limit` history rows (newest first) and its summary, as the API
+        answers them (``items``, ``summary``; times as POSIX seconds)."""
+        ...
+
 
 def describe_backend(settings: Settings) -> tuple[str, str]:
     """(kind, where) of the state commands under `settings`: ("api", url) or ("central DB",
@@ -128,6 +133,19 @@ class _CentralBackend:
 
         return fleet_summary(await self.central.read_fleet(), time.time())
 
+    async def history(self, owner: str, limit: int, kinds: tuple[str, ...]) -> dict[str, Any]:
+        import orjson
+
+        rows = await self.central.read_history(owner, limit=limit, kinds=kinds)
+        s = await self.central.history_summary(owner)
+        items = [{**r.as_json(), "value": None if r.value is None else orjson.loads(r.value)}
+                 for r in rows]
+        summary = {"events_last_hour": s.events_last_hour, "last_event_at": s.last_event_at,
+                   "last_watermark_at": s.last_watermark_at, "last_claim_at": s.last_claim_at,
+                   "epoch": s.epoch, "rows": s.rows, "since_event_s": s.since_event,
+                   "since_watermark_s": s.since_watermark, "lag_s": s.lag}
+        return {"owner": owner, "summary": summary, "items": items}
+
 
 def _epoch(value: Any) -> float | None:
     if value is None:
@@ -184,3 +202,22 @@ class _ApiBackend:
                     "oldest_unflushed_at": _epoch(m.get("oldest_unflushed_at"))}
                    for m in body["triggerers"]]
         return {**body, "triggerers": members}
+
+    async def history(self, owner: str, limit: int, kinds: tuple[str, ...]) -> dict[str, Any]:
+        items: list[dict[str, Any]] = []
+        summary: dict[str, Any] | None = None
+        before: int | None = None
+        while len(items) < limit:
+            page = await self.client.history(owner, before=before, limit=min(_PAGE, limit -
+                                                                                len(items)),
+                                             kinds=kinds)
+            if summary is None:
+                summary = page["summary"]
+            items.extend({**i, "at": _epoch(i["at"])} for i in page["items"])
+            before = page["next_before"]
+            if before is None:
+                break
+        assert summary is not None
+        times = ("last_event_at", "last_watermark_at", "last_claim_at")
+        return {"owner": owner, "summary": {**summary, **{t: _epoch(summary[t]) for t in times}},
+                "items": items}

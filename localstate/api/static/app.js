@@ -214,6 +214,13 @@
     badge.textContent = item.flush_state;
     fs.appendChild(badge);
     const actions = cell(tr, "actions", "");
+    const hist = document.createElement("button");
+    hist.type = "button";
+    hist.className = "history";
+    hist.textContent = "History";
+    hist.title = "what this owner's watchers did: watermarks, events, claims";
+    hist.addEventListener("click", () => openWatcher(item.owner));
+    actions.appendChild(hist);
     if (canWrite) {
       const edit = document.createElement("button");
       edit.type = "button";
@@ -261,6 +268,123 @@
       if (tr.dataset.owner === owner && tr.dataset.key === key) return tr;
     }
     return null;
+  }
+
+  // -- the watcher view: one owner's history (api/v1/history) -------------------------------
+
+  let watched = null; // the owner shown
+  let historyBefore = null; // the next page's cursor
+  let watching = 0; // as `listing`: only the newest view's pages reach the table
+
+  function ago(s) {
+    return s === null || s === undefined ? "never" : `${seconds(s)} ago`;
+  }
+
+  function fillCounts(s) {
+    const counts = s.events_last_hour;
+    $("w-events").textContent = ["committed", "duplicate", "refused", "rejected"]
+      .map((o) => `${counts[o] || 0} ${o}`).join(" · ");
+    $("w-since-event").textContent = ago(s.since_event_s);
+    $("w-since-mark").textContent = ago(s.since_watermark_s);
+    $("w-lag").textContent = s.lag_s === null ? "–" : seconds(s.lag_s);
+    $("w-epoch").textContent = s.epoch === null ? "–" : String(s.epoch);
+  }
+
+  function historyRow(item) {
+    const tr = document.createElement("tr");
+    tr.className = item.kind;
+    tr.dataset.kind = item.kind;
+    tr.dataset.id = String(item.id);
+    cell(tr, "at", when(item.at));
+    cell(tr, "kind", item.kind === "claim" ? "claim" : item.kind);
+    cell(tr, "key", item.key || "");
+    const what = cell(tr, "what", "");
+    if (item.kind === "event") {
+      tr.dataset.outcome = item.outcome;
+      const badge = document.createElement("span");
+      badge.className = `badge ${item.outcome}`;
+      badge.textContent = item.outcome;
+      what.appendChild(badge);
+      if (item.asset_event !== null) {
+        const made = document.createElement("span");
+        made.className = "asset-event";
+        made.textContent = ` asset event ${item.asset_event}`;
+        what.appendChild(made);
+      }
+    } else if (item.kind === "watermark") {
+      const code = document.createElement("code");
+      code.textContent = `v${item.version} = ${preview(item.value)}`;
+      what.appendChild(code);
+    } else {
+      const badge = document.createElement("span");
+      badge.className = "badge claim";
+      badge.textContent = "claimed";
+      what.appendChild(badge);
+    }
+    cell(tr, "epoch", item.epoch === null ? "" : String(item.epoch));
+    cell(tr, "triggerer", item.triggerer || "");
+    return tr;
+  }
+
+  function addMarks(items) {
+    // the watermark over time, oldest first: each advance a flush committed
+    // (items come newest first: each goes before the ones shown, so older pages go first)
+    const marks = items.filter((i) => i.kind === "watermark");
+    const list = $("w-marks");
+    for (const m of marks) {
+      const li = document.createElement("li");
+      li.dataset.version = String(m.version);
+      li.textContent = `${m.key} v${m.version}: ${preview(m.value)}`;
+      li.title = `${when(m.at)} by ${m.triggerer || "?"}`;
+      list.insertBefore(li, list.firstChild);
+    }
+  }
+
+  async function loadHistory(reset) {
+    if (reset) {
+      watching += 1;
+      historyBefore = null;
+      $("w-rows").replaceChildren();
+      $("w-marks").replaceChildren();
+    }
+    const mine = watching;
+    const params = new URLSearchParams({ owner: watched, limit: String(PAGE) });
+    if (historyBefore !== null) params.set("before", String(historyBefore));
+    try {
+      const page = await api(`api/v1/history?${params}`);
+      if (mine !== watching) return;
+      if (page.summary) fillCounts(page.summary);
+      for (const item of page.items) $("w-rows").appendChild(historyRow(item));
+      addMarks(page.items);
+      historyBefore = page.next_before;
+      $("w-more").hidden = historyBefore === null;
+      $("w-empty").hidden = $("w-rows").children.length > 0;
+      $("watcher").dataset.loaded = watched;
+    } catch (e) {
+      if (mine !== watching) return;
+      say(`history of ${watched}: ${e.message}`, "error");
+    }
+  }
+
+  function openWatcher(owner) {
+    watched = owner;
+    $("w-owner").textContent = owner;
+    $("watcher").hidden = false;
+    delete $("watcher").dataset.loaded;
+    const params = new URLSearchParams(window.location.search);
+    params.set("history", owner);
+    window.history.replaceState(null, "", `${window.location.pathname}?${params}`);
+    loadHistory(true);
+    $("watcher").scrollIntoView();
+  }
+
+  function closeWatcher() {
+    watched = null;
+    $("watcher").hidden = true;
+    const params = new URLSearchParams(window.location.search);
+    params.delete("history");
+    const rest = params.toString();
+    window.history.replaceState(null, "", window.location.pathname + (rest ? `?${rest}` : ""));
   }
 
   // -- editing ---------------------------------------------------------------------------
@@ -354,6 +478,9 @@
       loadRows(true);
     });
     $("more").addEventListener("click", () => loadRows(false));
+    $("w-more").addEventListener("click", () => loadHistory(false));
+    $("w-close").addEventListener("click", closeWatcher);
+    $("w-refresh").addEventListener("click", () => loadHistory(true));
     $("edit-form").addEventListener("submit", save);
     $("edit-back").addEventListener("click", back);
     $("edit-confirm-save").addEventListener("click", confirmSave);
@@ -381,6 +508,9 @@
     setInterval(loadFleet, STATUS_EVERY_MS);
     await loadMe();  // before the rows: they show an Edit control only to a writer
     loadRows(true);
+    // ?history=OWNER: open on that owner's watcher view (a link to share)
+    const asked = new URLSearchParams(window.location.search).get("history");
+    if (asked) openWatcher(asked);
   }
 
   takeTokenFromUrl();
