@@ -60,7 +60,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: what code outside localstate imports (docs/architecture.md, "Public surface"); the rest,
 #: all of localstate._sync included, is internal
 PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "localstate.client",
-                  "localstate.airflow.trigger", "localstate.airflow.plugin",
+                  "localstate.airflow.trigger", "localstate.airflow.queues",
+                  "localstate.airflow.plugin",
                   "localstate.airflow.provider", "localstate.airflow.db_manager",
                   "localstate.api", "localstate.cli", "localstate.examples.*")
 _IMPORT = re.compile(r"^\s*(?:from\s+(localstate[\w.]*)\s+import|import\s+(localstate[\w.]*))",

@@ -84,6 +84,14 @@ ADVICE: dict[str, str] = {
     "EventsUnsupported": "`emit` needs a sink that writes the event and its watermark in one "
     "transaction: `sink = api`, or `sink = sql` on Airflow's metadata DB, with the cache on. "
     "Change the sink, or yield the event and set the watermark after it (at least once).",
+    "SourcePositionLost": "A queue watcher's watermark points at messages the queue no longer "
+    "holds: the Kafka partition's retention deleted offsets it had not read (or the topic was "
+    "recreated), or the Redis stream was trimmed (`XTRIM`, `MAXLEN`) past its last entry read. "
+    "Those messages are gone and the watcher stopped rather than skip them. Find out why it "
+    "fell behind (a long outage, a retention or `MAXLEN` shorter than the outage), then "
+    "decide: to accept the loss, set the watcher's watermark to the position the message "
+    "names as the earliest held (`localstate set <owner> watermark ...`, or delete it to "
+    "start from the queue's beginning), and lengthen the retention.",
     "CentralUnavailable": "The central DB (or the API server, with `sink = api`) could not be "
     "reached in the time allowed. Local writes go on and the worker retries with backoff; a "
     "`central`-durability write raised this and stays in the local cache. It also means a row "
