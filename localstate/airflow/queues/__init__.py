@@ -21,5 +21,6 @@ from __future__ import annotations
 
 from localstate.airflow.queues._kafka import KafkaTopicTrigger
 from localstate.airflow.queues._message import QueueMessage
+from localstate.airflow.queues._redis import RedisStreamTrigger
 
-__all__ = ["KafkaTopicTrigger", "QueueMessage"]
+__all__ = ["KafkaTopicTrigger", "QueueMessage", "RedisStreamTrigger"]
