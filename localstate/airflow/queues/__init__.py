@@ -22,5 +22,6 @@ from __future__ import annotations
 from localstate.airflow.queues._kafka import KafkaTopicTrigger
 from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._redis import RedisStreamTrigger
+from localstate.airflow.queues._sqs import SqsQueueTrigger
 
-__all__ = ["KafkaTopicTrigger", "QueueMessage", "RedisStreamTrigger"]
+__all__ = ["KafkaTopicTrigger", "QueueMessage", "RedisStreamTrigger", "SqsQueueTrigger"]
