@@ -14,12 +14,14 @@ read. Redis 7 or later (``entries-added``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from localstate._backoff import Backoff
 from localstate.airflow.queues._message import QueueMessage, text_or_base64
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import InvalidInput, SourcePositionLost
@@ -97,18 +99,34 @@ class RedisStreamTrigger(QueueTrigger):
                            db=int(extra.get("db", 0)), ssl=bool(extra.get("ssl", False)))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        import redis
+
         client = await self.client()
         try:
             stored = await self.get_watermark(default=None)
             if stored is None:
                 stored = await self._start_position(client)
             last_id, read = str(stored["id"]), int(stored["read"])
+            backoff = Backoff(base=0.2, cap=10.0)
             while True:
-                info, entries = await self._snapshot(client, last_id)
-                check_not_trimmed(self.stream, info, last_id, read)
-                if not entries:
-                    await client.xread({self.stream: last_id}, count=1, block=self.block_ms)
+                try:
+                    info, entries = await self._snapshot(client, last_id)
+                    check_not_trimmed(self.stream, info, last_id, read)
+                    if not entries:
+                        await client.xread({self.stream: last_id}, count=1,
+                                           block=self.block_ms)
+                        continue
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # Redis restarting, or out of reach: the position is ours, try again
+                    if not backoff.failures:
+                        log.warning("Redis stream %s out of reach (%s); retrying", self.stream,
+                                    exc)
+                    await asyncio.sleep(backoff.next_delay())
                     continue
+                if backoff.failures:
+                    log.info("Redis stream %s back after %d tries", self.stream,
+                             backoff.failures)
+                    backoff.reset()
                 messages = [self._message(entry_id, fields) for entry_id, fields in entries]
                 last_id = messages[-1].payload["id"]
                 read += len(messages)

@@ -17,6 +17,7 @@ The watermark counts the messages received (``{"received": n}``); it is not a po
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from localstate._backoff import Backoff
 from localstate._sync.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._queue_trigger import QueueTrigger
@@ -96,12 +98,25 @@ class SqsQueueTrigger(QueueTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from aiobotocore.session import get_session
+        from botocore.exceptions import BotoCoreError, ClientError
 
         kwargs = await self.client_kwargs()
         received = int((await self.get_watermark(default=None) or {}).get("received", 0))
         async with get_session().create_client("sqs", **kwargs) as client:
+            backoff = Backoff(base=0.2, cap=10.0)
             while True:
-                batch = await self.receive(client)
+                try:
+                    batch = await self.receive(client)
+                except (BotoCoreError, ClientError) as exc:
+                    # the endpoint out of reach, throttling, ...: nothing was taken
+                    if not backoff.failures:
+                        log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                if backoff.failures:
+                    log.info("SQS queue %s back after %d tries", self.queue_url,
+                             backoff.failures)
+                    backoff.reset()
                 if not batch:
                     continue
                 received += len(batch)
@@ -115,7 +130,12 @@ class SqsQueueTrigger(QueueTrigger):
                     log.warning("%d SQS messages not confirmed by the central DB (%s); they "
                                 "are not deleted and come back", len(batch), reason(exc))
                     continue
-                await self.delete(client, batch)
+                try:
+                    await self.delete(client, batch)
+                except (BotoCoreError, ClientError) as exc:
+                    # committed, not deleted: they come back and are de-duplicated
+                    log.warning("could not delete %d SQS messages (%s); they come back and "
+                                "their events are de-duplicated", len(batch), exc)
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
 
     async def receive(self, client: Any) -> list[dict[str, Any]]:
