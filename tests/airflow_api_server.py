@@ -41,10 +41,12 @@ def triggerer_token(name: str) -> str:
 
 def _api_tokens() -> str:
     """``api_tokens``: the machine token (no identity: recorded by its name, ``token 1``) and
-    one token per triggerer bound to its id, asset watchers only."""
+    one token per triggerer bound to its id: asset watchers, and the ``trigger:`` owners of
+    triggers watching several assets (a fan-out trigger's own watermark)."""
     return json.dumps([
         {"token": MACHINE_TOKEN, "role": "read-write", "owners": [MACHINE_PREFIX]},
-        *({"token": triggerer_token(n), "role": "read-write", "owners": [MACHINE_PREFIX],
+        *({"token": triggerer_token(n), "role": "read-write",
+           "owners": [MACHINE_PREFIX, "trigger:"],
            "name": n, "identity": n} for n in TRIGGERER_NAMES)])
 
 
