@@ -490,6 +490,7 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines += ["", "The model is described in [The fleet and the write budget]"
               "(guides/fleet.md).", ""]
     lines += _events_section(docs_dir)
+    lines += _queues_section(docs_dir)
     return "\n".join(lines)
 
 
@@ -538,6 +539,56 @@ def _events_section(docs_dir: Path) -> list[str]:
             r = chaos[key]
             lines.append(f"| {label} | {r['fed']:,} | {r['events']:,} | {r['duplicates']:,} | "
                          f"{r['missing']:,} | {r['out_of_order']:,} |")
+        lines.append("")
+    return lines
+
+
+def _queues_section(docs_dir: Path) -> list[str]:
+    """The message-queue watchers: throughput and latency, and the chaos runs."""
+    lines: list[str] = []
+    path = docs_dir / "bench-queues.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        phases = data["phases"]
+        base = phases["airflow_kafka"]["messages_per_s"]
+        lines += ["## Message-queue watchers", "",
+                  f"*`docs/{path.name}`, {_dated(path)}; {data['hardware']}; Airflow "
+                  f"{data['airflow_version']} on {data['central_db']}; brokers: "
+                  f"{data['brokers']}; `python benches/bench_queues.py --json "
+                  "docs/bench-queues.json`. One `airflow triggerer` (`sink = api`, "
+                  f"`flush_interval` {data['flush_interval_s']:g} s); every figure is read "
+                  "from Airflow's `asset_event` table, latency from the message's produce "
+                  "time. The baseline, same run and broker, is Airflow's own "
+                  "`MessageQueueTrigger(scheme=\"kafka\")`.*", "",
+                  "| watcher | messages | messages/s | × Airflow's Kafka trigger | latency p50 "
+                  "| latency p99 | database commits per message |",
+                  "|---|---|---|---|---|---|---|"]
+        names = {"airflow_kafka": "Airflow: `MessageQueueTrigger`, Kafka",
+                 "kafka": "`KafkaTopicTrigger`",
+                 "kafka_paced": f"`KafkaTopicTrigger`, offered {data['paced_rate_offered']:,}/s",
+                 "redis": "`RedisStreamTrigger`", "sqs": "`SqsQueueTrigger`"}
+        for key, label in names.items():
+            r = phases[key]
+            ratio = f"{r['messages_per_s'] / base:.1f}×" if base else "–"
+            lines.append(f"| {label} | {r['events']:,} | {r['messages_per_s']:,.0f} | {ratio} "
+                         f"| {r['latency_p50_s']:.2f} s | {r['latency_p99_s']:.2f} s | "
+                         f"{r['db_commits_per_message']:.3f} |")
+        lines.append("")
+    chaos_path = docs_dir / "bench-queue-chaos.json"
+    if chaos_path.exists():
+        chaos = json.loads(chaos_path.read_text())
+        lines += [f"**Queue watchers under faults** (*`docs/{chaos_path.name}`, "
+                  f"{_dated(chaos_path)}; `python benches/bench_queue_chaos.py --json "
+                  "docs/bench-queue-chaos.json`*): Tansu, redis-server and moto's SQS server, "
+                  "two triggerers, the scheduler and the API server with the plugin, through "
+                  f"{chaos['kills']} SIGKILLs of a triggerer, {chaos['zombies']} zombie stops "
+                  f"({chaos['takeovers']} taken over), {chaos['api_restarts']} API-server "
+                  f"restarts and {', '.join(chaos['source_faults'])}:", "",
+                  "| asset | messages | asset events | duplicates | missing | out of order |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in sorted(chaos["by_asset"].items()):
+            lines.append(f"| `{name}` | {r['fed']:,} | {r['events']:,} | {r['duplicates']:,} "
+                         f"| {r['missing']:,} | {r['out_of_order']:,} |")
         lines.append("")
     return lines
 
