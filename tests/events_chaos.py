@@ -233,8 +233,17 @@ class _Run:
         period = 1 / self.s.rate
         start = time.monotonic()
         while True:
-            await self.scenario.produce(self.fed + 1)
-            self.fed += 1
+            n = self.fed + 1
+            producing = asyncio.ensure_future(self.scenario.produce(n))
+            try:
+                await asyncio.shield(producing)
+            except asyncio.CancelledError:
+                # stopped mid-item: the item under way reaches its sources all the same (a
+                # thread finishing a broker call), so it is waited for and counted
+                await producing
+                self.fed = n
+                raise
+            self.fed = n
             await asyncio.sleep(max(0.0, start + self.fed * period - time.monotonic()))
 
     # -- faults --------------------------------------------------------------------------
@@ -491,9 +500,11 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         with contextlib.suppress(Exception):
             await wait_until("every fed item's event", emit_complete, d,
                              4 * schedule.health_threshold + 30)
-        # the plain ones: until their count stops moving
+        # the plain ones: until their count stops moving (or as long as the emit ones had:
+        # a watcher far behind, one event every few seconds, would keep it moving for long)
         last = -1
-        while True:
+        settle_by = time.monotonic() + 4 * schedule.health_threshold + 30
+        while time.monotonic() < settle_by:
             n = sum(len(v) for v in (await _events(db, "plain")).values())
             if n == last:
                 break
