@@ -139,7 +139,8 @@ class SqsQueueTrigger(QueueTrigger):
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
 
     async def receive(self, client: Any) -> list[dict[str, Any]]:
-        """Up to `max_messages`: one long poll, then short ones while full batches come."""
+        """Up to `max_messages`: one long poll, then short ones until one comes back empty
+        (a long poll answers as soon as any message is there, often with fewer than ten)."""
         out: list[dict[str, Any]] = []
         wait = self.wait_seconds
         while len(out) < self.max_messages:
@@ -150,7 +151,7 @@ class SqsQueueTrigger(QueueTrigger):
                 MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
             got = response.get("Messages", [])
             out.extend(got)
-            if len(got) < SQS_BATCH:
+            if not got:
                 break
             wait = 0
         return out
