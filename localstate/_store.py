@@ -55,7 +55,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -514,22 +514,45 @@ class StateStore:
         lost (a zombie). For an asset's owner (``asset_watcher:<name>``) the event becomes
         Airflow asset events, as a yielded ``TriggerEvent`` does. Events of one owner reach
         the central DB in emit order. `flush`: start a flush now rather than within
-        ``flush_interval``.
+        ``flush_interval``. ``durability="central"`` returns once the central DB has committed
+        the event with its watermark (it starts a flush): what a source that must be told
+        (an SQS delete, say) waits for; `CentralUnavailable` when it has not within
+        ``central_timeout`` (the event stays in the outbox and goes out later).
 
         Raises `ValueEncodingError` / `ValueTooLarge` for a payload that is not JSON or is
         larger than ``max_value_bytes``, `InvalidName` for a bad owner or key, and
         `EventsUnsupported` where the event cannot commit with its watermark (``sink =
         airflow``, the cache turned off): nothing is written then.
         """
+        return await self.emit_many(
+            owner, [(event_key(watermark) if key is None else key, payload)],
+            watermark=watermark, watermark_key=watermark_key, durability=durability,
+            flush=flush)
+
+    async def emit_many(
+        self, owner: str, events: Sequence[tuple[str, Any]], *, watermark: Any,
+        watermark_key: str = WATERMARK_KEY, durability: Durability | None = None,
+        flush: bool = False,
+    ) -> int:
+        """`emit` for a batch: the events (``(key, payload)`` pairs, in order) and the
+        watermark past the last of them, as one local commit (and then one central
+        transaction), whatever their number. A crash before that commit leaves none of them;
+        after it, all of them reach the central DB, each once per ``(owner, key)``.
+
+        Every event is checked before anything is staged: a bad payload or key raises and
+        nothing is written. No events: the watermark alone is set.
+        """
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
         if self._lost:
             self._claims.check(owner)
-        data = encode(payload, self._max_value_bytes)
-        encode(watermark, self._max_value_bytes)  # refused before the event is staged
-        key = event_key(watermark) if key is None else check_name("key", key)
+        staged = [(check_name("key", key), encode(payload, self._max_value_bytes))
+                  for key, payload in events]
+        encode(watermark, self._max_value_bytes)  # refused before the events are staged
         check_name("watermark_key", watermark_key)
+        if durability is not None:
+            check_durability(durability)
         await self._require_event_sink(owner)
         worker = self._mode.worker
         if worker is None:
@@ -537,9 +560,10 @@ class StateStore:
                 "emit needs the local cache (enabled = true): with the cache off there is no "
                 "outbox to commit the event with its watermark; turn the cache on, or yield a "
                 "TriggerEvent and set the watermark (at least once)")
-        # Staged before the watermark's write: the cache file commits the event in the same
+        # Staged before the watermark's write: the cache file commits the events in the same
         # transaction as the watermark or an earlier one, never after it (see Outbox).
-        worker.outbox.add(owner, key, data)
+        for key, data in staged:
+            worker.outbox.add(owner, key, data)
         version = await self.set(owner, watermark_key, watermark, durability=durability)
         if flush:
             worker.kick()

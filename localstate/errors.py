@@ -12,6 +12,7 @@
     ├── WriteRejected                  the central DB refused a `central` write (conflict policy)
     ├── OwnerLost                      another writer claimed the owner (a higher claim epoch)
     ├── EventsUnsupported              emit where an event cannot commit with its watermark
+    ├── SourcePositionLost             a queue no longer holds the messages after the watermark
     ├── CacheError                     the local cache file
     │   ├── CacheLocked                another live process holds the file
     │   ├── CacheCorrupt               not a SQLite file, or not a localstate cache
@@ -46,6 +47,7 @@ __all__ = [
     "LocalStateError",
     "OwnerLost",
     "SchemaError",
+    "SourcePositionLost",
     "StoreClosed",
     "ValueEncodingError",
     "ValueTooLarge",
@@ -86,6 +88,23 @@ class EventsUnsupported(LocalStateError):
     the ``airflow`` sink (Airflow's state store and its event path are two transactions), the
     cache turned off (direct mode), or a central DB without Airflow's tables for an asset's
     event. Nothing was written; the message says what to use instead."""
+
+
+class SourcePositionLost(LocalStateError):
+    """A queue watcher's watermark points at messages its source no longer holds: a Kafka
+    offset past the partition's retention (or a partition gone), a Redis stream trimmed past
+    the last entry read. The messages in between are gone: the watcher stops rather than skip
+    them silently or replay the queue from its start."""
+
+    def __init__(self, message: str, *, source: str, position: object,
+                 earliest: object = None) -> None:
+        super().__init__(message)
+        #: the topic/partition or stream
+        self.source = source
+        #: the watermark's position there
+        self.position = position
+        #: the earliest position the source still holds, when known
+        self.earliest = earliest
 
 
 class ConfigError(LocalStateError, ValueError):

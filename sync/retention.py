@@ -21,7 +21,9 @@ What goes (at ``now``):
   takes over resumes, so the key is never emitted again. The horizon covers the other replay,
   a flush whose answer was lost, sent again from the outbox when the central DB answers (an
   outage longer than the horizon could then repeat such a batch's events). ``never`` rules
-  keep their owners' event rows too.
+  keep their owners' event rows too. A key no watermark covers, a redelivered message's
+  (``sqs/<MessageId>``: an SQS queue redelivers a message it was not told of for up to 14
+  days, its longest retention), stays at least `REDELIVERY_WINDOW` whatever the horizon.
 
 A store that still holds a pruned row in memory keeps serving it and writes it again on its
 next write (the upsert inserts it anew); a pruned tombstone can be written over by a writer
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import delete, or_, select, tuple_
 
 from localstate._retention_rules import DAY, RetentionRule, parse_retention
 from localstate._sync.central_store import CentralStore
@@ -56,7 +58,8 @@ from localstate._sync.schema import event, state_variable
 from localstate.errors import InvalidInput
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_EVENT_HORIZON", "DEFAULT_TOMBSTONE_HORIZON",
-           "MIN_EVENT_HORIZON", "MIN_TOMBSTONE_HORIZON", "PruneReport", "prune"]
+           "MIN_EVENT_HORIZON", "MIN_TOMBSTONE_HORIZON", "REDELIVERED_KEY_PREFIX",
+           "REDELIVERY_WINDOW", "PruneReport", "prune"]
 
 #: how long a tombstone stays by default: 30 days
 DEFAULT_TOMBSTONE_HORIZON: Final = 30 * DAY
@@ -66,6 +69,11 @@ MIN_TOMBSTONE_HORIZON: Final = DAY
 DEFAULT_EVENT_HORIZON: Final = 7 * DAY
 #: the shortest event horizon accepted
 MIN_EVENT_HORIZON: Final = 3600.0
+#: event keys of messages a queue may redeliver at any time until its retention ends (SQS:
+#: ``sqs/<MessageId>``); their de-duplication rows stay at least `REDELIVERY_WINDOW`
+REDELIVERED_KEY_PREFIX: Final = "sqs/"
+#: SQS's longest message retention (14 days) and a day's margin
+REDELIVERY_WINDOW: Final = 15 * DAY
 #: rows per read and per delete transaction
 DEFAULT_BATCH: Final = 500
 _MAX_BATCH: Final = 10_000
@@ -172,7 +180,8 @@ async def prune(
     never = [r.pattern for r in rules if r.older_than is None]
     event_keys, event_batches = await _prune_event_keys(
         central, cutoff=now - event_horizon, owner_prefix=owner_prefix, never=never,
-        dry_run=dry_run, batch_size=batch_size)
+        dry_run=dry_run, batch_size=batch_size,
+        redelivery_cutoff=now - max(event_horizon, REDELIVERY_WINDOW))
     # each owner's history to its bounds (the store's policy: the history settings); a dry
     # run counts nothing there (the trim is one pass, not batches to count)
     history_rows = 0 if dry_run else await central.trim_history()
@@ -183,7 +192,7 @@ async def prune(
 
 async def _prune_event_keys(
     central: CentralStore, *, cutoff: float, owner_prefix: str, never: Sequence[str],
-    dry_run: bool, batch_size: int,
+    dry_run: bool, batch_size: int, redelivery_cutoff: float,
 ) -> tuple[int, int]:
     """Delete the de-duplication rows due (see the module docstring), `batch_size` per
     transaction; (rows, transactions)."""
@@ -194,8 +203,10 @@ async def _prune_event_keys(
     after: tuple[str, str] | None = None
     bound = prefix_upper_bound(owner_prefix) if owner_prefix else None
     while True:
-        query = select(e.owner, e.key).where(e.committed_at < _timestamp(central, cutoff),
-                                             later)
+        query = select(e.owner, e.key).where(
+            e.committed_at < _timestamp(central, cutoff), later,
+            or_(~e.key.startswith(REDELIVERED_KEY_PREFIX, autoescape=True),
+                e.committed_at < _timestamp(central, redelivery_cutoff)))
         if owner_prefix:
             query = query.where(central.bytewise(e.owner) >= owner_prefix)
             if bound is not None:

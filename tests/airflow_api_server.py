@@ -42,11 +42,13 @@ def triggerer_token(name: str) -> str:
 
 def _api_tokens(extra: Sequence[Mapping[str, Any]] = ()) -> str:
     """``api_tokens``: the machine token (no identity: recorded by its name, ``token 1``) and
-    one token per triggerer bound to its id, asset watchers only; then `extra` (a test's
+    one token per triggerer bound to its id, asset watchers, and the ``trigger:`` owners of
+    triggers watching several assets (a fan-out trigger's own watermark); then `extra` (a test's
     own, e.g. a DAG's)."""
     return json.dumps([
         {"token": MACHINE_TOKEN, "role": "read-write", "owners": [MACHINE_PREFIX]},
-        *({"token": triggerer_token(n), "role": "read-write", "owners": [MACHINE_PREFIX],
+        *({"token": triggerer_token(n), "role": "read-write",
+           "owners": [MACHINE_PREFIX, "trigger:"],
            "name": n, "identity": n} for n in TRIGGERER_NAMES),
         *extra])
 

@@ -86,6 +86,33 @@ class Schedule:
 
 
 @dataclass
+class Scenario:
+    """What the faults run against: the DAG with its watchers, how an item is produced into
+    their sources, and how the ``asset_event`` rows are read back. `file_scenario` is the
+    numbered files of ``e2e_events_trigger``; tests/queue_chaos.py has the message queues."""
+
+    #: the DAG file: assets named ``emit_*`` (localstate) and ``plain_*`` (Airflow's own)
+    dag: str
+    #: rows of ``asset_watcher`` the DAG makes, and distinct triggers behind them
+    watchers: int
+    triggers: int
+    #: produce item `n` (1, 2, ...) into every source
+    produce: Callable[[int], Awaitable[None]]
+    #: each asset's items, in the order promised, once items 1 to `fed` were produced
+    expected: Callable[[int], dict[str, list[int]]]
+    #: the items one event of an asset carries (its ``extra``); None: a malformed event
+    items: Callable[[str, dict[str, object]], list[int] | None]
+    #: the order lane of an item in an asset (events are in order within a lane); None: the
+    #: source promises no order
+    lane: Callable[[str, int], int | None]
+    env: dict[str, str] = field(default_factory=dict)
+    #: faults of the sources (a broker restart, ...), each run once, shuffled with the rest
+    source_faults: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
+    #: look up the emit watchers' missing items in localstate's tables (item n's key is "n")
+    explain_missing: bool = False
+
+
+@dataclass
 class Figures:
     """What Airflow's ``asset_event`` table holds for one kind of watcher."""
 
@@ -105,25 +132,34 @@ class Outcome:
     kills: int = 0
     zombies: int = 0
     api_restarts: int = 0
+    #: the source faults run (their names)
+    source_faults: list[str] = field(default_factory=list)
     #: zombies during which the stopped triggerer's triggers moved to the other one
     takeovers: int = 0
     #: runs of the DAG scheduled on the emitting watchers' assets
     consumer_runs: int = 0
+    #: each asset's figures
+    by_asset: dict[str, Figures] = field(default_factory=dict)
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)
 
     def table(self) -> str:
         rows = [("watcher", "fed", "events", "duplicates", "missing", "out of order",
                  "bad extra")]
-        for name, f in (("localstate emit", self.emit),
-                        ("plain Airflow (yield, then aset)", self.plain)):
+        kinds = [("localstate emit", self.emit),
+                 ("plain Airflow (yield, then aset)", self.plain)]
+        if len(self.by_asset) > 2:  # several sources: each asset's row too
+            kinds += [(f"  {name}", f) for name, f in sorted(self.by_asset.items())]
+        for name, f in kinds:
             rows.append((name, str(f.fed), str(f.events), str(f.duplicates), str(f.missing),
                          str(f.out_of_order), str(f.bad_extra)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         lines.append(f"faults: {self.kills} SIGKILLs of a triggerer, {self.zombies} zombies "
                      f"({self.takeovers} with their triggers taken over), {self.api_restarts} "
-                     f"API server restarts; {self.consumer_runs} consumer DAG runs; "
+                     f"API server restarts; source faults: "
+                     f"{', '.join(self.source_faults) or 'none'}; "
+                     f"{self.consumer_runs} consumer DAG runs; "
                      f"{self.seconds:.0f} s")
         return "\n".join(lines)
 
@@ -137,12 +173,12 @@ class _Triggerer:
 
 
 class _Run:
-    def __init__(self, d: Deployment, schedule: Schedule, source: Path,
+    def __init__(self, d: Deployment, schedule: Schedule, scenario: Scenario,
                  db: asyncpg.Connection) -> None:
         self.d = d
         self.db = db
         self.s = schedule
-        self.source = source
+        self.scenario = scenario
         self.rng = random.Random(schedule.seed)
         self.fed = 0
         self.api: subprocess.Popen[bytes] | None = None
@@ -194,15 +230,20 @@ class _Run:
 
     # -- the source ----------------------------------------------------------------------
     async def feed(self) -> None:
-        folders = [self.source / str(i) for i in range(2 * self.s.watchers)]
-        for f in folders:
-            f.mkdir(parents=True, exist_ok=True)
         period = 1 / self.s.rate
         start = time.monotonic()
         while True:
-            self.fed += 1
-            for f in folders:
-                (f / f"{self.fed:08d}").touch()
+            n = self.fed + 1
+            producing = asyncio.ensure_future(self.scenario.produce(n))
+            try:
+                await asyncio.shield(producing)
+            except asyncio.CancelledError:
+                # stopped mid-item: the item under way reaches its sources all the same (a
+                # thread finishing a broker call), so it is waited for and counted
+                await producing
+                self.fed = n
+                raise
+            self.fed = n
             await asyncio.sleep(max(0.0, start + self.fed * period - time.monotonic()))
 
     # -- faults --------------------------------------------------------------------------
@@ -289,35 +330,50 @@ async def _events(db: asyncpg.Connection, prefix: str) -> dict[str, list[dict[st
     return out
 
 
-def _items(extras: list[dict[str, object]]) -> tuple[list[int], int]:
-    """The item numbers of one watcher's events, in event order, and how many events lack
-    ``from_trigger`` or the item's payload."""
+def _payload_item(name: str, extra: dict[str, object]) -> list[int] | None:
+    """The item of a numbered-file watcher's event: ``payload["n"]``."""
+    payload = extra.get("payload")
+    if not isinstance(payload, dict) or not isinstance(payload.get("n"), int):
+        return None
+    return [payload["n"]]
+
+
+def _items(name: str, extras: list[dict[str, object]], scenario: Scenario
+           ) -> tuple[list[int], int]:
+    """The item numbers of one asset's events, in event order, and how many events lack
+    ``from_trigger`` or an item."""
     items: list[int] = []
     bad = 0
     for extra in extras:
-        payload = extra.get("payload")
-        if extra.get("from_trigger") is not True or not isinstance(payload, dict) \
-                or not isinstance(payload.get("n"), int):
+        got = scenario.items(name, extra) if extra.get("from_trigger") is True else None
+        if got is None:
             bad += 1
             continue
-        items.append(payload["n"])
+        items.extend(got)
     return items, bad
 
 
-def _missing(items: list[int], fed: int) -> list[int]:
-    """The fed items (1 to `fed`) that `items` lacks, in order."""
-    return sorted(set(range(1, fed + 1)) - set(items))
+def _missing(items: list[int], expected: list[int]) -> list[int]:
+    """The `expected` items that `items` lacks, in order."""
+    return sorted(set(expected) - set(items))
 
 
-def _figures(events: dict[str, list[dict[str, object]]], names: list[str], fed: int) -> Figures:
-    f = Figures(fed=fed * len(names))
-    for name in names:
-        items, bad = _items(events.get(name, []))
-        f.bad_extra += bad
+def _figures(events: dict[str, list[dict[str, object]]], expected: dict[str, list[int]],
+             scenario: Scenario) -> Figures:
+    f = Figures(fed=sum(len(v) for v in expected.values()))
+    for name, want in expected.items():
+        items, bad = _items(name, events.get(name, []), scenario)
+        f.bad_extra += bad + len(set(items) - set(want))  # an item the asset should not have
         f.events += len(items)
         f.duplicates += len(items) - len(set(items))
-        f.missing += len(_missing(items, fed))
-        f.out_of_order += sum(1 for a, b in itertools.pairwise(items) if b < a)
+        f.missing += len(_missing(items, want))
+        lanes: dict[int, list[int]] = {}
+        for n in items:
+            lane = scenario.lane(name, n)
+            if lane is not None:
+                lanes.setdefault(lane, []).append(n)
+        f.out_of_order += sum(1 for lane_items in lanes.values()
+                              for a, b in itertools.pairwise(lane_items) if b < a)
     return f
 
 
@@ -331,12 +387,12 @@ def _ranges(items: list[int]) -> str:
 
 
 async def _where_missing(db: asyncpg.Connection, events: dict[str, list[dict[str, object]]],
-                         names: list[str], fed: int) -> list[str]:
+                         expected: dict[str, list[int]], scenario: Scenario) -> list[str]:
     """What the central tables say of each emit watcher's missing items: the event table's
     row of each (its claim epoch, cache file, asset events), the watermark and the claim."""
     lines: list[str] = []
-    for name in names:
-        missing = _missing(_items(events.get(name, []))[0], fed)
+    for name, want in expected.items():
+        missing = _missing(_items(name, events.get(name, []), scenario)[0], want)
         if not missing:
             continue
         owner = f"asset_watcher:{name}"
@@ -353,30 +409,52 @@ async def _where_missing(db: asyncpg.Connection, events: dict[str, list[dict[str
     return lines
 
 
+def file_scenario(schedule: Schedule, source: Path) -> Scenario:
+    """`schedule.watchers` watchers of each kind over numbered files (``e2e_events_trigger``):
+    item n is the file ``<n>`` in every watcher's folder; each asset has every item, in order."""
+    w = schedule.watchers
+    folders = [source / str(i) for i in range(2 * w)]
+    for f in folders:
+        f.mkdir(parents=True, exist_ok=True)
+
+    async def produce(n: int) -> None:
+        for f in folders:
+            (f / f"{n:08d}").touch()
+
+    def expected(fed: int) -> dict[str, list[int]]:
+        return {f"{kind}_{i}": list(range(1, fed + 1))
+                for kind in ("emit", "plain") for i in range(w)}
+
+    return Scenario(dag=DAG.format(watchers=w), watchers=2 * w, triggers=2 * w,
+                    produce=produce, expected=expected, items=_payload_item,
+                    lane=lambda name, n: 0, env={"LOCALSTATE_E2E_SOURCE": str(source)},
+                    explain_missing=True)
+
+
 async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
-              progress: bool = False, env: dict[str, str] | None = None,
+              progress: bool = False, scenario: Scenario | None = None,
+              env: dict[str, str] | None = None,
               inspect: Callable[[Deployment, int], Awaitable[None]] | None = None) -> Outcome:
-    """The whole scenario; every process it started is stopped when it returns. `env`: more
-    environment of every process; `inspect`: called with the deployment and the items fed
-    once the emit watchers have every event, while the processes still run."""
+    """The whole scenario (default: `file_scenario`); every process it started is stopped
+    when it returns. `env`: more environment of every process; `inspect`: called with the
+    deployment and the items fed once the emit watchers have every event, while the
+    processes still run."""
     started = time.monotonic()
+    if scenario is None:
+        scenario = file_scenario(schedule, tmp / "source")
     d = new_airflow(pg_server, tmp)
     dags = tmp / "dags"
     dags.mkdir()
-    (dags / "events_chaos_dag.py").write_text(DAG.format(watchers=schedule.watchers))
-    source = tmp / "source"
+    (dags / "events_chaos_dag.py").write_text(scenario.dag)
     d.env.update({
         "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
-        "LOCALSTATE_E2E_SOURCE": str(source),
+        **scenario.env,
         **fast_loops(dags, health_threshold=schedule.health_threshold, executor="LocalExecutor"),
         **(env or {}),
     })
-    w = schedule.watchers
-    emit_names = [f"emit_{i}" for i in range(w)]
-    plain_names = [f"plain_{i}" for i in range(w)]
     await d.run("db", "migrate", timeout=600)
     db = await asyncpg.connect(d.airflow_dsn)
-    r = _Run(d, schedule, source, db)
+    r = _Run(d, schedule, scenario, db)
     feeder: asyncio.Task[None] | None = None
     scheduler: subprocess.Popen[bytes] | None = None
     try:
@@ -385,7 +463,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         async def count(table: str) -> int:
             return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
 
-        await activate_watchers(d, count, 2 * w)
+        await activate_watchers(d, count, scenario.watchers)
         # the scheduler runs throughout: it queues the consumer DAG's runs from the events
         scheduler = d.start("scheduler-run", "scheduler", "--skip-serve-logs")
         for name in ("triggerer-a", "triggerer-b"):
@@ -393,16 +471,21 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
 
         async def assigned() -> bool:
             n = await db.fetchval("SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")
-            return bool(n >= 2 * w)
+            return bool(n >= scenario.triggers)
 
-        await wait_until(f"{2 * w} triggers running", assigned, d, 180)
+        await wait_until(f"{scenario.triggers} triggers running", assigned, d, 180)
         feeder = asyncio.create_task(r.feed())
         faults = (["kill"] * schedule.kills + ["zombie"] * schedule.zombies
-                  + ["api"] * schedule.api_restarts)
+                  + ["api"] * schedule.api_restarts + sorted(scenario.source_faults))
         r.rng.shuffle(faults)
         for i, fault in enumerate(faults):
             await asyncio.sleep(r.rng.uniform(*schedule.gap))
-            await {"kill": r.kill, "zombie": r.zombie, "api": r.restart_api}[fault]()
+            if fault in scenario.source_faults:
+                await scenario.source_faults[fault]()
+                r.outcome.source_faults.append(fault)
+                r.note(fault)
+            else:
+                await {"kill": r.kill, "zombie": r.zombie, "api": r.restart_api}[fault]()
             if progress:
                 print(f"fault {i + 1}/{len(faults)}: {r.outcome.log[-1]}", flush=True)
         await asyncio.sleep(schedule.gap[1])
@@ -410,19 +493,23 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         with contextlib.suppress(asyncio.CancelledError):
             await feeder
         r.note("feeder stopped")
-        fed = r.fed
+        want = scenario.expected(r.fed)
+        emit_want = {n: v for n, v in want.items() if n.startswith("emit_")}
+        plain_want = {n: v for n, v in want.items() if n.startswith("plain_")}
 
         async def emit_complete() -> bool:
-            got = _figures(await _events(db, "emit"), emit_names, fed)
+            got = _figures(await _events(db, "emit"), emit_want, scenario)
             return got.missing == 0
 
         # the emit watchers should get there; a bounded wait, then whatever is there counts
         with contextlib.suppress(Exception):
             await wait_until("every fed item's event", emit_complete, d,
                              4 * schedule.health_threshold + 30)
-        # the plain ones: until their count stops moving
+        # the plain ones: until their count stops moving (or as long as the emit ones had:
+        # a watcher far behind, one event every few seconds, would keep it moving for long)
         last = -1
-        while True:
+        settle_by = time.monotonic() + 4 * schedule.health_threshold + 30
+        while time.monotonic() < settle_by:
             n = sum(len(v) for v in (await _events(db, "plain")).values())
             if n == last:
                 break
@@ -430,14 +517,16 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
             await asyncio.sleep(5)
         events = await _events(db, "emit")
         events.update(await _events(db, "plain"))
-        r.outcome.emit = _figures(events, emit_names, fed)
-        r.outcome.plain = _figures(events, plain_names, fed)
-        if r.outcome.emit.missing:
-            r.outcome.log.extend(await _where_missing(db, events, emit_names, fed))
+        r.outcome.emit = _figures(events, emit_want, scenario)
+        r.outcome.plain = _figures(events, plain_want, scenario)
+        if r.outcome.emit.missing and scenario.explain_missing:
+            r.outcome.log.extend(await _where_missing(db, events, emit_want, scenario))
         r.outcome.consumer_runs = int(await db.fetchval(
             "SELECT count(*) FROM dag_run WHERE dag_id = 'localstate_events_chaos'"))
+        r.outcome.by_asset = {name: _figures(events, {name: v}, scenario)
+                              for name, v in want.items()}
         if inspect is not None:
-            await inspect(d, fed)
+            await inspect(d, r.fed)
     finally:
         if scheduler is not None:
             stop(scheduler)

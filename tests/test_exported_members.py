@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: all of localstate._sync included, is internal
 PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "localstate.client",
                   "localstate.airflow.trigger", "localstate.airflow.hook",
+                  "localstate.airflow.queues",
                   "localstate.airflow.plugin",
                   "localstate.airflow.provider", "localstate.airflow.db_manager",
                   "localstate.api", "localstate.cli", "localstate.examples.*")

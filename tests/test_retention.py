@@ -186,7 +186,7 @@ async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
     central = await CentralStore.open(central_url)
     try:
         old = [("trigger:a", "1"), ("trigger:a", "2"), ("trigger:b", "1"), ("trigger:c", "1"),
-               ("asset_watcher:x", "1")]
+               ("asset_watcher:x", "1"), ("trigger:a", "sqs/m-1")]
         await central.write_with_events(
             [], [EventRow(i, o, k, "1", NOW) for i, (o, k) in enumerate(old, 1)],
             PolicyMap("reject"), writer="w")
@@ -205,8 +205,14 @@ async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
         report = await prune(central, now=NOW, retention="asset_watcher:*=never")
         assert report.event_keys == 2
         left = {(o, k) for o, k in await central.run_read(select(e.owner, e.key), "read")}
+        # an SQS message's key stays as long as SQS may redeliver it (15 days), not 7
         assert left == {("trigger:a", "3"), ("trigger:b", "1"), ("trigger:c", "1"),
-                        ("asset_watcher:x", "1")}
+                        ("asset_watcher:x", "1"), ("trigger:a", "sqs/m-1")}
+        assert (await prune(central, now=NOW + 6 * DAY, retention="asset_watcher:*=never")
+                ).event_keys == 1
+        left -= {("trigger:a", "sqs/m-1")}
+        assert {(o, k) for o, k in await central.run_read(select(e.owner, e.key), "read")} \
+            == left
         _out, again = await central.write_with_events(
             [], [EventRow(10, "trigger:a", "3", "1", NOW)], PolicyMap("reject"), writer="w")
         assert again == ["duplicate"]  # what is kept still de-duplicates

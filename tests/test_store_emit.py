@@ -27,6 +27,7 @@ from localstate._testing.postgres_server import PostgresServer
 from localstate.errors import (
     CentralUnavailable,
     EventsUnsupported,
+    InvalidInput,
     InvalidName,
     OwnerLost,
     ValueEncodingError,
@@ -176,6 +177,38 @@ async def test_a_bad_payload_is_refused_at_emit_and_nothing_is_written(
     assert store.event_figures() == {}
     assert await store.get(OWNER, "watermark") is None
     assert store.unflushed() == []
+
+
+async def test_a_batch_is_one_local_commit_and_one_central_transaction(
+    open_store: StoreFactory, central_url: str, tmp_path: Path,
+) -> None:
+    store = await open_store(durability="local")
+    cache = store.local_cache
+    assert cache is not None
+    before = cache.commits
+    batch = [(f"t/0/{n}", {"n": n}) for n in range(500)]
+    assert await store.emit_many(OWNER, batch, watermark={"0": 500}) == 1
+    assert cache.commits == before + 1  # 500 events and the watermark: one commit
+    assert len(outbox_rows(tmp_path / "cache-triggerer-1.db")) == 500
+    report = await store.flush()
+    assert report.events == 500
+    assert [k for _o, k, _s, _e in await committed_events(central_url)] == [k for k, _ in batch]
+    # an empty batch sets the watermark alone
+    await store.emit_many(OWNER, [], watermark={"0": 501})
+    assert await store.get(OWNER, "watermark") == {"0": 501}
+
+
+async def test_a_bad_event_in_a_batch_refuses_the_whole_batch(open_store: StoreFactory) -> None:
+    store = await open_store(max_value_bytes=1024)
+    for bad, error in (([("a", 1), ("b", object())], ValueEncodingError),
+                       ([("a", 1), ("", 2)], InvalidName),
+                       ([("a", 1), ("b", "x" * 2000)], ValueTooLarge)):
+        with pytest.raises(error):
+            await store.emit_many(OWNER, bad, watermark=1)
+    with pytest.raises(InvalidInput, match="durability"):
+        await store.emit_many(OWNER, [("a", 1)], watermark=1, durability="disk")  # type: ignore[arg-type]
+    assert store.event_figures() == {}
+    assert await store.get(OWNER, "watermark") is None
 
 
 async def test_emit_with_the_cache_off_is_refused(open_store: StoreFactory) -> None:

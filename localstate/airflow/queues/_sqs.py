@@ -1,0 +1,185 @@
+"""`SqsQueueTrigger`: one asset event per SQS message, effectively once.
+
+SQS has no position to keep: a message stays until it is deleted, and comes back after its
+visibility timeout when it is not. So each batch received is emitted keyed by MessageId
+(``sqs/<MessageId>``) with ``durability="central"`` (the call returns once the central DB has
+committed the events), and only then deleted with ``DeleteMessageBatch``. A crash before the
+commit: the messages come back and are emitted then. A crash between the commit and the
+delete, a delete that failed (its ``Failed`` entries are logged and counted), or SQS's own
+occasional second delivery: the message comes back and its event is a duplicate the central
+DB drops by key. The de-duplication rows of ``sqs/`` keys stay at least as long as SQS can
+redeliver (`localstate db prune` keeps them 15 days: SQS's longest retention, and a day).
+That is effectively once, not exactly once: a message redelivered after its key was pruned,
+or by a queue whose retention is longer than that window, would be emitted again.
+
+The watermark counts the messages received (``{"received": n}``); it is not a position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from localstate._backoff import Backoff
+from localstate._sync.retention import REDELIVERED_KEY_PREFIX
+from localstate.airflow.queues._message import QueueMessage
+from localstate.airflow.queues._queue_trigger import QueueTrigger
+from localstate.errors import CentralUnavailable, InvalidInput, reason
+
+__all__ = ["SQS_BATCH", "SqsQueueTrigger"]
+
+log = logging.getLogger("localstate.airflow.queues.sqs")
+
+#: the most messages one ReceiveMessage returns
+SQS_BATCH = 10
+
+
+class SqsQueueTrigger(QueueTrigger):
+    """An Asset Watcher of an SQS queue: one asset event per message, effectively once (see
+    the module docstring).
+
+    `aws_conn_id`: the Airflow connection (the provider's ``aws_default``: login and password
+    as the access key, ``region_name`` and ``endpoint_url`` in the extra); `region_name` and
+    `endpoint_url` override it. `wait_seconds`: the long poll of ``ReceiveMessage``;
+    `visibility_timeout`: how long a received message stays hidden (longer than a central
+    commit takes). The event's payload holds ``queue_url``, ``message_id``, ``body``,
+    ``attributes`` and ``message_attributes`` (binary values in base64).
+    """
+
+    def __init__(self, *, queue_url: str, aws_conn_id: str | None = "aws_default",
+                 region_name: str | None = None, endpoint_url: str | None = None,
+                 route: str | None = None, max_messages: int = 100, wait_seconds: int = 1,
+                 visibility_timeout: int = 30) -> None:
+        super().__init__(route=route, max_messages=max_messages)
+        if not queue_url:
+            raise InvalidInput("queue_url must be the queue's URL")
+        if not 0 <= wait_seconds <= 20:
+            raise InvalidInput(f"wait_seconds must be 0 to 20 (SQS's limit), not {wait_seconds}")
+        self.queue_url = queue_url
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.endpoint_url = endpoint_url
+        self.wait_seconds = wait_seconds
+        self.visibility_timeout = visibility_timeout
+        #: messages whose delete SQS refused (they come back, and are de-duplicated)
+        self.delete_failures = 0
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (self._classpath(), {
+            "queue_url": self.queue_url, "aws_conn_id": self.aws_conn_id,
+            "region_name": self.region_name, "endpoint_url": self.endpoint_url,
+            "wait_seconds": self.wait_seconds, "visibility_timeout": self.visibility_timeout,
+            **self._common_kwargs()})
+
+    async def client_kwargs(self) -> dict[str, Any]:
+        """aiobotocore's ``create_client`` arguments: the connection's, then this trigger's."""
+        kwargs: dict[str, Any] = {}
+        if self.aws_conn_id is not None:
+            from airflow.sdk import BaseHook
+
+            conn = await BaseHook.aget_connection(self.aws_conn_id)
+            extra = conn.extra_dejson
+            if conn.login:
+                kwargs["aws_access_key_id"] = conn.login
+                kwargs["aws_secret_access_key"] = conn.password
+            for name in ("region_name", "endpoint_url", "aws_session_token"):
+                if extra.get(name):
+                    kwargs[name] = extra[name]
+        if self.region_name is not None:
+            kwargs["region_name"] = self.region_name
+        if self.endpoint_url is not None:
+            kwargs["endpoint_url"] = self.endpoint_url
+        return kwargs
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from aiobotocore.session import get_session
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        kwargs = await self.client_kwargs()
+        received = int((await self.get_watermark(default=None) or {}).get("received", 0))
+        async with get_session().create_client("sqs", **kwargs) as client:
+            backoff = Backoff(base=0.2, cap=10.0)
+            while True:
+                try:
+                    batch = await self.receive(client)
+                except (BotoCoreError, ClientError) as exc:
+                    # the endpoint out of reach, throttling, ...: nothing was taken
+                    if not backoff.failures:
+                        log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                if backoff.failures:
+                    log.info("SQS queue %s back after %d tries", self.queue_url,
+                             backoff.failures)
+                    backoff.reset()
+                if not batch:
+                    continue
+                received += len(batch)
+                messages = [self._message(m) for m in batch]
+                try:
+                    await self.emit_batch(messages, watermark={"received": received},
+                                          durability="central")
+                except CentralUnavailable as exc:
+                    # not deleted: SQS shows them again after the visibility timeout, and the
+                    # events, committed or not, are de-duplicated by MessageId
+                    log.warning("%d SQS messages not confirmed by the central DB (%s); they "
+                                "are not deleted and come back", len(batch), reason(exc))
+                    continue
+                try:
+                    await self.delete(client, batch)
+                except (BotoCoreError, ClientError) as exc:
+                    # committed, not deleted: they come back and are de-duplicated
+                    log.warning("could not delete %d SQS messages (%s); they come back and "
+                                "their events are de-duplicated", len(batch), exc)
+        yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
+
+    async def receive(self, client: Any) -> list[dict[str, Any]]:
+        """Up to `max_messages`: one long poll, then short ones until one comes back empty
+        (a long poll answers as soon as any message is there, often with fewer than ten)."""
+        out: list[dict[str, Any]] = []
+        wait = self.wait_seconds
+        while len(out) < self.max_messages:
+            response = await client.receive_message(
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=min(SQS_BATCH, self.max_messages - len(out)),
+                WaitTimeSeconds=wait, VisibilityTimeout=self.visibility_timeout,
+                MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
+            got = response.get("Messages", [])
+            out.extend(got)
+            if not got:
+                break
+            wait = 0
+        return out
+
+    async def delete(self, client: Any, batch: list[dict[str, Any]]) -> None:
+        """Delete `batch` (its events are committed), ten at a time; log what SQS refused."""
+        for start in range(0, len(batch), SQS_BATCH):
+            chunk = batch[start:start + SQS_BATCH]
+            response = await client.delete_message_batch(
+                QueueUrl=self.queue_url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                         for i, m in enumerate(chunk)])
+            failed = response.get("Failed", [])
+            if failed:
+                self.delete_failures += len(failed)
+                log.warning("SQS refused to delete %d of %d messages (%s); they come back "
+                            "after the visibility timeout and their events are "
+                            "de-duplicated", len(failed), len(chunk),
+                            "; ".join(f"{f.get('Code')}: {f.get('Message')}" for f in failed))
+
+    def _message(self, m: dict[str, Any]) -> QueueMessage:
+        message_id = str(m["MessageId"])
+        payload = {
+            "queue_url": self.queue_url, "message_id": message_id, "body": m.get("Body"),
+            "attributes": m.get("Attributes", {}),
+            "message_attributes": {
+                name: {k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
+                       for k, v in attribute.items()}
+                for name, attribute in m.get("MessageAttributes", {}).items()}}
+        return QueueMessage("sqs", self.queue_url, f"{REDELIVERED_KEY_PREFIX}{message_id}",
+                            payload)

@@ -1,0 +1,135 @@
+"""`SqsQueueTrigger` against a real SQS endpoint (moto's server) and a real central DB: one
+event per message keyed ``sqs/<MessageId>``, each deleted only once the central DB holds its
+event, a redelivered message de-duplicated, a refused delete counted and logged."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiobotocore.session import get_session
+from conftest import StoreFactory
+from queue_watchers import committed_keys, running, wait_for_keys
+
+from localstate._testing.queue_broker import QueueBroker, moto_server
+from localstate.airflow.queues import SqsQueueTrigger
+from localstate.errors import InvalidInput
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+
+AWS = {"region_name": "us-east-1", "aws_access_key_id": "testing",
+       "aws_secret_access_key": "testing"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueBroker]:
+    with moto_server(tmp_path_factory.mktemp("moto")) as b:
+        yield b
+
+
+@pytest.fixture(autouse=True)
+def _aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+@pytest_asyncio.fixture
+async def sqs(broker: QueueBroker) -> AsyncIterator[Any]:
+    async with get_session().create_client(
+            "sqs", endpoint_url=f"http://{broker.address}", **AWS) as client:
+        yield client
+
+
+async def new_queue(sqs: Any, messages: int) -> tuple[str, list[str]]:
+    """A queue with `messages` numbered messages; its URL and their MessageIds."""
+    url = (await sqs.create_queue(QueueName=f"orders-{uuid.uuid4().hex[:8]}"))["QueueUrl"]
+    ids: list[str] = []
+    for start in range(1, messages + 1, 10):
+        response = await sqs.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": str(n), "MessageBody": f'{{"n": {n}}}'}
+            for n in range(start, min(start + 10, messages + 1))])
+        ids += [r["MessageId"] for r in response["Successful"]]
+    return url, ids
+
+
+async def left_in(sqs: Any, url: str) -> int:
+    attrs = (await sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages",
+                                      "ApproximateNumberOfMessagesNotVisible"]))["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]) + int(
+        attrs["ApproximateNumberOfMessagesNotVisible"])
+
+
+def watcher(broker: QueueBroker, url: str, **kwargs: Any) -> SqsQueueTrigger:
+    return SqsQueueTrigger(queue_url=url, aws_conn_id=None, region_name="us-east-1",
+                           endpoint_url=f"http://{broker.address}", wait_seconds=0,
+                           **kwargs)
+
+
+async def test_each_message_is_one_event_then_deleted(
+        broker: QueueBroker, sqs: Any, open_store: StoreFactory, central_url: str) -> None:
+    url, ids = await new_queue(sqs, 120)
+    store = await open_store(flush_interval=0.2)
+    trigger = watcher(broker, url, max_messages=50)
+    owner = trigger.state_owner
+    assert store.local_cache is not None
+    async with running(trigger, store) as task:
+        keys = await wait_for_keys(central_url, owner, 120, store, task)
+        for _ in range(100):
+            if not await left_in(sqs, url):
+                break
+            await store.flush()
+    assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
+    assert await left_in(sqs, url) == 0  # every message deleted, after its event committed
+    assert trigger.delete_failures == 0
+
+
+async def test_a_message_delivered_again_has_one_event(
+        broker: QueueBroker, sqs: Any, open_store: StoreFactory, central_url: str) -> None:
+    """A triggerer that died after the central commit but before the delete: SQS delivers
+    the messages again and their events are de-duplicated by MessageId."""
+    url, ids = await new_queue(sqs, 10)
+    store = await open_store(flush_interval=0.2)
+    trigger = watcher(broker, url)
+    owner = trigger.state_owner
+    first = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                      VisibilityTimeout=0)
+    async with running(trigger, store) as task:
+        await trigger.open_state()
+        # the died-after-commit run: committed centrally, never deleted
+        await trigger.emit_batch([trigger._message(m) for m in first["Messages"]],
+                                 watermark={"received": 10}, durability="central")
+        keys = await wait_for_keys(central_url, owner, 10, store, task)
+        for _ in range(100):
+            if not await left_in(sqs, url):
+                break
+            await store.flush()
+    assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
+    assert len(await committed_keys(central_url, owner)) == 10
+    assert await left_in(sqs, url) == 0
+    figures = store.event_figures()[owner]
+    assert figures.duplicates >= 1  # the redelivered ones, dropped centrally
+
+
+async def test_a_refused_delete_is_counted_and_the_rest_deleted(
+        broker: QueueBroker, sqs: Any, backend: str) -> None:
+    url, _ids = await new_queue(sqs, 3)
+    got = (await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10))["Messages"]
+    trigger = watcher(broker, url)
+    bogus = {"ReceiptHandle": "not-a-receipt-handle", "MessageId": "x"}
+    await trigger.delete(sqs, [*got, bogus])
+    assert trigger.delete_failures == 1
+    assert await left_in(sqs, url) == 0
+
+
+def test_bad_arguments_are_refused(backend: str) -> None:
+    with pytest.raises(InvalidInput, match="queue_url"):
+        SqsQueueTrigger(queue_url="")
+    with pytest.raises(InvalidInput, match="wait_seconds"):
+        SqsQueueTrigger(queue_url="u", wait_seconds=21)
+    classpath, kwargs = SqsQueueTrigger(queue_url="u").serialize()
+    assert classpath == "localstate.airflow.queues.SqsQueueTrigger"
+    assert SqsQueueTrigger(**kwargs).serialize() == (classpath, kwargs)
