@@ -47,7 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
 #: workers, not one long test with the other worker idle. The rest keep their order.
 LONGEST_FIRST = [
     "tests/test_airflow_events_chaos.py",  # 232-508 s
-    "tests/test_airflow_queues_chaos.py",  # 393-730 s (alone, on a loaded machine)
     "tests/test_wheel.py",  # 90-170 (both tests share one build)
     "tests/test_cli_bench.py::test_bench_flushes_through_sink_airflow_in_a_real_triggerer",  # 96
     "tests/test_airflow_plugin.py",  # 105 (one Airflow deployment for the module)
