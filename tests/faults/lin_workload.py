@@ -159,12 +159,12 @@ class RestSurface:
         return None
 
 
-async def _client_loop(history: History, surface: Surface, client: int, until: float,
+async def _client_loop(history: History, surface: Surface, client: int, until: list[float],
                        seed: int) -> None:
     rng = random.Random(seed * 1000 + client)
     last: dict[str, int] = {}  # the version this client last read or wrote, per key
     n = 0
-    while time.monotonic() < until:
+    while time.monotonic() < until[0]:
         if rng.random() < CHURN:
             with contextlib.suppress(CentralError):
                 await surface.churn(client)
@@ -210,14 +210,19 @@ async def _client_loop(history: History, surface: Surface, client: int, until: f
 
 async def run_workload(surface: Surface, duration: float, *, clients: int = CLIENTS,
                        seed: int = 18,
-                       during: Callable[[], Awaitable[object]] | None = None) -> History:
-    """`clients` clients on `surface` for `duration` s; `during()` runs meanwhile (a fault)."""
+                       during: Callable[[], Awaitable[object]] | None = None,
+                       until_during_ends: bool = False) -> History:
+    """`clients` clients on `surface` for `duration` s; `during()` runs meanwhile (a fault).
+    `until_during_ends`: the clients stop when `during()` returns (`duration` is then a cap)."""
     history = History()
-    until = time.monotonic() + duration
+    until = [time.monotonic() + duration]  # a list: ended early by `during`'s end
     tasks = [asyncio.create_task(_client_loop(history, surface, c, until, seed))
              for c in range(clients)]
     if during is not None:
-        tasks.append(asyncio.create_task(during()))  # type: ignore[arg-type]
+        fault: asyncio.Task[object] = asyncio.create_task(during())  # type: ignore[arg-type]
+        if until_during_ends:
+            fault.add_done_callback(lambda _task: until.__setitem__(0, 0.0))
+        tasks.append(fault)
     try:
         await asyncio.gather(*tasks)
     finally:
