@@ -216,8 +216,9 @@ async def run_workload(surface: Surface, duration: float, *, clients: int = CLIE
     `until_during_ends`: the clients stop when `during()` returns (`duration` is then a cap)."""
     history = History()
     until = [time.monotonic() + duration]  # a list: ended early by `during`'s end
-    tasks = [asyncio.create_task(_client_loop(history, surface, c, until, seed))
-             for c in range(clients)]
+    tasks: list[asyncio.Task[object]] = [
+        asyncio.create_task(_client_loop(history, surface, c, until, seed))
+        for c in range(clients)]
     if during is not None:
         fault: asyncio.Task[object] = asyncio.create_task(during())  # type: ignore[arg-type]
         if until_during_ends:
