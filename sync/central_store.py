@@ -9,6 +9,13 @@ anything else `CentralError`, with the driver's exception as the cause.
 fenced batch write (a flush: versions, replays, claim losses) are in
 `localstate._sync.fenced_write`, the compare-and-set in `localstate._sync.cas_write`, each run
 inside a transaction opened here.
+
+Why one file of this length: `CentralStore` is one object, the one owner of the engine and
+of every transaction localstate opens on the central DB (flushes, claims, reads, direct
+writes, the history's trims, the fleet rows). Its methods share the engine, the transaction
+bound and the error wrapping; split across files, each part would reach into the others'
+private state. What is a concept of its own (the fenced batch, the compare-and-set, the
+history rows, the dialects' SQL) already lives in its own module.
 """
 
 from __future__ import annotations

@@ -33,12 +33,12 @@ def check_message_error(message: Any, positions: dict[int, int]) -> bool:
     """Raise `SourcePositionLost` for a consumer error saying an offset is out of range;
     True for a message that carries another error (logged, skipped: librdkafka retries), False
     for a message that carries none."""
-    from confluent_kafka import KafkaError
-
     error = message.error()
     if error is None:
         return False
-    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+    # librdkafka's local error codes (a reset offset, the end of a partition) are named with a
+    # leading underscore in confluent-kafka: told apart by their public `name()`
+    if error.name() in ("_AUTO_OFFSET_RESET", "OFFSET_OUT_OF_RANGE"):
         partition = message.partition()
         topic = message.topic()
         raise SourcePositionLost(
@@ -49,7 +49,7 @@ def check_message_error(message: Any, positions: dict[int, int]) -> bool:
             source=f"{topic}/{partition}", position=positions.get(partition))
     if error.fatal():
         raise ConfigError(f"the Kafka consumer failed for good: {error.str()}")
-    if error.code() != KafkaError._PARTITION_EOF:
+    if error.name() != "_PARTITION_EOF":
         log.warning("Kafka consumer: %s", error.str())
     return True
 
@@ -80,10 +80,10 @@ class KafkaTopicTrigger(QueueTrigger):
         self.poll_timeout = poll_timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (self._classpath(), {
+        return (self.classpath(), {
             "topic": self.topic, "kafka_config_id": self.kafka_config_id,
             "bootstrap_servers": self.bootstrap_servers, "partitions": self.partitions,
-            "config": self.config, "poll_timeout": self.poll_timeout, **self._common_kwargs()})
+            "config": self.config, "poll_timeout": self.poll_timeout, **self.common_kwargs()})
 
     async def consumer_config(self) -> dict[str, Any]:
         """The confluent-kafka config: the connection's extra (unless `bootstrap_servers` is

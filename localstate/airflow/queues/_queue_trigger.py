@@ -31,10 +31,12 @@ class QueueTrigger(StateEnabledTrigger, BaseEventTrigger):
         if route is not None:
             self._route_fn = load_route(route)  # refused at parse time, not in the triggerer
 
-    def _common_kwargs(self) -> dict[str, Any]:
+    def common_kwargs(self) -> dict[str, Any]:
+        """The serialized arguments every queue trigger has (its subclass adds its own)."""
         return {"route": self.route, "max_messages": self.max_messages}
 
-    def _classpath(self) -> str:
+    def classpath(self) -> str:
+        """The class's path in its serialized form."""
         # the public module, not the private file the class is written in
         return f"localstate.airflow.queues.{type(self).__qualname__}"
 

@@ -80,9 +80,9 @@ class RedisStreamTrigger(QueueTrigger):
         self.block_ms = block_ms
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (self._classpath(), {
+        return (self.classpath(), {
             "stream": self.stream, "redis_conn_id": self.redis_conn_id, "url": self.url,
-            "start": self.start, "block_ms": self.block_ms, **self._common_kwargs()})
+            "start": self.start, "block_ms": self.block_ms, **self.common_kwargs()})
 
     async def client(self) -> Any:
         """A redis-py asyncio client, from `url` or the Airflow connection."""

@@ -70,11 +70,11 @@ class SqsQueueTrigger(QueueTrigger):
         self.delete_failures = 0
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (self._classpath(), {
+        return (self.classpath(), {
             "queue_url": self.queue_url, "aws_conn_id": self.aws_conn_id,
             "region_name": self.region_name, "endpoint_url": self.endpoint_url,
             "wait_seconds": self.wait_seconds, "visibility_timeout": self.visibility_timeout,
-            **self._common_kwargs()})
+            **self.common_kwargs()})
 
     async def client_kwargs(self) -> dict[str, Any]:
         """aiobotocore's ``create_client`` arguments: the connection's, then this trigger's."""
