@@ -46,9 +46,10 @@ class StatementLog:
             event.remove(self._engine, "commit", self._on_commit)
 
     def of_kind(self, verb: str) -> list[tuple[str, Any]]:
-        """The statements of `verb` on the state (the fleet row and the history rows each
-        flush records are left out: on PostgreSQL their ``WITH fleet AS (...)`` and ``WITH
-        up AS (...) INSERT INTO localstate_history`` wrappers, elsewhere their statements)."""
+        """The statements of `verb` on the state. Left out: the bounds each PostgreSQL
+        transaction sets, and the fleet row and the history rows each flush records (on
+        PostgreSQL their ``WITH fleet AS (...)`` and ``WITH up AS (...) INSERT INTO
+        localstate_history`` wrappers, elsewhere their statements)."""
         out = []
         for s, p in self.statements:
             text = s.lstrip()
@@ -60,6 +61,8 @@ class StatementLog:
                 text = text[len("WITH up AS ("):]
             elif FLEET_TABLE in text.split("(", 1)[0] or HISTORY_TABLE in text.split("(", 1)[0]:
                 continue
+            elif text.startswith("SELECT set_config("):
+                continue  # a PostgreSQL transaction's own bounds (SET LOCAL), no state read
             if text.upper().startswith(verb):
                 out.append((s, p))
         return out

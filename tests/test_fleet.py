@@ -22,6 +22,7 @@ from localstate._rows import DirtyRow
 from localstate._sync.budget import FlushBudget
 from localstate._sync.central_store import CentralStore
 from localstate._sync.fleet import STALE_INTERVALS, FleetStatus, fleet_summary, lag_and_backlog
+from localstate._sync.schema import HISTORY_TABLE
 from localstate.api import create_app
 
 
@@ -50,10 +51,13 @@ async def test_each_flush_records_its_triggerer_in_the_same_transaction(
     oldest = min(e.updated_at for e in store.entry_table.entries.values())
     with StatementLog(store).watching() as log:
         await store.flush()
-    # one transaction; on PostgreSQL the fleet row rides in the upsert statement itself
+    # one transaction; on PostgreSQL the fleet row (and the watermarks' history rows) ride in
+    # the upsert statement itself; elsewhere the history rows are a statement of their own
     assert log.commits == 1
     writes = [s for s, _ in log.statements if s.lstrip().upper().startswith(("INSERT", "WITH"))]
-    assert len(writes) == (1 if central_url.startswith("postgresql") else 2)
+    assert len(writes) == (1 if central_url.startswith("postgresql") else 3)
+    assert sum(HISTORY_TABLE in s.split("(", 1)[0] for s in writes) == (
+        0 if central_url.startswith("postgresql") else 1)
     assert len(log.of_kind("INSERT")) == 1  # the state's upsert, as before
     [row] = await central.read_fleet()
     # the 50 keys go out in this flush: nothing is left waiting behind them

@@ -15,7 +15,7 @@ import orjson
 __all__ = ["human_time", "json_text", "print_json", "schema_upgrades_shown"]
 
 #: the loggers of a schema upgrade: the central DB's and a cache file's
-_UPGRADE_LOGGERS = ("localstate.sync.schema", "localstate.cache_file")
+_UPGRADE_LOGGERS = ("localstate.sync.schema", "localstate.cache_file")  # logger names
 
 
 def json_text(obj: Any, *, indent: bool = False) -> str:
