@@ -22,7 +22,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger
 
-from localstate._sync.airflow_sink import process_sink
+from localstate._sync.sinks.airflow_sink import process_sink
 from localstate.airflow.trigger import StateEnabledTrigger
 
 #: (generation, seconds) of each collection in this process since the module was imported

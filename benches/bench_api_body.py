@@ -43,9 +43,9 @@ from typing import Any
 import httpx
 import orjson
 
-from localstate._config import max_batch_body
-from localstate._protocol import MAX_BATCH_ROWS, field_header
-from localstate._rows import DirtyRow
+from localstate._core.config import max_batch_body
+from localstate._core.protocol import MAX_BATCH_ROWS, field_header
+from localstate._core.rows import DirtyRow
 
 TOKEN = "bench-body-0123456789abcdef"
 MiB = 1024 * 1024

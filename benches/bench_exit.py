@@ -37,7 +37,7 @@ from typing import Any
 
 import sqlalchemy
 
-from localstate._version import __version__
+from localstate._core.version import __version__
 
 HUNG = 60.0
 WRITES = 101

@@ -33,7 +33,7 @@ from sqlalchemy import event
 from localstate import StateStore
 from localstate._bench import BenchConfig, run_scenario
 from localstate._bench.baselines import central_bulk_upsert, flush_rows_per_s
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 
 async def _median_bulk(url: str, n: int, rounds: int, method: str) -> float:

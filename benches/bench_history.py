@@ -30,9 +30,9 @@ from sqlalchemy import func, select
 
 from localstate import StateStore
 from localstate._bench.report import machine_info
-from localstate._sync.central_store import CentralStore
-from localstate._sync.history import HistoryPolicy
-from localstate._sync.schema import history
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.history import HistoryPolicy
+from localstate._sync.central.schema import history
 
 
 def _central(store: StateStore) -> CentralStore:

@@ -40,10 +40,10 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-import localstate._sync.central_store as central_store_module
+import localstate._sync.central.central_store as central_store_module
 from localstate import StateStore
 from localstate._bench.report import machine_info
-from localstate._sync.engine import DEFAULT_TRANSACTION_TIMEOUT, async_url, make_engine
+from localstate._sync.central.engine import DEFAULT_TRANSACTION_TIMEOUT, async_url, make_engine
 
 CACHES_ON = "statement_cache_size=100&prepared_statement_cache_size=100"
 #: owners claimed at once per round: a takeover of that many triggers (a claim storm)

@@ -11,10 +11,10 @@ extra, httpx).
 
 from typing import TYPE_CHECKING, Any
 
-from localstate._config import Settings
-from localstate._model import UNSET, Durability, FlushState, Record, Unset
-from localstate._setting_specs import LIVE_SETTINGS
-from localstate._version import __version__
+from localstate._core.config import Settings
+from localstate._core.model import UNSET, Durability, FlushState, Record, Unset
+from localstate._core.setting_specs import LIVE_SETTINGS
+from localstate._core.version import __version__
 from localstate.errors import (
     AccessDenied,
     CacheCorrupt,
@@ -42,20 +42,20 @@ from localstate.errors import (
 )
 
 if TYPE_CHECKING:
-    from localstate._reload import ConfigWatcher
+    from localstate._core.reload import ConfigWatcher
     from localstate._stats import StoreStats
     from localstate._store import ReleaseReport, StateStore, StateVariable
-    from localstate._sync.settle import ConflictInfo, FlushReport
+    from localstate._sync.flush.settle import ConflictInfo, FlushReport
     from localstate.blocking import BlockingStateStore
 
 # The store and what is built on it load on first use, not with the package: importing a lower
-# layer (`localstate.errors`, `localstate._codec`, `localstate._conflicts`, ...) runs this
+# layer (`localstate.errors`, `localstate._core.codec`, `localstate._core.conflicts`, ...) runs this
 # file first, and it must not pull in the store, which imports `localstate._sync` back.
 _LAZY = {
     "BlockingStateStore": "localstate.blocking",
-    "ConfigWatcher": "localstate._reload",
-    "ConflictInfo": "localstate._sync.settle",
-    "FlushReport": "localstate._sync.settle",
+    "ConfigWatcher": "localstate._core.reload",
+    "ConflictInfo": "localstate._sync.flush.settle",
+    "FlushReport": "localstate._sync.flush.settle",
     "ReleaseReport": "localstate._store",
     "StoreStats": "localstate._stats",
     "StateStore": "localstate._store",

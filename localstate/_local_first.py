@@ -21,13 +21,14 @@ import contextlib
 import logging
 from collections.abc import Container, Iterable
 
-from localstate._config import Settings
-from localstate._conflicts import ConflictPolicy
-from localstate._entry import UNKNOWN_BASE, Entry, StateKey, record_of
-from localstate._entry_table import EntryTable
-from localstate._file_lock import CacheFileLock
-from localstate._local_cache import LocalCache
-from localstate._model import (
+from localstate._cache.entry import UNKNOWN_BASE, Entry, StateKey, record_of
+from localstate._cache.entry_table import EntryTable
+from localstate._cache.local_cache import LocalCache
+from localstate._cache.outbox import Outbox
+from localstate._core.config import Settings
+from localstate._core.conflicts import ConflictPolicy
+from localstate._core.file_lock import CacheFileLock
+from localstate._core.model import (
     Durability,
     FlushState,
     Record,
@@ -35,13 +36,12 @@ from localstate._model import (
     check_name,
     refuse_unhashable_names,
 )
+from localstate._core.rows import CentralRow
 from localstate._modes import StoreParts, Unflushed
-from localstate._outbox import Outbox
-from localstate._rows import CentralRow
-from localstate._sync.read_through import ReadThrough
-from localstate._sync.settle import FlushReport
-from localstate._sync.sinks import Sink
-from localstate._sync.worker import SyncWorker
+from localstate._sync.flush.settle import FlushReport
+from localstate._sync.flush.worker import SyncWorker
+from localstate._sync.sinks.read_through import ReadThrough
+from localstate._sync.sinks.sink import Sink
 from localstate.errors import CentralError, CentralUnavailable, VersionConflict, WriteRejected
 
 __all__ = ["LocalFirstMode", "first_write_base", "known_entry", "load_owner", "set_reads_base"]

@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from localstate._stats import StoreStats
 
 if TYPE_CHECKING:
-    from localstate._config import Settings
-    from localstate._sync.worker import SyncWorker
+    from localstate._core.config import Settings
+    from localstate._sync.flush.worker import SyncWorker
 
 
 class MeasuredStore(Protocol):
@@ -283,7 +283,7 @@ def _otel_instruments(prefix: str) -> _OtelInstruments | None:
         return None
     instruments = _otel_by_prefix.get(prefix)
     if instruments is None:
-        from localstate._version import __version__
+        from localstate._core.version import __version__
 
         meter = metrics.get_meter("localstate", __version__)
         instruments = _otel_by_prefix[prefix] = _OtelInstruments(meter, prefix)

@@ -22,22 +22,22 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from localstate._conflicts import PolicyMap
-from localstate._entry import Entry, StateKey, entry_from_row, record_of
-from localstate._entry_table import EntryTable
-from localstate._model import Durability, FlushState, Record, check_key, check_name
-from localstate._rows import CentralRow
-from localstate._sync.claims import ClaimBook
-from localstate._sync.read_through import ReadThrough
-from localstate._sync.settle import ConflictInfo, FlushReport
-from localstate._sync.sinks import Sink
+from localstate._cache.entry import Entry, StateKey, entry_from_row, record_of
+from localstate._cache.entry_table import EntryTable
+from localstate._core.conflicts import PolicyMap
+from localstate._core.model import Durability, FlushState, Record, check_key, check_name
+from localstate._core.rows import CentralRow
+from localstate._sync.flush.claims import ClaimBook
+from localstate._sync.flush.settle import ConflictInfo, FlushReport
+from localstate._sync.sinks.read_through import ReadThrough
+from localstate._sync.sinks.sink import Sink
 from localstate.errors import LocalStateError
 
 if TYPE_CHECKING:
-    from localstate._config import Settings
-    from localstate._file_lock import CacheFileLock
-    from localstate._local_cache import LocalCache
-    from localstate._sync.worker import SyncWorker
+    from localstate._cache.local_cache import LocalCache
+    from localstate._core.config import Settings
+    from localstate._core.file_lock import CacheFileLock
+    from localstate._sync.flush.worker import SyncWorker
 
 __all__ = ["DirectMode", "Mode", "NotOpen", "StoreParts", "Unflushed"]
 

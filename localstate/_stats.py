@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localstate._entry_table import EntryTable
-    from localstate._local_cache import LocalCache
+    from localstate._cache.entry_table import EntryTable
+    from localstate._cache.local_cache import LocalCache
     from localstate._pending_switch import PendingTurnOff
-    from localstate._sync.read_through import ReadThrough
-    from localstate._sync.sinks import Sink
-    from localstate._sync.worker import SyncWorker
+    from localstate._sync.flush.worker import SyncWorker
+    from localstate._sync.sinks.read_through import ReadThrough
+    from localstate._sync.sinks.sink import Sink
 
 __all__ = ["StoreStats", "store_stats"]
 

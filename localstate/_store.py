@@ -13,7 +13,7 @@ parts it holds that are objects of their own, with their own state behind public
 in their own files: the modes (`localstate._modes`: `DirectMode` and the `StoreParts` both modes
 share; `localstate._local_first`: `LocalFirstMode`, the cache file and sync worker and the
 central reads of keys not in memory), the `ModeGate` (`localstate._mode_gate`), a pending
-turn-off (`localstate._pending_switch`), the config watcher (`localstate._reload`) and the
+turn-off (`localstate._pending_switch`), the config watcher (`localstate._core.reload`) and the
 process's default-store slot (`localstate._default_store`). `StateVariable`, the handle on one
 variable and the class-level calls on the process's default store, is here too: a store makes
 handles (`variable`) and the class-level calls open a store, so the two are one unit (as
@@ -61,18 +61,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from localstate._class_or_instance import ClassOrInstance
-from localstate._codec import IMMUTABLE_TYPES, decode, encode
-from localstate._config import Settings, config_file_path
-from localstate._conflicts import PolicyMap
-from localstate._default_store import DefaultStore
-from localstate._entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
-from localstate._entry_table import EntryTable
-from localstate._local_cache import LocalCache
-from localstate._local_first import LocalFirstMode
-from localstate._metrics import MetricsReporter, start_reporter
-from localstate._mode_gate import ModeGate
-from localstate._model import (
+from localstate._cache.entry import NOT_DECODED, Entry, StateKey, entry_from_row, record_of
+from localstate._cache.entry_table import EntryTable
+from localstate._cache.local_cache import LocalCache
+from localstate._cache.outbox import OwnerEvents
+from localstate._core.class_or_instance import ClassOrInstance
+from localstate._core.codec import IMMUTABLE_TYPES, decode, encode
+from localstate._core.config import Settings, config_file_path
+from localstate._core.conflicts import PolicyMap
+from localstate._core.model import (
     Durability,
     Record,
     asset_name,
@@ -81,24 +78,27 @@ from localstate._model import (
     check_name,
     refuse_unhashable_names,
 )
+from localstate._core.protocol import ASSET_STATE_SOURCE
+from localstate._core.reload import ConfigWatcher
+from localstate._core.setting_specs import LIVE_SETTINGS, SETTING_NAMES
+from localstate._default_store import DefaultStore
+from localstate._local_first import LocalFirstMode
+from localstate._metrics import MetricsReporter, start_reporter
+from localstate._mode_gate import ModeGate
 from localstate._modes import DirectMode, Mode, NotOpen, StoreParts, Unflushed
-from localstate._outbox import OwnerEvents
 from localstate._pending_switch import PendingTurnOff
-from localstate._protocol import ASSET_STATE_SOURCE
-from localstate._reload import ConfigWatcher
-from localstate._setting_specs import LIVE_SETTINGS, SETTING_NAMES
 from localstate._stats import StoreStats, store_stats
-from localstate._sync.airflow_sink import process_sink
-from localstate._sync.asset_events import NO_ASSET_EVENTS
-from localstate._sync.asset_mirror import AssetMirror
-from localstate._sync.central_store import CentralStore
-from localstate._sync.claims import ClaimBook, claim_owner, claiming_sink
-from localstate._sync.history import HistoryPolicy
-from localstate._sync.read_through import ReadThrough
-from localstate._sync.settle import ConflictInfo, FlushReport
-from localstate._sync.sink_thread import ThreadedSink
-from localstate._sync.sinks import ClaimingSink, Sink, carries_events
-from localstate._sync.worker import SyncWorker
+from localstate._sync.central.asset_events import NO_ASSET_EVENTS
+from localstate._sync.central.asset_mirror import AssetMirror
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.history import HistoryPolicy
+from localstate._sync.flush.claims import ClaimBook, claim_owner, claiming_sink
+from localstate._sync.flush.settle import ConflictInfo, FlushReport
+from localstate._sync.flush.worker import SyncWorker
+from localstate._sync.sinks.airflow_sink import process_sink
+from localstate._sync.sinks.read_through import ReadThrough
+from localstate._sync.sinks.sink import ClaimingSink, Sink, carries_events
+from localstate._sync.sinks.sink_thread import ThreadedSink
 from localstate.errors import (
     CacheLocked,
     CentralUnavailable,
@@ -833,7 +833,7 @@ async def _open_central(s: Settings) -> Sink:
     if s.sink == "api":
         # a localstate API server over HTTP: no database credentials in this process (httpx,
         # the ``client`` extra, is imported only by a store that uses it)
-        from localstate._sync.api_sink import ApiSink
+        from localstate._sync.sinks.api_sink import ApiSink
 
         return (await ThreadedSink.open(lambda: ApiSink.open(s)) if s.central_thread
                 else await ApiSink.open(s))
@@ -854,9 +854,9 @@ async def _open_central(s: Settings) -> Sink:
 
 async def _asset_state_reader(s: Settings, api_url: str) -> Sink:
     """Reads Airflow's asset_state_store through localstate's app in Airflow's API server
-    (`localstate._sync.asset_states`), on a thread of its own when ``central_thread`` is on: a
+    (`localstate._sync.sinks.asset_states`), on a thread of its own when ``central_thread`` is on: a
     batch of misses then costs the trigger loop one turn, not each of the HTTP exchange's."""
-    from localstate._sync.api_sink import ApiSink  # httpx: the ``client`` extra, as above
+    from localstate._sync.sinks.api_sink import ApiSink  # httpx: the ``client`` extra, as above
 
     async def reader() -> Sink:
         # a server that hangs delays a batch of misses by at most 10 s; then they are read

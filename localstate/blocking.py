@@ -31,12 +31,12 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from localstate._class_or_instance import ClassOrInstance
-from localstate._config import Settings
-from localstate._model import Durability, Record
+from localstate._core.class_or_instance import ClassOrInstance
+from localstate._core.config import Settings
+from localstate._core.model import Durability, Record
 from localstate._stats import StoreStats
 from localstate._store import DEFAULT, StateStore
-from localstate._sync.settle import FlushReport
+from localstate._sync.flush.settle import FlushReport
 from localstate.errors import LocalStateError, StoreClosed
 
 __all__ = ["BlockingStateStore", "StateVariable"]

@@ -23,7 +23,7 @@ server. A `CentralUnavailable` from a write leaves its outcome unknown: read, th
 `expected_version`. The server's answers come back as the errors the store raises:
 
 =======================================  ==================================================
-server answer (`localstate._protocol`)    raised
+server answer (`localstate._core.protocol`)    raised
 =======================================  ==================================================
 404 (no value)                           nothing: `get` gives the default, `record` None,
                                          `delete` False
@@ -52,9 +52,9 @@ from typing import Any, Final
 
 import httpx
 
-from localstate._codec import encode
-from localstate._model import FlushState, Record
-from localstate._protocol import (
+from localstate._core.codec import encode
+from localstate._core.model import FlushState, Record
+from localstate._core.protocol import (
     FLEET_PATH,
     HEALTH_PATH,
     HISTORY_PATH,

@@ -2,13 +2,13 @@
 
 `sync/` installs as the subpackage `localstate._sync` (pyproject's `package-dir` mapping); an
 editable install reaches it through setuptools' import hook, which mypy does not follow. mypy
-names a file after the folders above it, so it would call `sync/worker.py` `sync.worker` and
+names a file after the folders above it, so it would call `sync/flush/worker.py` `sync.worker` and
 find no `localstate._sync` at all. This runs mypy exactly as `mypy` would (same configuration,
 same arguments, same output and exit status), except that each source under `sync/` is given
 its installed module name before the build.
 
     .venv/bin/python scripts/typecheck.py            # what CI runs
-    .venv/bin/python scripts/typecheck.py sync/worker.py tests/test_sync_worker.py
+    .venv/bin/python scripts/typecheck.py sync/flush/worker.py tests/test_sync_worker.py
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pip's own copy of tomli, which became tomllib
     from pip._vendor import tomli as tomllib
+from localstate._core.version import __version__
 from localstate._testing.postgres_server import PostgresServer
-from localstate._version import __version__
 
 __all__ = ["AIRFLOW", "ROOT", "Deployment", "fast_loops", "new_deployment", "stop",
            "tree_metadata", "wait_for"]

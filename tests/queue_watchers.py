@@ -14,8 +14,8 @@ from airflow.triggers.base import BaseEventTrigger
 from sqlalchemy import select
 
 from localstate import StateStore, StateVariable
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import event
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import event
 
 
 async def committed_keys(central_url: str, owner: str) -> list[str]:

@@ -11,8 +11,8 @@ from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import FLEET_TABLE, HISTORY_TABLE
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import FLEET_TABLE, HISTORY_TABLE
 
 
 class StatementLog:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from api_server import DAG_TOKEN, RO_TOKEN, RW_TOKEN, ServeProcess, api_env
 
-from localstate._api_connection import Endpoint, endpoint
+from localstate._core.api_connection import Endpoint, endpoint
 from localstate.airflow.hook import LocalStateHook
 from localstate.airflow.provider import get_provider_info
 from localstate.errors import AccessDenied, ConfigError, VersionConflict

@@ -21,7 +21,7 @@ count at all after the stop.
 The same for async tasks (`TASK_DAG`), run by the scheduler's LocalExecutor through a real
 ``airflow api-server``: one raises before it closes its store, one returns without closing it.
 Airflow runs an async task with ``loop.run_until_complete`` and closes the loop, which cancels
-nothing: the task process's exit closes the caches (`localstate._left_open`). Each task's
+nothing: the task process's exit closes the caches (`localstate._cache.left_open`). Each task's
 process (titled ``airflow worker -- <ti id>``) must be gone once its task instance has ended,
 its cache file must hold every write it acknowledged, ``memory`` ones included, and the next
 open flushes them.

@@ -21,8 +21,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine, make_url
 
-from localstate._sync.engine import make_engine
-from localstate._sync.schema import LATEST_VERSION, MIGRATIONS, STATE_TABLE, upgrade
+from localstate._sync.central.engine import make_engine
+from localstate._sync.central.schema import LATEST_VERSION, MIGRATIONS, STATE_TABLE, upgrade
 from localstate.airflow._migrations import VERSION_TABLE, revision_id
 
 MIGRATIONS_DIR = Path(__file__).parents[1] / "localstate" / "airflow" / "_migrations"
@@ -64,7 +64,7 @@ def test_one_revision_per_migration_chained_like_the_versions() -> None:
     script = ScriptDirectory.from_config(_config())
     revisions = {r.revision: r for r in script.walk_revisions()}
     assert set(revisions) == {revision_id(m.version) for m in MIGRATIONS}, (
-        "every migration in sync/schema.py MIGRATIONS needs its revision file in "
+        "every migration in sync/central/schema.py MIGRATIONS needs its revision file in "
         "localstate/airflow/_migrations/versions (see that package's docstring)")
     for m in MIGRATIONS:
         down = revisions[revision_id(m.version)].down_revision

@@ -25,7 +25,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 from starlette.types import ASGIApp
 
 from localstate import Settings
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.airflow._mount import LocalStateMount
 from localstate.api import create_app
 from localstate.errors import CentralUnavailable

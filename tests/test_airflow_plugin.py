@@ -42,16 +42,16 @@ from test_airflow_sink import DictAccessor
 from test_api_sink import answer_while_sending
 
 from localstate import StateStore
-from localstate._codec import encode
-from localstate._config import max_batch_body
-from localstate._conflicts import PolicyMap
-from localstate._protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
-from localstate._rows import CentralRow, DirtyRow
-from localstate._sync.airflow_sink import AirflowSink, process_sink
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.asset_mirror import AssetMirror
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import LATEST_VERSION, MIGRATIONS
+from localstate._core.codec import encode
+from localstate._core.config import max_batch_body
+from localstate._core.conflicts import PolicyMap
+from localstate._core.protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
+from localstate._core.rows import CentralRow, DirtyRow
+from localstate._sync.central.asset_mirror import AssetMirror
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import LATEST_VERSION, MIGRATIONS
+from localstate._sync.sinks.airflow_sink import AirflowSink, process_sink
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate._testing.postgres_server import PostgresServer
 from localstate.airflow._migrations import revision_id
 from localstate.airflow._serving import central_url_of, open_app

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from localstate._config import Settings
-from localstate._setting_specs import SETTING_NAMES
+from localstate._core.config import Settings
+from localstate._core.setting_specs import SETTING_NAMES
 from localstate.airflow.provider import get_provider_info
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
@@ -75,7 +75,7 @@ def test_settings_read_through_airflows_conf(home: Path) -> None:
         f"[localstate]\nmax_batch = 77\napi_tokens_cmd = echo {token}:read:*\n")
     code = (
         "import sys, json\n"
-        "from localstate._config import Settings\n"
+        "from localstate._core.config import Settings\n"
         "before = Settings.resolve()\n"
         "assert 'airflow' not in sys.modules  # localstate never imports Airflow itself\n"
         "import airflow.configuration\n"

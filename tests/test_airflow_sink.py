@@ -17,10 +17,10 @@ import pytest
 import pytest_asyncio
 
 from localstate import StateStore
-from localstate._config import Settings
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow
-from localstate._sync.airflow_sink import AirflowSink, process_sink
+from localstate._core.config import Settings
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.sinks.airflow_sink import AirflowSink, process_sink
 from localstate.errors import CentralUnavailable, ConfigError
 
 OWNER = "asset_watcher:orders"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest_asyncio
 
 from localstate import StateStore
-from localstate._sync.airflow_sink import AirflowSink
+from localstate._sync.sinks.airflow_sink import AirflowSink
 from localstate.errors import CentralUnavailable, reason
 
 OWNER = "asset_watcher:orders"

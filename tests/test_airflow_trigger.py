@@ -28,8 +28,8 @@ from conftest import StoreFactory
 
 from localstate import StateStore
 from localstate._store import StateVariable
-from localstate._sync.airflow_sink import AirflowSink, process_sink
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.sinks.airflow_sink import AirflowSink, process_sink
 from localstate._testing.postgres_server import PostgresServer
 from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
 from localstate.errors import LocalStateError
@@ -400,7 +400,7 @@ class EmittingTrigger(StateEnabledTrigger, BaseEventTrigger):
 async def committed_keys(url: str, owner: str) -> list[str]:
     from sqlalchemy import select
 
-    from localstate._sync.schema import event
+    from localstate._sync.central.schema import event
 
     async with CentralStore.open(url) as central:
         e = event.c

@@ -9,7 +9,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from conftest import StoreFactory
 from test_airflow_trigger import CountingTrigger, drive, use
 
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.airflow.trigger import StateEnabledTrigger
 
 

@@ -16,10 +16,10 @@ from conftest import StoreFactory, collations
 from fastapi import FastAPI
 
 from localstate import Settings, StateStore
-from localstate._protocol import encode_body, encode_rows, field_header
-from localstate._rows import DirtyRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import make_engine
+from localstate._core.protocol import encode_body, encode_rows, field_header
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import make_engine
 from localstate.api import create_app
 from localstate.api._context import RateMeter
 

@@ -18,7 +18,7 @@ from conftest import StoreFactory
 from test_api import client_for, path
 
 from localstate import Settings
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.api import create_app
 from localstate.api._csrf import CSRF_HEADER, origin_of
 

@@ -18,10 +18,10 @@ from conftest import StoreFactory
 from test_api import client_for, path
 
 from localstate import Settings
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.central_store import CentralStore
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate.api import create_app
 
 OPS = "ops-token-0123456789abcdef"

@@ -23,9 +23,9 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import Settings, StateStore
-from localstate._config import max_batch_body
-from localstate._conflicts import PolicyMap
-from localstate._protocol import (
+from localstate._core.config import max_batch_body
+from localstate._core.conflicts import PolicyMap
+from localstate._core.protocol import (
     WireError,
     decode_body,
     decode_outcomes,
@@ -35,10 +35,10 @@ from localstate._protocol import (
     encode_rows,
     field_header,
 )
-from localstate._rows import CentralRow, DirtyRow, FlushOutcome
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.central_store import CentralStore
-from localstate._sync.sinks import FleetReporting
+from localstate._core.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.sinks.api_sink import ApiSink
+from localstate._sync.sinks.sink import FleetReporting
 from localstate.api import create_app
 from localstate.api._auth import Principal
 from localstate.errors import (
@@ -108,7 +108,7 @@ async def test_an_event_the_server_refuses_is_dropped_not_stuck(
     """The API server's max_value_bytes is below the triggerer's: its refusal of one event
     never blocks the outbox. The others (and the watermark) commit, the refused one is
     dropped and counted."""
-    from localstate._sync.schema import event
+    from localstate._sync.central.schema import event
 
     server_store = await open_store(triggerer_id="api-server", max_value_bytes=1024)
     tokens = Settings.resolve({"api_tokens": TOKENS}).api_tokens
@@ -150,7 +150,7 @@ async def test_events_ride_a_flush_in_its_transaction_and_are_checked(
     the server: `CentralStore.write_with_events`); a replay is all duplicates; a token that
     may not write an event's owner, or a malformed event, is refused whole (nothing written);
     the REST status counts them."""
-    from localstate._rows import EventRow
+    from localstate._core.rows import EventRow
 
     sink = endpoint.sink()
     rows = [dirty("dag:etl", "watermark", 3, 1, 0)]

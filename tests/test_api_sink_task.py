@@ -16,7 +16,7 @@ import pytest
 from api_server import ServeProcess, api_env
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 # Any database engine made in the task process fails it: state goes through the API only.
 TASK = r"""

@@ -1,5 +1,5 @@
-"""Emitted events become Airflow asset events (`localstate._sync.asset_events`), through a real
-``airflow api-server`` with localstate's plugin (``sink = api``) on a migrated Airflow 3.3
+"""Emitted events become Airflow asset events (`localstate._sync.central.asset_events`), through a
+real ``airflow api-server`` with localstate's plugin (``sink = api``) on a migrated Airflow 3.3
 metadata DB (PostgreSQL): the watermark, the de-duplication row and the asset events commit in
 one transaction, consumer DAGs are queued as for a yielded ``TriggerEvent``, a replay adds
 nothing and a zombie's batch adds nothing. Also ``sink = sql`` on Airflow's metadata DB.
@@ -19,9 +19,9 @@ from airflow_api_server import MACHINE_TOKEN, ApiServer, api_server, migrate, ne
 from airflow_harness import Deployment
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow, EventRow
-from localstate._sync.api_sink import ApiSink
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow, EventRow
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate._testing.postgres_server import PostgresServer
 from localstate.airflow._serving import central_url_of
 

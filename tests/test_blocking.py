@@ -22,8 +22,8 @@ from localstate import (
     ValueTooLarge,
     VersionConflict,
 )
-from localstate._model import Durability
-from localstate._sync.central_store import CentralStore
+from localstate._core.model import Durability
+from localstate._sync.central.central_store import CentralStore
 from localstate.blocking import BlockingStateStore, StateVariable
 
 THREADS = 8

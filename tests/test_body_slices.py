@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from localstate._body_slices import SLICE_BYTES, decode_in_slices
+from localstate._core.body_slices import SLICE_BYTES, decode_in_slices
 
 #: data strings that hold what the slicer looks for: a row's end, the array's end, escapes
 TRICKY = ['"],[x"', "[[1],[2]]", '"]]"', '"\\\\"],["', "1", '{"a":[[]]}']

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import StoreFactory
 
 from localstate import StateStore
-from localstate._local_cache import LocalCache
+from localstate._cache.local_cache import LocalCache
 
 
 def pragma(path: Path, name: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from localstate import VersionConflict
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 
 @pytest_asyncio.fixture

@@ -25,12 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statement_log import StatementLog, rows_carried
 
 from localstate import SchemaError, StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import CentralRow, DirtyRow, FlushOutcome
-from localstate._sync.central_store import CentralStore
-from localstate._sync.dialects import prefix_upper_bound
-from localstate._sync.engine import make_engine
-from localstate._sync.schema import (
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.dialects import prefix_upper_bound
+from localstate._sync.central.engine import make_engine
+from localstate._sync.central.schema import (
     FILLFACTOR,
     LATEST_VERSION,
     MIGRATIONS,

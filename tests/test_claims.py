@@ -21,10 +21,10 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow, FlushOutcome
-from localstate._sync.central_store import CentralStore
-from localstate._sync.claims import ClaimBook
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.flush.claims import ClaimBook
 from localstate.errors import OwnerLost
 
 OWNER = "asset_watcher:orders"

@@ -415,7 +415,7 @@ def test_flush_says_when_it_upgrades_the_central_schema(tmp_path: Path) -> None:
     terminal (the upgrade's log line, which a plain CLI run would otherwise drop)."""
     from sqlalchemy import create_engine
 
-    from localstate._sync.schema import LATEST_VERSION, apply_step
+    from localstate._sync.central.schema import LATEST_VERSION, apply_step
 
     old = tmp_path / "old-central.db"
     engine = create_engine(f"sqlite:///{old}")

@@ -10,7 +10,7 @@ import pytest
 from conftest import value_id
 
 from localstate import ValueEncodingError, ValueTooLarge
-from localstate._codec import decode, encode
+from localstate._core.codec import decode, encode
 
 
 class Color(enum.Enum):

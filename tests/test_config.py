@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from localstate import ConfigError, Settings
-from localstate._config import max_batch_body
-from localstate._protocol import MAX_BATCH_BODY
-from localstate._setting_specs import SPECS
+from localstate._core.config import max_batch_body
+from localstate._core.protocol import MAX_BATCH_BODY
+from localstate._core.setting_specs import SPECS
 
 
 def write_cfg(home: Path, body: str) -> Path:
@@ -250,7 +250,7 @@ FREE_FORM = {"cache_dir", "cache_path", "central_url"}
 
 
 def test_every_setting_with_a_format_has_bad_values_listed() -> None:
-    from localstate._setting_specs import SETTING_NAMES
+    from localstate._core.setting_specs import SETTING_NAMES
 
     missing = set(SETTING_NAMES) - FREE_FORM - {name for name, _, _ in BAD_VALUES}
     assert not missing, f"add rows to BAD_VALUES for {sorted(missing)}"
@@ -320,7 +320,7 @@ def test_good_values_in_their_text_forms(tmp_path: Path, name: str, raw: str,
 def test_settings_fields_are_the_specs_in_order_with_their_defaults() -> None:
     import dataclasses
 
-    from localstate._setting_specs import SETTING_NAMES, setting_specs
+    from localstate._core.setting_specs import SETTING_NAMES, setting_specs
 
     named = [f for f in dataclasses.fields(Settings) if f.name not in ("sources", "home")]
     assert [f.name for f in named] == list(SETTING_NAMES)

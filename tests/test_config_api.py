@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from localstate import ConfigError, Settings
-from localstate._setting_specs import ApiToken
+from localstate._core.setting_specs import ApiToken
 
 SECRET = "s3cret-token-0123456789"
 

@@ -101,7 +101,8 @@ def test_the_architecture_page_names_every_module() -> None:
     assert len(modules) > 100
     missing = []
     for module in modules:
-        if "/_migrations/versions/" in module:  # each revision: one migration of sync/schema.py
+        # each revision: one migration of sync/central/schema.py
+        if "/_migrations/versions/" in module:
             module = module.rsplit("/", 1)[0] + "/"
         if f"`{module}`" not in page:
             missing.append(module)
@@ -120,7 +121,7 @@ def test_troubleshooting_lists_every_typed_error() -> None:
 
 
 def test_the_configuration_reference_has_every_setting() -> None:
-    from localstate._setting_specs import SPECS
+    from localstate._core.setting_specs import SPECS
 
     page = _hooks().configuration_page()
     for name, spec in SPECS.items():
@@ -288,7 +289,7 @@ def test_python_blocks_run(tmp_path: Path) -> None:
 
 
 def test_ini_blocks_are_settings_localstate_and_airflow_accept(tmp_path: Path) -> None:
-    from localstate._config import Settings
+    from localstate._core.config import Settings
 
     airflow_options: list[tuple[str, str]] = []
     checked = 0
@@ -364,7 +365,7 @@ def _check_deployment_command(argv: list[str], where: str) -> None:
 def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
     """Each command line of a ```sh block is run (``python -c``) or parsed by the program that
     will read it; a command no rule knows fails the test."""
-    from localstate._config import Settings
+    from localstate._core.config import Settings
     from localstate.api import create_app
     from localstate.cli import build_parser
 
@@ -454,7 +455,7 @@ def test_the_rest_reference_lists_what_each_route_declares_and_raises() -> None:
 
     from fastapi.routing import APIRoute
 
-    from localstate._config import Settings
+    from localstate._core.config import Settings
     from localstate.api import create_app
 
     app = create_app(Settings.resolve({"central_url": "sqlite:////never/opened.db"}))
@@ -481,7 +482,7 @@ def test_the_rest_reference_lists_what_each_route_declares_and_raises() -> None:
 
 
 def test_the_troubleshooting_statuses_are_the_apis() -> None:
-    from localstate._protocol import answer_for
+    from localstate._core.protocol import answer_for
     from localstate.errors import CentralError, CentralUnavailable, ValueTooLarge
 
     page = _hooks().troubleshooting_page()

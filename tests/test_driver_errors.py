@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from localstate._sync.central_store import CentralStore
-from localstate._sync.driver_errors import is_unreachable
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.driver_errors import is_unreachable
 from localstate._testing.postgres_server import PostgresServer
 from localstate.errors import CentralError, CentralUnavailable
 

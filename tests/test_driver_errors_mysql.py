@@ -19,8 +19,8 @@ import pytest_asyncio
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from localstate._sync.central_store import CentralStore
-from localstate._sync.driver_errors import is_unreachable
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.driver_errors import is_unreachable
 from localstate._testing.mysql_server import MysqlServer
 from localstate.errors import CentralError, CentralUnavailable
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from localstate import ConfigError, StateStore
-from localstate._sync.engine import async_url, make_engine
+from localstate._sync.central.engine import async_url, make_engine
 from localstate._testing.postgres_server import PostgresServer
 
 

@@ -47,7 +47,7 @@ def test_importing_the_package_loads_no_store() -> None:
     """The store and what is built on it load on first use (the lower layers import the
     package first): `import localstate` alone must not pull them in."""
     code = ("import sys, localstate; "
-            "print(sorted(m for m in ('localstate._store', 'localstate._sync.settle') "
+            "print(sorted(m for m in ('localstate._store', 'localstate._sync.flush.settle') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
@@ -116,7 +116,7 @@ def test_the_entry_points_name_public_modules() -> None:
 
 def _private(module: str) -> bool:
     """A module whose name has a part starting with `_` (`localstate._store`,
-    `localstate._sync.worker`, `localstate.cli._flush`); `__init__` and `__main__` aside."""
+    `localstate._sync.flush.worker`, `localstate.cli._flush`); `__init__` and `__main__` aside."""
     return any(part.startswith("_") and part not in ("__init__", "__main__")
                for part in module.split("."))
 
@@ -133,7 +133,7 @@ def test_every_module_is_public_or_private_by_name() -> None:
     modules = _modules()
     assert len(modules) > 100
     assert "localstate._store" in modules
-    assert "localstate._sync.worker" in modules  # sync/, as installed
+    assert "localstate._sync.flush.worker" in modules  # sync/, as installed
     # a package that holds public modules is public too (`localstate.airflow`)
     holders = {".".join(m.split(".")[:i]) for m in modules if is_public(m)
                for i in range(1, m.count(".") + 1)}

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from localstate._failure_log import FailureLog
+from localstate._core.failure_log import FailureLog
 
 LOGGER = "localstate.tests.failure_log"
 

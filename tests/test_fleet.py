@@ -1,5 +1,6 @@
-"""The fleet table (`localstate._sync.fleet`) on every backend, and its views: the REST API's
-``GET /api/v1/fleet`` and ``localstate status --fleet``. (The UI: tests/test_ui_browser.py.)"""
+"""The fleet table (`localstate._sync.central.fleet`) on every backend, and its views: the REST
+API's ``GET /api/v1/fleet`` and ``localstate status --fleet``. (The UI:
+tests/test_ui_browser.py.)"""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ from test_api import client_for
 from test_cli import ok, run
 
 from localstate import Settings, StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow
-from localstate._sync.budget import FlushBudget
-from localstate._sync.central_store import CentralStore
-from localstate._sync.fleet import STALE_INTERVALS, FleetStatus, fleet_summary, lag_and_backlog
-from localstate._sync.schema import HISTORY_TABLE
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.fleet import (
+    STALE_INTERVALS,
+    FleetStatus,
+    fleet_summary,
+    lag_and_backlog,
+)
+from localstate._sync.central.schema import HISTORY_TABLE
+from localstate._sync.flush.budget import FlushBudget
 from localstate.api import create_app
 
 

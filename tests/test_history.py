@@ -1,4 +1,4 @@
-"""Each owner's history (`localstate._sync.history`): written in the flush's (or claim's)
+"""Each owner's history (`localstate._sync.central.history`): written in the flush's (or claim's)
 own transaction, one watermark row per key per flush, every event with its outcome, every
 claim with its epoch; bounded per owner; off when the setting says so. Each test runs on
 every central backend."""
@@ -12,10 +12,10 @@ import pytest
 from conftest import StoreFactory
 from sqlalchemy import func, insert, select
 
-from localstate._rows import EventRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.history import HistoryPolicy, HistoryRow
-from localstate._sync.schema import history
+from localstate._core.rows import EventRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.history import HistoryPolicy, HistoryRow
+from localstate._sync.central.schema import history
 from localstate.errors import InvalidInput
 
 OWNER = "trigger:orders"

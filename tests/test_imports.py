@@ -1,16 +1,19 @@
-"""The import graph has layers (`LAYERS`, lowest first) and no circle.
+"""The folders are the layers, the import graph has no circle, and every module imports first.
 
-Every module of `localstate` and `localstate._sync` has one layer, and imports only its own
-layer and lower ones: on load, under `if TYPE_CHECKING:` and inside functions alike. The
-folder is the layer: the top-level `sync/` folder (installed as `localstate._sync`) holds
-exactly the central, sinks and flush layers, so nothing below it imports it. And every module
-imports first, in a fresh interpreter: no import circle bites at run time, and the lower layers
-do not load the store.
+A module's layer is the folder its file sits in: `localstate/errors/`, `localstate/_core/`
+(the foundation), `localstate/_cache/` (the local cache), the top-level `sync/` folder
+(installed as `localstate._sync`) with `central/`, `sinks/` and `flush/`, the store at the top
+of `localstate/`, and the packages built on it. No table names them: the graph of folders, read
+from every import (on load, under `if TYPE_CHECKING:` and inside functions alike), has no
+cycle, so each import between two folders points one way, and the order it gives them is
+checked against the architecture's. And every module imports first, in a fresh interpreter: no
+import circle bites at run time, and the layers below the store do not load it.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
@@ -43,18 +46,20 @@ def import_first(module: str, check: str = "") -> subprocess.CompletedProcess[st
 
 def test_the_modules_include_sync_and_the_store() -> None:
     modules = all_modules()
-    assert "localstate._conflicts" in modules
-    assert "localstate._sync.worker" in modules
+    assert "localstate._core.conflicts" in modules
+    assert "localstate._sync.flush.worker" in modules
     assert "localstate._store" in modules
     assert len(modules) > 60
 
 
 #: run in a fresh interpreter: loads the third-party packages given, then imports each
 #: localstate module first in a child forked from it (an interpreter per module, without paying
-#: each time for SQLAlchemy, FastAPI or Airflow, which have no import order of localstate's)
+#: each time for SQLAlchemy, FastAPI or Airflow, which have no import order of localstate's);
+#: given a third list, a module that loaded one of the modules it names fails
 _FORK_IMPORTER = r"""
 import importlib, json, os, sys, traceback
-modules, warm = json.load(sys.stdin)
+modules, warm, *forbidden = json.load(sys.stdin)
+forbidden = forbidden[0] if forbidden else []
 for name in warm:
     try:
         importlib.import_module(name)
@@ -72,7 +77,8 @@ for module in modules:
         os.close(read)
         try:
             importlib.import_module(module)
-            message = ""
+            loaded = [name for name in forbidden if name in sys.modules]
+            message = f"loaded {', '.join(loaded)}" if loaded else ""
         except BaseException:
             message = traceback.format_exc().strip().splitlines()[-1] or "failed"
         os.write(write, message.encode())
@@ -122,17 +128,6 @@ def test_the_fork_importer_reports_a_module_that_fails_to_import(tmp_path: Path)
     assert "ImportError" in failed["broken_first"]
 
 
-@pytest.mark.parametrize("module", [
-    "localstate.errors", "localstate._codec", "localstate._model", "localstate._entry",
-    "localstate._local_cache", "localstate._config", "localstate._conflicts",
-    "localstate._sync.central_store", "localstate._sync.worker",
-])
-def test_a_lower_layer_does_not_load_the_store(module: str) -> None:
-    result = import_first(module, "assert 'localstate._store' not in sys.modules, "
-                                  "sorted(m for m in sys.modules if m.startswith('localstate'))")
-    assert result.returncode == 0, result.stderr
-
-
 def test_there_is_no_top_level_sync_package() -> None:
     # as installed: not from the checkout (a PYTHONPATH naming it would put sync/ on the path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -144,77 +139,8 @@ def test_there_is_no_top_level_sync_package() -> None:
 
 # -- the import graph, read from the source -------------------------------------------------
 
-#: The layers, lowest first (docs/architecture.md describes them). A module imports only
-#: modules of its own layer or of lower ones, on load or on use. Each module has exactly one
-#: layer: its exact name, or a package's name with ".*" for the package and every module
-#: under it. The central, sinks and flush layers are exactly the modules of `localstate._sync`
-#: (`SYNC_LAYERS`).
-LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {
-        "localstate.errors", "localstate._version", "localstate._model", "localstate._codec",
-        "localstate._rows", "localstate._entry", "localstate._orders", "localstate._conflicts",
-        "localstate._retention_rules", "localstate._setting_specs", "localstate._config",
-        "localstate._reload", "localstate._file_lock", "localstate._futures", "localstate._backoff",
-        "localstate._lanes", "localstate._failure_log", "localstate._protocol",
-        "localstate._class_or_instance", "localstate._api_connection", "localstate._body_slices",
-    }),
-    ("local", {
-        "localstate._absent_keys", "localstate._owner_index", "localstate._eviction",
-        "localstate._entry_table", "localstate._cache_file", "localstate._cache_compaction",
-        "localstate._local_cache", "localstate._outbox", "localstate._mode_gate",
-        "localstate._left_open",
-    }),
-    ("central", {
-        "localstate._sync", "localstate._sync.schema", "localstate._sync.fleet",
-        "localstate._sync.dialects", "localstate._sync.driver_errors", "localstate._sync.engine",
-        "localstate._sync.asset_mirror", "localstate._sync.asset_events",
-        "localstate._sync.history", "localstate._sync.fenced_write",
-        "localstate._sync.cas_write", "localstate._sync.central_store",
-        "localstate._sync.retention",
-    }),
-    ("sinks", {
-        "localstate._sync.sinks", "localstate._sync.sink_thread", "localstate._sync.read_through",
-        "localstate._sync.api_sink", "localstate._sync.airflow_sink",
-        "localstate._sync.asset_batch_reads", "localstate._sync.asset_states",
-    }),
-    ("flush", {
-        "localstate._sync.claims", "localstate._sync.budget", "localstate._sync.waiters",
-        "localstate._sync.settle", "localstate._sync.worker",
-    }),
-    ("store", {
-        "localstate._pending_switch", "localstate._stats", "localstate._metrics",
-        "localstate._modes", "localstate._local_first", "localstate._store",
-        "localstate._default_store", "localstate.blocking",
-    }),
-    ("front", {
-        "localstate", "localstate.client", "localstate.api.*", "localstate.cli.*",
-        "localstate.airflow.*", "localstate._bench.*", "localstate.examples.*",
-        "localstate._testing.*",
-    }),
-]
-#: the layers the folder sync/ (`localstate._sync`) holds, and nothing else does
-SYNC_LAYERS = {"central", "sinks", "flush"}
 
-
-def layer_of(module: str) -> int:
-    """The index in `LAYERS` of `module`'s layer (KeyError: it has none). An exact name wins
-    over a package's ".*"; the closest package wins over one further up."""
-    for index, (_layer, members) in enumerate(LAYERS):
-        if module in members:
-            return index
-    name = module
-    while name:
-        for index, (_layer, members) in enumerate(LAYERS):
-            if f"{name}.*" in members:
-                return index
-        name = name.rpartition(".")[0]
-    raise KeyError(module)
-
-
-def layer_name(module: str) -> str:
-    return LAYERS[layer_of(module)][0]
-
-
+@functools.cache
 def module_files() -> dict[str, Path]:
     """Each module of localstate (sync/ as `localstate._sync`, its installed name) and its file."""
     files = {}
@@ -242,6 +168,7 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from (n for n in _top_level(node.body) if not isinstance(n, ast.FunctionDef))
 
 
+@functools.cache
 def import_graph(*, deferred: bool) -> dict[str, set[str]]:
     """Module -> the modules of localstate (and localstate._sync) it imports. `deferred`: the
     imports inside functions too."""
@@ -313,15 +240,69 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# -- the folders are the layers -------------------------------------------------------------
+#
+# A module's layer is its folder: nothing here names a module's layer by hand. A folder's
+# place among the layers is read from the import graph (one above the highest folder it
+# imports from), so the graph of folders must have no cycle: an import between two folders
+# points one way, and a new module joins its folder's layer by being put in the folder.
+
+#: the most private modules directly in localstate/ (the store and its modes): the rest sit in
+#: the folder of their layer
+MAX_TOP_MODULES = 12
+
+
+def folder_of(module: str) -> str:
+    """The folder a module's file sits in, as the dotted name of its package (a package's
+    `__init__` is in its own folder)."""
+    path = module_files()[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def folder_graph(*, deferred: bool) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph(deferred=deferred).items():
+        graph.setdefault(folder_of(module), set()).update(
+            folder_of(t) for t in targets if folder_of(t) != folder_of(module))
+    return graph
+
+
+@functools.cache
+def folder_layers() -> dict[str, int]:
+    """Each folder's layer, 0 the lowest: one above the highest of the folders it imports (on
+    load or on use). Only for a graph without a cycle."""
+    graph = folder_graph(deferred=True)
+    layer: dict[str, int] = {}
+
+    def place(folder: str) -> int:
+        if folder not in layer:
+            layer[folder] = 1 + max((place(t) for t in graph[folder]), default=-1)
+        return layer[folder]
+
+    for folder in graph:
+        place(folder)
+    return layer
+
+
+def layer_map() -> str:
+    """The folders by layer, lowest first: what a failure prints."""
+    by_layer: dict[int, list[str]] = {}
+    for folder, layer in folder_layers().items():
+        by_layer.setdefault(layer, []).append(folder)
+    return "\n".join(f"{n}: {', '.join(sorted(f))}" for n, f in sorted(by_layer.items()))
+
+
 def test_the_graph_sees_type_checking_relative_and_function_local_imports() -> None:
     graph = import_graph(deferred=False)
     assert "localstate._store" in graph["localstate"]  # an `if TYPE_CHECKING:` import
-    assert "localstate._entry_table" in graph["localstate._store"]
-    assert "localstate._entry_table" in graph["localstate._sync.worker"]  # sync/ is read too
+    assert "localstate._cache.entry_table" in graph["localstate._store"]
+    # sync/ is read too, under its installed name
+    assert "localstate._cache.entry_table" in graph["localstate._sync.flush.worker"]
     assert any(t.startswith("localstate._sync.") for t in graph["localstate._store"])
     # an import made inside a function, on use (the REST sink needs httpx, an extra)
-    assert "localstate._sync.api_sink" not in graph["localstate._store"]
-    assert "localstate._sync.api_sink" in import_graph(deferred=True)["localstate._store"]
+    assert "localstate._sync.sinks.api_sink" not in graph["localstate._store"]
+    assert "localstate._sync.sinks.api_sink" in import_graph(deferred=True)["localstate._store"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -334,56 +315,72 @@ def test_no_import_circle_function_local_imports_included() -> None:
     assert circles(import_graph(deferred=True)) == []
 
 
-def test_every_module_has_one_layer() -> None:
-    modules = set(module_files())
-    missing = sorted(m for m in modules if _layer_or_none(m) is None)
-    assert missing == [], f"add these modules to LAYERS: {missing}"
-    named = [m for _layer, members in LAYERS for m in members]
-    assert len(named) == len(set(named)), "a module is in two layers"
-    stale = sorted(m for m in named if m.removesuffix(".*") not in modules)
-    assert stale == [], f"LAYERS names modules that do not exist: {stale}"
+def test_the_folder_of_a_module() -> None:
+    assert folder_of("localstate._sync.flush.worker") == "localstate._sync.flush"
+    assert folder_of("localstate._sync.flush") == "localstate._sync.flush"
+    assert folder_of("localstate._store") == "localstate"
+    assert folder_of("localstate") == "localstate"
+    assert folder_of("localstate.errors") == "localstate.errors"  # a package of its own
 
 
-def _layer_or_none(module: str) -> int | None:
-    try:
-        return layer_of(module)
-    except KeyError:
-        return None
+@pytest.mark.parametrize("deferred", [False, True])
+def test_imports_between_folders_point_one_way(deferred: bool) -> None:
+    """The folders' graph has no cycle, function-local and `if TYPE_CHECKING:` imports
+    included: each folder is a layer, and imports only go down."""
+    assert circles(folder_graph(deferred=deferred)) == []
 
 
-def test_imports_point_down_the_layers() -> None:
-    """Imports on load and on use (`if TYPE_CHECKING:` ones included) go to the importer's own
-    layer or a lower one."""
-    upward = sorted(
-        f"{module} ({layer_name(module)}) -> {target} ({layer_name(target)})"
-        for module, targets in import_graph(deferred=True).items() for target in targets
-        if layer_of(target) > layer_of(module))
-    assert upward == []
+def test_the_layers_are_those_of_the_architecture() -> None:
+    """The order the import graph gives the folders is the architecture's (docs/architecture.md
+    draws it): the exception tree, the foundation, the local cache, the central DB, the sinks,
+    the flush, the store at the top of localstate/, then what is built on the store."""
+    layer = folder_layers()
+    chain = ["localstate.errors", "localstate._core", "localstate._cache",
+             "localstate._sync.central", "localstate._sync.sinks", "localstate._sync.flush",
+             "localstate"]
+    assert [layer[f] for f in chain] == sorted(layer[f] for f in chain), layer_map()
+    assert len({layer[f] for f in chain}) == len(chain), layer_map()
+    for front in ("localstate.api", "localstate.cli", "localstate.airflow"):
+        assert layer[front] > layer["localstate"], layer_map()
 
 
-def test_the_folder_is_the_layer() -> None:
-    """sync/ holds exactly the central, sinks and flush layers; the layers are in order."""
-    names = [name for name, _members in LAYERS]
-    assert len(names) == len(set(names))
-    in_sync = {m: layer_name(m) for m in module_files() if m.startswith("localstate._sync")}
-    assert {m: layer for m, layer in in_sync.items() if layer not in SYNC_LAYERS} == {}
-    outside = {m: layer_name(m) for m in module_files() if not m.startswith("localstate._sync")}
-    assert {m: layer for m, layer in outside.items() if layer in SYNC_LAYERS} == {}
-    sync_at = sorted(names.index(layer) for layer in SYNC_LAYERS)
-    assert sync_at == list(range(sync_at[0], sync_at[0] + len(sync_at))), "sync's layers adjoin"
+def test_the_top_of_the_package_holds_the_store_and_the_public_modules() -> None:
+    from test_exported_members import PUBLIC_MODULES
+
+    top = sorted(m for m in module_files() if folder_of(m) == "localstate"
+                 and m not in PUBLIC_MODULES)
+    assert 0 < len(top) <= MAX_TOP_MODULES, top
+    assert "localstate._store" in top
 
 
-def test_the_layer_table_places_modules() -> None:
-    assert layer_name("localstate._sync.central_store") == "central"
-    assert layer_name("localstate._sync.worker") == "flush"
-    assert layer_name("localstate.api._routes") == layer_name("localstate") == "front"
-    assert layer_of("localstate._rows") < layer_of("localstate._sync.sinks")
-    with pytest.raises(KeyError):
-        layer_of("localstate.nowhere")
+def test_sync_holds_the_layers_above_the_local_cache() -> None:
+    """sync/ (`localstate._sync`) is the central DB, the sinks and the flush, each a folder;
+    nothing outside sync/ below the store imports it."""
+    layer = folder_layers()
+    in_sync = {f for f in layer if f.startswith("localstate._sync.")}
+    assert in_sync == {"localstate._sync.central", "localstate._sync.sinks",
+                       "localstate._sync.flush"}
+    lowest = min(layer[f] for f in in_sync)
+    graph = folder_graph(deferred=True)
+    below = {f: sorted(t for t in graph[f] if t.startswith("localstate._sync"))
+             for f in layer if layer[f] < lowest}
+    assert {f: t for f, t in below.items() if t} == {}, layer_map()
 
 
-def test_nothing_below_sync_imports_sync() -> None:
-    lowest = min(layer_of(m) for m in module_files() if m.startswith("localstate._sync"))
-    below = {m: sorted(t for t in targets if t.startswith("localstate._sync"))
-             for m, targets in import_graph(deferred=True).items() if layer_of(m) < lowest}
-    assert {m: t for m, t in below.items() if t} == {}
+def lower_modules() -> list[str]:
+    """The modules of the folders below the store's (the top of localstate/)."""
+    layer = folder_layers()
+    return sorted(m for m in all_modules() if layer[folder_of(m)] < layer["localstate"])
+
+
+def test_a_lower_layer_does_not_load_the_store() -> None:
+    """Each module below the store imports, first in its interpreter, without loading the
+    store: `localstate/__init__.py` loads the store on first use only."""
+    modules = lower_modules()
+    assert "localstate._sync.flush.worker" in modules
+    assert "localstate._core.codec" in modules
+    result = subprocess.run([sys.executable, "-c", _FORK_IMPORTER], input=json.dumps(
+        [modules, third_party_imports(), ["localstate._store"]]), capture_output=True,
+        text=True, timeout=600, cwd=PACKAGE_DIR.parent.parent)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {}

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 
 ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"

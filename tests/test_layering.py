@@ -44,7 +44,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
     ("localstate.airflow.trigger", "inner._by_uri"):
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
-    ("localstate._cache_file", 'getattr(connection, "_thread")'):
+    ("localstate._cache.cache_file", 'getattr(connection, "_thread")'):
         "aiosqlite gives no public handle on its worker thread: made a daemon before it starts "
         "(an unclosed store must not keep the interpreter alive), joined after a failed connect",
 }
@@ -220,7 +220,7 @@ def test_a_private_module_is_its_packages_to_import() -> None:
 def test_the_scan_reads_both_packages() -> None:
     modules = module_files()
     assert "localstate._store" in modules
-    assert "localstate._sync.worker" in modules
+    assert "localstate._sync.flush.worker" in modules
 
 
 def test_no_module_touches_another_objects_private_members_but_the_allowed() -> None:

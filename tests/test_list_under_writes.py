@@ -28,10 +28,10 @@ from conftest import StoreFactory, collations
 from test_api import client_for
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._entry import StateKey
-from localstate._rows import DirtyRow
-from localstate._sync.central_store import CentralStore
+from localstate._cache.entry import StateKey
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
 from localstate.api import create_app
 from localstate.api._paths import decode_cursor
 

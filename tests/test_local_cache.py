@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
-from localstate._codec import encode
-from localstate._entry import NOT_DECODED, Entry, StateKey
-from localstate._local_cache import LocalCache
-from localstate._rows import EventRow
+from localstate._cache.cache_file import APPLICATION_ID, SCHEMA_VERSION
+from localstate._cache.entry import NOT_DECODED, Entry, StateKey
+from localstate._cache.local_cache import LocalCache
+from localstate._core.codec import encode
+from localstate._core.rows import EventRow
 from localstate.errors import (
     CacheError,
     CacheLocked,

@@ -19,11 +19,11 @@ import pytest_asyncio
 from sqlalchemy import text
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import make_engine
-from localstate._sync.schema import STATE_TABLE
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import make_engine
+from localstate._sync.central.schema import STATE_TABLE
 from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"

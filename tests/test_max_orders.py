@@ -20,8 +20,8 @@ import pytest
 from conftest import StoreFactory, value_id
 
 from localstate import ConfigError, InvalidInput
-from localstate._conflicts import ConflictPolicy, PolicyMap
-from localstate._sync.central_store import CentralStore
+from localstate._core.conflicts import ConflictPolicy, PolicyMap
+from localstate._sync.central.central_store import CentralStore
 
 OWNER = "asset_watcher:orders"
 

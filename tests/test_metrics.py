@@ -141,8 +141,8 @@ async def test_conflicts_are_counted(open_store: StoreFactory, statsd: StatsdSer
 
 async def test_central_errors_are_counted(tmp_path: Path, statsd: StatsdServer) -> None:
     from localstate import CentralUnavailable, StateStore
-    from localstate._sync.central_store import CentralStore
-    from localstate._sync.engine import make_engine
+    from localstate._sync.central.central_store import CentralStore
+    from localstate._sync.central.engine import make_engine
 
     gone = CentralStore(make_engine("postgresql://nobody@127.0.0.1:1/none"))
     store = await StateStore.open(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from api_server import RW_TOKEN, ServeProcess
 
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 OUTAGE_S = 60.0
 

@@ -1,5 +1,5 @@
-"""The HTTP protocol's paths and error table (`localstate._protocol`), both directions: an error
-the server answers with comes back at a client as the same typed error, with its details; the
+"""The HTTP protocol's paths and error table (`localstate._core.protocol`), both directions: an
+error the server answers with comes back at a client as the same typed error, with its details; the
 server's own failures keep their text out of the answer. (The wire codecs of the batched sink
 endpoints are tested through the sink: tests/test_api_sink.py.)"""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from localstate._protocol import STATE_PATH, answer_for, error_for, item_path
+from localstate._core.protocol import STATE_PATH, answer_for, error_for, item_path
 from localstate.errors import (
     AccessDenied,
     CacheCorrupt,

@@ -18,10 +18,10 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import StateStore
-from localstate._entry import StateKey
-from localstate._rows import CentralRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.read_through import ReadThrough
+from localstate._cache.entry import StateKey
+from localstate._core.rows import CentralRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.sinks.read_through import ReadThrough
 from localstate.errors import VersionConflict
 
 OWNER = "dag:held"

@@ -22,10 +22,10 @@ import pytest_asyncio
 from conftest import StoreFactory
 
 from localstate import ConfigError, Settings, StateStore
+from localstate._core.model import Durability
+from localstate._core.reload import ConfigWatcher
 from localstate._metrics import MetricsReporter
-from localstate._model import Durability
-from localstate._reload import ConfigWatcher
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.postgres_server import PostgresServer
 
 RELOAD_TIMEOUT = 15.0  # generous: inotify answers in milliseconds, but the machine is shared

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import StoreFactory
 
-from localstate._retention_rules import RetentionRule, parse_age, parse_retention
-from localstate._sync.central_store import CentralStore
-from localstate._sync.retention import prune
+from localstate._core.retention_rules import RetentionRule, parse_age, parse_retention
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.retention import prune
 from localstate.cli import EXIT_USAGE, main
 from localstate.errors import ConfigError, InvalidInput
 
@@ -145,7 +145,7 @@ async def test_bad_input_gets_typed_errors(tmp_path: Path) -> None:
             await prune(central, batch_size=0)
     finally:
         await central.close()
-    from localstate._config import Settings
+    from localstate._core.config import Settings
 
     with pytest.raises(ConfigError, match="retention"):
         Settings.resolve({"retention": "trigger:*=soon"})
@@ -174,14 +174,14 @@ def test_cli_prune(central_url: str, capsys: pytest.CaptureFixture[str]) -> None
 async def test_event_keys_go_once_old_and_behind_a_later_write_of_their_owner(
     central_url: str,
 ) -> None:
-    """An emitted event's de-duplication row (`localstate._sync.fenced_write`): pruned when older
-    than the event horizon and its owner's state was written after it (the watermark moved
+    """An emitted event's de-duplication row (`localstate._sync.central.fenced_write`): pruned when
+    older than the event horizon and its owner's state was written after it (the watermark moved
     past it); kept otherwise, and for owners a ``never`` rule keeps."""
     from sqlalchemy import select, update
 
-    from localstate._conflicts import PolicyMap
-    from localstate._rows import EventRow
-    from localstate._sync.schema import event
+    from localstate._core.conflicts import PolicyMap
+    from localstate._core.rows import EventRow
+    from localstate._sync.central.schema import event
 
     central = await CentralStore.open(central_url)
     try:

@@ -30,13 +30,13 @@ def test_the_checkout_names_no_old_module() -> None:
 @pytest.mark.parametrize(("before", "after"), [
     ("from localstate.store import StateStore\n", "from localstate._store import StateStore\n"),
     ("from localstate.sync.worker import SyncWorker\n",
-     "from localstate._sync.worker import SyncWorker\n"),
+     "from localstate._sync.flush.worker import SyncWorker\n"),
     ("from localstate.api import routes\n", "import localstate.api._routes as routes\n"),
     ('"StateStore": "localstate.store",\n', '"StateStore": "localstate._store",\n'),
     ("see `localstate/bench/runner.py` and `localstate/store.py`\n",
      "see `localstate/_bench/runner.py` and `localstate/_store.py`\n"),
     ("from localstate.claims import ClaimBook\n",
-     "from localstate._sync.claims import ClaimBook\n"),
+     "from localstate._sync.flush.claims import ClaimBook\n"),
     # names that are a logger's or a metric's, not a module's
     ('log = logging.getLogger("localstate.sync.worker")\n',
      'log = logging.getLogger("localstate.sync.worker")\n'),
@@ -55,7 +55,7 @@ def test_the_rewrite(before: str, after: str) -> None:
 
 def test_a_logger_keeps_the_name_of_its_module_before_the_renames() -> None:
     text = "log = logging.getLogger(__name__)\n"
-    assert rewrite_imports.rewrite(text, "localstate._sync.worker") == (
+    assert rewrite_imports.rewrite(text, "localstate._sync.flush.worker") == (
         'log = logging.getLogger("localstate.sync.worker")\n')
     assert rewrite_imports.rewrite(text, "localstate.api._routes") == (
         'log = logging.getLogger("localstate.api.routes")\n')

@@ -26,17 +26,18 @@ import orjson
 from api_server import RW_TOKEN, TOKENS
 
 from localstate import Settings
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow, EventRow
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.central_store import CentralStore
-from localstate._sync.fleet import FleetStatus
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow, EventRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.fleet import FleetStatus
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate.api import create_app
 
 #: the most project files one server-side flush may run through: 10, and since then two
 #: concepts of their own joined the path: the history rows written in the flush's transaction
-#: (`sync/history.py`) and the decoding of a large body in slices (`localstate/_body_slices.py`);
-#: `sync/engine.py` runs too now (each PostgreSQL transaction sets its own bounds, for poolers)
+#: (`sync/central/history.py`) and the decoding of a large body in slices
+#: (`localstate/_core/body_slices.py`); `sync/central/engine.py` runs too now (each PostgreSQL
+#: transaction sets its own bounds, for poolers)
 MAX_FILES: Final = 12
 _ROOT: Final = Path(__file__).resolve().parent.parent
 _SOURCES: Final = (_ROOT / "localstate", _ROOT / "sync")
@@ -155,8 +156,8 @@ async def test_a_server_side_flush_runs_through_at_most_ten_files(
     print(f"\none server-side flush: {len(files)} project files from the route handler's entry "
           "to its response:", *files, f"and {len(middle)} more before it (middlewares, the "
           f"caller's token): {middle}", sep="\n  ")
-    assert {"localstate/api/_sink_routes.py", "sync/central_store.py",
-            "sync/fenced_write.py"} <= set(files)
+    assert {"localstate/api/_sink_routes.py", "sync/central/central_store.py",
+            "sync/central/fenced_write.py"} <= set(files)
     assert len(files) <= MAX_FILES, (
         f"one server-side flush runs through {len(files)} project files (at most "
         f"{MAX_FILES}):\n  " + "\n  ".join(files))

@@ -17,11 +17,11 @@ from conftest import StoreFactory
 from sqlalchemy import select
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._rows import EventRow
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import EventRow
 from localstate._store import event_key
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import event
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import event
 from localstate._testing.mysql_server import MysqlServer
 from localstate._testing.postgres_server import PostgresServer
 from localstate.errors import (

@@ -14,10 +14,10 @@ from conftest import StoreFactory
 from test_store_versions import HeldReads
 
 from localstate import StateStore
-from localstate._conflicts import PolicyMap
-from localstate._entry import StateKey
-from localstate._rows import CentralRow, DirtyRow, FlushOutcome
-from localstate._sync.central_store import CentralStore
+from localstate._cache.entry import StateKey
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
 from localstate.errors import InvalidName, StoreClosed
 
 OWNER = "trigger:tests.Release:abc"

@@ -31,8 +31,8 @@ ROOT = Path(localstate.__file__).resolve().parent.parent
 #: the store: `StateStore` and the parts it keeps in files of their own
 STORE_MODULES = (
     "localstate/_store.py", "localstate/_local_first.py", "localstate/_modes.py",
-    "localstate/_mode_gate.py", "localstate/_pending_switch.py", "localstate/_reload.py",
-    "localstate/_default_store.py", "localstate/_class_or_instance.py",
+    "localstate/_mode_gate.py", "localstate/_pending_switch.py", "localstate/_core/reload.py",
+    "localstate/_default_store.py", "localstate/_core/class_or_instance.py",
 )
 
 #: documented API of the standard library that happens to start with an underscore

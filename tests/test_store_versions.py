@@ -20,10 +20,10 @@ import pytest
 from conftest import StoreFactory
 
 from localstate import CentralUnavailable, StateStore, VersionConflict, WriteRejected
-from localstate._conflicts import PolicyMap
-from localstate._entry import StateKey
-from localstate._rows import CentralRow, DirtyRow, FlushOutcome
-from localstate._sync.central_store import CentralStore
+from localstate._cache.entry import StateKey
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import CentralRow, DirtyRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:versions"
@@ -444,7 +444,7 @@ async def test_a_first_write_long_after_a_miss_counts_from_one_with_the_central_
 
 
 def test_clock_versions_only_grow_within_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    import localstate._entry as entry
+    import localstate._cache.entry as entry
 
     first = entry.unknown_base_version()
     monkeypatch.setattr(entry, "_now", lambda: 1.0)  # the clock stepped back

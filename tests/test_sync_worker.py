@@ -37,12 +37,12 @@ from localstate import (
     VersionConflict,
     WriteRejected,
 )
-from localstate._entry import UNKNOWN_BASE
-from localstate._local_cache import LocalCache
-from localstate._rows import CentralRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.settle import ConflictInfo
-from localstate._sync.worker import SyncWorker, wait_awake
+from localstate._cache.entry import UNKNOWN_BASE
+from localstate._cache.local_cache import LocalCache
+from localstate._core.rows import CentralRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.flush.settle import ConflictInfo
+from localstate._sync.flush.worker import SyncWorker, wait_awake
 from localstate._testing.mysql_server import MysqlServer
 from localstate._testing.postgres_server import PostgresServer
 

@@ -19,10 +19,10 @@ from conftest import StoreFactory
 from playwright.async_api import Page, Route, async_playwright, expect
 
 from localstate import Settings
-from localstate._conflicts import PolicyMap
-from localstate._rows import DirtyRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.fleet import FleetStatus
+from localstate._core.conflicts import PolicyMap
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.fleet import FleetStatus
 from localstate.api import create_app
 
 CHROMIUM = "/usr/bin/chromium"

@@ -28,9 +28,9 @@ from conftest import PG_LOCALES
 from sqlalchemy import text
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import make_engine
-from localstate._version import __version__
+from localstate._core.version import __version__
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import make_engine
 from localstate.cli._central import schema_version
 
 PREVIOUS_RELEASE = "339ce5c992792dcb1b4390845cc8c9f1478333fe"  # 0.1.0, 2026-12-03

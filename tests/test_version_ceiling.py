@@ -16,12 +16,12 @@ from conftest import StoreFactory
 from sqlalchemy import update
 from test_api import client_for, path
 
-from localstate._model import MAX_VERSION
-from localstate._protocol import error_for
-from localstate._rows import CentralRow
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import state_variable
+from localstate._core.model import MAX_VERSION
+from localstate._core.protocol import error_for
+from localstate._core.rows import CentralRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import state_variable
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate.api import create_app
 from localstate.errors import VersionExhausted
 

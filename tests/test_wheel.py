@@ -113,10 +113,10 @@ def test_the_wheel_installs_beside_airflow_and_airflow_finds_it(dist: Path, tmp_
 
     # the installed copy, not this checkout, and its sync layer under localstate._sync
     where = json.loads(_run([str(bin_dir / "python"), "-c",
-                             "import json, localstate, localstate._sync.worker, "
+                             "import json, localstate, localstate._sync.flush.worker, "
                              "localstate.api._app, localstate.airflow.plugin; "
                              "print(json.dumps([localstate.__file__, "
-                             "localstate._sync.worker.__file__]))"], env, tmp_path))
+                             "localstate._sync.flush.worker.__file__]))"], env, tmp_path))
     site = str(venv)
     assert all(path.startswith(site) for path in where), where
 

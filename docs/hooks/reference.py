@@ -2,7 +2,7 @@
 
 Each page is built at every ``mkdocs build`` from the source of truth:
 
-* ``reference/configuration.md``: `localstate._setting_specs.SPECS` (names, defaults, help,
+* ``reference/configuration.md``: `localstate._core.setting_specs.SPECS` (names, defaults, help,
   environment variables, live settings);
 * ``reference/cli.md``: the argparse parsers of `localstate.cli.build_parser`;
 * ``reference/rest-api.md``: the OpenAPI document of `localstate.api.create_app`;
@@ -111,8 +111,9 @@ def _exception_classes() -> list[type[BaseException]]:
 
 def rest_statuses() -> dict[str, str]:
     """The REST status of each typed error the API answers with, from the API's own table
-    (`localstate._protocol.answer_for`); `AccessDenied` is the client's name for 401 and 403."""
-    from localstate._protocol import answer_for
+    (`localstate._core.protocol.answer_for`); `AccessDenied` is the client's name for 401 and
+    403."""
+    from localstate._core.protocol import answer_for
 
     out = {"AccessDenied": "401 / 403"}
     for cls in _exception_classes():
@@ -133,7 +134,7 @@ def troubleshooting_page() -> str:
     missing = sorted(names - ADVICE.keys())
     extra = sorted(ADVICE.keys() - names)
     if missing or extra:
-        raise PluginError(f"troubleshooting advice out of step with localstate/errors.py: "
+        raise PluginError(f"troubleshooting advice out of step with localstate.errors: "
                           f"missing {missing}, for no class {extra}")
     lines = [
         "# Troubleshooting",
@@ -186,13 +187,14 @@ def _shown_default(name: str, default: Any) -> str:
 
 
 def configuration_page() -> str:
-    from localstate._setting_specs import LIVE_SETTINGS, SPECS
+    from localstate._core.setting_specs import LIVE_SETTINGS, SPECS
 
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `localstate/_setting_specs.py`. Every setting resolves from, in order: "
-        "the argument given in code, the environment variable `AIRFLOW__LOCALSTATE__<NAME>`, "
+        "Generated from `localstate/_core/setting_specs.py`. Every setting resolves from, in "
+        "order: the argument given in code, the environment variable "
+        "`AIRFLOW__LOCALSTATE__<NAME>`, "
         "the `[localstate]` section of `airflow.cfg` (`$AIRFLOW_CONFIG`, else "
         "`$AIRFLOW_HOME/airflow.cfg`; read through Airflow's `conf` when the process has loaded "
         "Airflow, so `_cmd` and `_secret` options apply), then the default. "
@@ -255,7 +257,7 @@ def cli_page() -> str:
 
 
 def _openapi() -> dict[str, Any]:
-    from localstate._config import Settings
+    from localstate._core.config import Settings
     from localstate.api import create_app
 
     settings = Settings.resolve({"central_url": "sqlite:////nonexistent/never-opened.db"})

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localstate._config import default_triggerer_id
+from localstate._core.config import default_triggerer_id
 from localstate.errors import LocalStateError
 
 __all__ = ["AIRFLOW", "Deployment", "DeploymentError", "activate_watchers", "airflow_command",

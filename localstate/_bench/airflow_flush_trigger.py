@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from localstate._sync.airflow_sink import process_sink
+from localstate._sync.sinks.airflow_sink import process_sink
 from localstate.airflow.trigger import StateEnabledTrigger
 from localstate.errors import CentralUnavailable, reason
 

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from localstate._sync.engine import make_engine
+from localstate._sync.central.engine import make_engine
 
 __all__ = ["measure_metastore_aset"]
 

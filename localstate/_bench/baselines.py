@@ -25,7 +25,7 @@ from typing import Any
 import aiosqlite
 from sqlalchemy.engine import make_url
 
-from localstate._cache_file import SCHEMA, UPSERT
+from localstate._cache.cache_file import SCHEMA, UPSERT
 from localstate._store import StateStore
 
 __all__ = [

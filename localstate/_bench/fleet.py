@@ -35,7 +35,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.errors import ConfigError
 
 __all__ = ["FleetConfig", "model", "run_fleet"]

@@ -27,7 +27,7 @@ from localstate._bench.baselines import (
 )
 from localstate._bench.progress import Progress
 from localstate._bench.runner import BenchConfig, BenchRow, rss_mb, run_scenario
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.errors import LocalStateError
 
 __all__ = ["machine_info", "print_table", "run_bench", "summary", "write_json", "write_plot"]

@@ -29,11 +29,11 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
-from localstate._config import Settings, default_triggerer_id
-from localstate._sync.asset_mirror import AssetMirror
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import async_url
-from localstate._sync.history import HistoryPolicy
+from localstate._core.config import Settings, default_triggerer_id
+from localstate._sync.central.asset_mirror import AssetMirror
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import async_url
+from localstate._sync.central.history import HistoryPolicy
 from localstate.airflow._auth import AirflowAuthorizer
 from localstate.api._app import create_app
 

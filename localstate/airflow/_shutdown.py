@@ -18,7 +18,7 @@ on to Airflow only when the drain is over:
 2. the store flushes, again while its flush leaves keys dirty (the ``airflow`` sink's flush is
    bounded), for up to `DRAIN_SECONDS`, under the supervisor's first escalation delay;
 3. the store closes. Left open, it would only commit its writes to the cache file when the
-   runner's ``asyncio.run`` ends (`localstate._local_cache`), leaving the flush to the next
+   runner's ``asyncio.run`` ends (`localstate._cache.local_cache`), leaving the flush to the next
    open of that file;
 4. Airflow's handler runs: the runner stops as it would have.
 

@@ -6,8 +6,8 @@ migrate`` without configuration; ``[database] external_db_managers =
 localstate.airflow.db_manager.LocalStateDBManager`` names it explicitly too.
 
 Its Alembic revisions (`localstate.airflow._migrations`) each apply one migration of
-`localstate._sync.schema.MIGRATIONS` through `localstate._sync.schema.apply_step`, and their own
-version table is ``localstate_alembic_version``. What was applied is recorded where
+`localstate._sync.central.schema.MIGRATIONS` through `localstate._sync.central.schema.apply_step`,
+and their own version table is ``localstate_alembic_version``. What was applied is recorded where
 ``localstate db upgrade`` records it (``localstate_schema``): a database migrated by either
 path is current for the other, and a revision whose step is already applied changes nothing
 (it is only recorded in Alembic's table). So ``airflow db migrate`` twice changes nothing.
@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow.utils.db_manager import BaseDBManager, command
 
-from localstate._sync.schema import metadata
+from localstate._sync.central.schema import metadata
 from localstate.airflow._migrations import VERSION_TABLE
 
 __all__ = ["LocalStateDBManager"]

@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
 
-from localstate._api_connection import CONN_TYPE, DEFAULT_CONN_ID, Endpoint, endpoint
-from localstate._model import Record
+from localstate._core.api_connection import CONN_TYPE, DEFAULT_CONN_ID, Endpoint, endpoint
+from localstate._core.model import Record
 from localstate.client import AsyncStateClient, StateClient
 
 __all__ = ["LocalStateHook"]

@@ -3,7 +3,7 @@
 Airflow's ProvidersManager calls it to list the provider (``airflow providers list``) and merges
 its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``[localstate]``
 and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
-settings specs in `localstate._config`: one source of truth for names, defaults and help. Its
+settings specs in `localstate._core.config`: one source of truth for names, defaults and help. Its
 ``db-managers`` make ``airflow db migrate`` migrate localstate's tables
 (`localstate.airflow.db_manager`). Its ``connection-types`` declare the ``localstate``
 connection (`localstate.airflow.hook.LocalStateHook`) with the Connections form's fields, so
@@ -16,8 +16,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from localstate._api_connection import CONN_TYPE
-from localstate._setting_specs import setting_specs
+from localstate._core.api_connection import CONN_TYPE
+from localstate._core.setting_specs import setting_specs
 
 __all__ = ["get_provider_info"]
 

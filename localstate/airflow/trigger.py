@@ -62,10 +62,10 @@ import greenback
 from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
 
 import localstate.airflow._shutdown as shutdown
-from localstate._backoff import Backoff
-from localstate._model import MAX_NAME_LENGTH, Durability
+from localstate._core.backoff import Backoff
+from localstate._core.model import MAX_NAME_LENGTH, Durability
 from localstate._store import StateStore, StateVariable, process_store
-from localstate._sync.airflow_sink import process_sink
+from localstate._sync.sinks.airflow_sink import process_sink
 from localstate.airflow._runner_gc import freeze_startup_heap
 from localstate.errors import (
     CentralUnavailable,

@@ -27,12 +27,12 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localstate import __version__
-from localstate._config import Settings
-from localstate._model import NAME_RULE
-from localstate._setting_specs import ApiToken
+from localstate._core.config import Settings
+from localstate._core.model import NAME_RULE
+from localstate._core.setting_specs import ApiToken
 from localstate._store import StateStore
-from localstate._sync.central_store import CentralStore
-from localstate._sync.history import HistoryPolicy
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.history import HistoryPolicy
 from localstate.api._auth import Authorizer
 from localstate.api._context import ServerContext
 from localstate.api._csrf import CsrfGuard

@@ -1,7 +1,7 @@
 """Bearer tokens: who is calling, and which owners they may read or write.
 
-Tokens come from the ``api_tokens`` setting (`localstate._setting_specs.ApiToken`): each has a role,
-``read`` or ``read-write``, and the owner prefixes it may touch. With no token configured the
+Tokens come from the ``api_tokens`` setting (`localstate._core.setting_specs.ApiToken`): each has a
+role, ``read`` or ``read-write``, and the owner prefixes it may touch. With no token configured the
 API is open (and `localstate serve` binds loopback only). A request
 
 * without a token, or with one that matches none, gets 401 (and ``WWW-Authenticate: Bearer``);
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from localstate._setting_specs import ApiToken
+from localstate._core.setting_specs import ApiToken
 from localstate.api._errors import ApiError
 
 __all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "owner_scope", "recorded_as",

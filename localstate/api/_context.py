@@ -20,9 +20,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 from localstate._store import StateStore
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate.api._auth import Authorizer, Principal
 from localstate.api._errors import ApiError
 from localstate.api._schemas import Throughput

@@ -1,7 +1,7 @@
 """Every error as a JSON body naming the problem: ``{"error": code, "message": ..., "detail"}``.
 
 localstate's typed errors map to statuses (the table, both directions, is
-`localstate._protocol`'s):
+`localstate._core.protocol`'s):
 
 =====================================================  =====  ====================
 InvalidName, ValueEncodingError, InvalidInput          422    invalid_name, invalid_value,
@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from localstate._protocol import answer_for
+from localstate._core.protocol import answer_for
 from localstate.errors import LocalStateError
 
 __all__ = ["ApiError", "error_response", "install_error_handlers", "request_id"]
@@ -73,7 +73,7 @@ def error_response(status: int, error: str, message: str, detail: Any = None,
 
 def from_store_error(exc: LocalStateError) -> ApiError:
     """The API error for one of localstate's typed errors (the table:
-    `localstate._protocol.answer_for`)."""
+    `localstate._core.protocol.answer_for`)."""
     answer = answer_for(exc)
     headers = {"Retry-After": "5"} if answer.retry_after else None
     if answer.public is not None:

@@ -1,4 +1,4 @@
-"""``GET /api/v1/history``: an owner's history (`localstate._sync.history`), newest first,
+"""``GET /api/v1/history``: an owner's history (`localstate._sync.central.history`), newest first,
 paged by row id, with its counts at a glance on the first page. Any token that may read the
 owner may read its history (a Viewer in Airflow); nothing changes it through the API."""
 
@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, Query
 
-from localstate._model import check_name, epoch_to_datetime
-from localstate._protocol import HISTORY_PATH
-from localstate._sync.history import HistoryRow, OwnerSummary
+from localstate._core.model import check_name, epoch_to_datetime
+from localstate._core.protocol import HISTORY_PATH
+from localstate._sync.central.history import HistoryRow, OwnerSummary
 from localstate.api._context import Caller, Central
 from localstate.api._routes import MAX_PAGE
 from localstate.api._schemas import HistoryItem, HistoryPage, HistorySummary, error_responses

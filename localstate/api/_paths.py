@@ -18,8 +18,8 @@ from urllib.parse import unquote
 import orjson
 from fastapi import Request
 
-from localstate._entry import StateKey
-from localstate._model import check_name
+from localstate._cache.entry import StateKey
+from localstate._core.model import check_name
 from localstate.api._errors import ApiError
 
 __all__ = ["STATE_PATH", "decode_cursor", "encode_cursor", "state_name"]

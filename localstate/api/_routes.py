@@ -28,9 +28,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from localstate import __version__
-from localstate._codec import encode
-from localstate._entry import StateKey
-from localstate._model import (
+from localstate._cache.entry import StateKey
+from localstate._core.codec import encode
+from localstate._core.model import (
     MAX_VERSION,
     NAME_RULE,
     FlushState,
@@ -38,7 +38,7 @@ from localstate._model import (
     check_name,
     epoch_to_datetime,
 )
-from localstate._sync.fleet import fleet_summary
+from localstate._sync.central.fleet import fleet_summary
 from localstate.api._auth import audit
 from localstate.api._context import Caller, Central, Context, Writable
 from localstate.api._errors import ApiError

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from localstate._model import MAX_VERSION
+from localstate._core.model import MAX_VERSION
 
 __all__ = [
     "ERROR_STATUSES",

@@ -15,8 +15,8 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from localstate._config import Settings
-from localstate._setting_specs import ApiToken
+from localstate._core.config import Settings
+from localstate._core.setting_specs import ApiToken
 from localstate.errors import ConfigError
 
 __all__ = ["TOKEN_FILE_NAME", "serve_token", "token_file"]

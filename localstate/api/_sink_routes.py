@@ -1,4 +1,4 @@
-"""The batched sink endpoints: what `sink = api` (`localstate._sync.api_sink.ApiSink`) calls.
+"""The batched sink endpoints: what `sink = api` (`localstate._sync.sinks.api_sink.ApiSink`) calls.
 
 * ``POST /api/v1/flush``: a batch of fenced rows (`DirtyRow`), the writer id (the client's
   cache file) and the client's conflict policies (its ``conflict_policy`` setting). The whole
@@ -8,14 +8,14 @@
 * ``POST /api/v1/read``: the central records (tombstones included) of a list of keys, or of
   one owner: one query for a batch of read-through misses, or a `load(owner)`. With
   ``"source": "asset_state_store"`` the keys (of ``asset_watcher:<asset name>`` owners) are
-  read from Airflow's own ``asset_state_store`` instead (`localstate._sync.asset_states`), as
+  read from Airflow's own ``asset_state_store`` instead (`localstate._sync.sinks.asset_states`), as
   ``sink = airflow`` reads its misses in batches; only a server in Airflow's API server on
   Airflow's default state backend offers it (else 404 ``no_asset_state_store``).
 * ``POST /api/v1/write``: one write in its own transaction (the client's cache-off path): an
   unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
   not the expected one), or a compare-and-delete of the current value.
 
-Bodies follow `localstate._protocol`. Authorization: the bearer token's owner prefixes cover
+Bodies follow `localstate._core.protocol`. Authorization: the bearer token's owner prefixes cover
 every owner a request names and, for the writes, its role is read-write: otherwise 403 and
 nothing is read or written. The body is read only after the token is checked.
 """
@@ -32,11 +32,11 @@ from typing import Any, Final
 
 from fastapi import APIRouter, Request, Response
 
-from localstate._codec import decode
-from localstate._conflicts import PolicyMap
-from localstate._entry import UNKNOWN_BASE, StateKey
-from localstate._model import MAX_VERSION, asset_name, check_name, check_names
-from localstate._protocol import (
+from localstate._cache.entry import UNKNOWN_BASE, StateKey
+from localstate._core.codec import decode
+from localstate._core.conflicts import PolicyMap
+from localstate._core.model import MAX_VERSION, asset_name, check_name, check_names
+from localstate._core.protocol import (
     ASSET_STATE_SOURCE,
     WireError,
     decode_body,
@@ -46,9 +46,9 @@ from localstate._protocol import (
     encode_rows,
     field_header,
 )
-from localstate._rows import CentralRow, DirtyRow, EventRow, FlushOutcome
-from localstate._sync.asset_states import read_asset_states
-from localstate._sync.fleet import FleetStatus
+from localstate._core.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
+from localstate._sync.central.fleet import FleetStatus
+from localstate._sync.sinks.asset_states import read_asset_states
 from localstate.api._auth import Principal, audit, claimed_detail, recorded_as
 from localstate.api._context import Caller, Central, Context, ServerContext, Writable
 from localstate.api._errors import ApiError

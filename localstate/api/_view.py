@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from localstate._codec import decode
-from localstate._entry import Entry, StateKey
-from localstate._model import FlushState, epoch_to_datetime
-from localstate._rows import CentralRow
+from localstate._cache.entry import Entry, StateKey
+from localstate._core.codec import decode
+from localstate._core.model import FlushState, epoch_to_datetime
+from localstate._core.rows import CentralRow
 from localstate._store import StateStore
 
 __all__ = ["Item", "item_from_row", "local_override", "local_overrides"]

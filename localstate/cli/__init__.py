@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from localstate._version import __version__
+from localstate._core.version import __version__
 from localstate.cli._arg_types import (
     bench_modes,
     count,

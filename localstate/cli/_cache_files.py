@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 
 __all__ = ["cache_files", "cache_folder", "cache_summary"]
 
@@ -51,7 +51,7 @@ def _holder(path: Path) -> dict[str, Any]:
 def cache_summary(path: Path) -> dict[str, Any]:
     """Who holds the cache file at `path`, its rows, how many are not flushed yet and the oldest
     of those; or, for a file that is not a readable cache, an ``error`` saying why."""
-    from localstate._cache_file import APPLICATION_ID
+    from localstate._cache.cache_file import APPLICATION_ID
 
     out: dict[str, Any] = {"path": str(path), **_holder(path)}
     try:

@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 from localstate.errors import ConfigError, SchemaError
 
 if TYPE_CHECKING:
-    from localstate._sync.central_store import CentralStore
+    from localstate._sync.central.central_store import CentralStore
 
 __all__ = ["central_url_for", "open_central", "schema_version", "settings_for"]
 
@@ -37,8 +37,8 @@ def central_url_for(settings: Settings) -> str:
 
 async def schema_version(url: str) -> int:
     """The central DB's localstate schema version (0: none of its tables there)."""
-    from localstate._sync.engine import make_engine, read_connection
-    from localstate._sync.schema import current_version
+    from localstate._sync.central.engine import make_engine, read_connection
+    from localstate._sync.central.schema import current_version
 
     engine = make_engine(url)
     try:
@@ -55,8 +55,8 @@ async def open_central(settings: Settings, *, read_only: bool = False
     `upgrade_schema`: processes of the release that wrote it may still be running (an older
     schema raises `SchemaError`, saying to run ``localstate db upgrade``). A database with
     none of localstate's tables gets them, as on any first use (under `upgrade_schema`)."""
-    from localstate._sync.central_store import CentralStore
-    from localstate._sync.history import HistoryPolicy
+    from localstate._sync.central.central_store import CentralStore
+    from localstate._sync.central.history import HistoryPolicy
 
     url = central_url_for(settings)
     timeout = settings.central_transaction_timeout

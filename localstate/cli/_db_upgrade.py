@@ -12,8 +12,8 @@ __all__ = ["cmd_db_upgrade"]
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from localstate._sync.engine import make_engine
-    from localstate._sync.schema import LATEST_VERSION, upgrade
+    from localstate._sync.central.engine import make_engine
+    from localstate._sync.central.schema import LATEST_VERSION, upgrade
 
     url = central_url_for(settings_for(args))
 

@@ -9,7 +9,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import settings_for
 from localstate.cli._exit_codes import EXIT_ERROR

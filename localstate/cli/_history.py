@@ -15,7 +15,7 @@ __all__ = ["cmd_history"]
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from localstate._model import check_name
+    from localstate._core.model import check_name
 
     owner = check_name("owner", args.owner)
     settings = settings_for(args)

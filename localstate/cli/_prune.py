@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from dataclasses import asdict
 
-from localstate._retention_rules import parse_age
+from localstate._core.retention_rules import parse_age
 from localstate.cli._central import open_central, settings_for
 from localstate.cli._printing import print_json
 
@@ -15,7 +15,7 @@ __all__ = ["cmd_db_prune"]
 
 def cmd_db_prune(args: argparse.Namespace) -> int:
     from localstate._metrics import report_prune
-    from localstate._sync.retention import prune
+    from localstate._sync.central.retention import prune
 
     settings = settings_for(args)
     older_than = None if args.older_than is None else parse_age(args.older_than,

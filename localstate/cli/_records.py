@@ -22,7 +22,7 @@ from localstate.cli._state_backend import open_backend
 from localstate.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from localstate._rows import CentralRow
+    from localstate._core.rows import CentralRow
 
 __all__ = ["cmd_delete", "cmd_get", "cmd_ls", "cmd_set"]
 
@@ -64,7 +64,7 @@ def _print_record(row: CentralRow) -> None:
 
 
 def _checked_names(args: argparse.Namespace) -> tuple[str, str]:
-    from localstate._model import check_name
+    from localstate._core.model import check_name
 
     return check_name("owner", args.owner), check_name("key", args.key)
 
@@ -113,7 +113,7 @@ def _read_value(text: object) -> Any:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    from localstate._codec import encode
+    from localstate._core.codec import encode
 
     owner, key = _checked_names(args)
     settings = settings_for(args)
@@ -178,7 +178,7 @@ def _print_rows(rows: list[CentralRow], widths: list[int] | None) -> list[int]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from localstate._model import check_name
+    from localstate._core.model import check_name
 
     # a prefix is matched literally ('%', '_' and '\\' are plain characters), in byte-wise
     # order on every backend (`CentralStore.list_rows`); one a name could not start with

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 from localstate.cli._state_backend import describe_backend
 from localstate.errors import ConfigError
 

@@ -20,15 +20,15 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
-from localstate._config import Settings
+from localstate._core.config import Settings
 from localstate.cli._central import open_central
 from localstate.cli._exit_codes import NotFound
 from localstate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from localstate._model import Record
-    from localstate._rows import CentralRow
-    from localstate._sync.central_store import CentralStore
+    from localstate._core.model import Record
+    from localstate._core.rows import CentralRow
+    from localstate._sync.central.central_store import CentralStore
     from localstate.client import AsyncStateClient
 
 __all__ = ["StateBackend", "describe_backend", "open_backend"]
@@ -129,7 +129,7 @@ class _CentralBackend:
             after = (page[-1].owner, page[-1].key)
 
     async def fleet(self) -> dict[str, Any]:
-        from localstate._sync.fleet import fleet_summary
+        from localstate._sync.central.fleet import fleet_summary
 
         return fleet_summary(await self.central.read_fleet(), time.time())
 
@@ -159,7 +159,7 @@ def _epoch(value: Any) -> float | None:
 def _row(record: Record) -> CentralRow:
     import orjson
 
-    from localstate._rows import CentralRow
+    from localstate._core.rows import CentralRow
 
     return CentralRow(record.owner, record.key, orjson.dumps(record.value).decode(),
                       record.version, record.updated_at.timestamp(), record.updated_by)

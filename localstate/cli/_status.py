@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localstate._sync.fleet import STALE_INTERVALS
-from localstate._sync.schema import LATEST_VERSION
-from localstate._version import __version__
+from localstate._core.version import __version__
+from localstate._sync.central.fleet import STALE_INTERVALS
+from localstate._sync.central.schema import LATEST_VERSION
 from localstate.cli._cache_files import cache_files, cache_folder, cache_summary
 from localstate.cli._central import (
     central_url_for,
@@ -28,7 +28,7 @@ from localstate.cli._state_backend import describe_backend, open_backend
 from localstate.errors import CentralError, SchemaError
 
 if TYPE_CHECKING:
-    from localstate._sync.central_store import CentralStore
+    from localstate._sync.central.central_store import CentralStore
 
 __all__ = ["cmd_status"]
 
@@ -58,8 +58,8 @@ async def _central_summary(central: CentralStore) -> dict[str, Any]:
     from sqlalchemy import case, func, select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from localstate._sync.engine import read_connection
-    from localstate._sync.schema import current_version, event, state_variable
+    from localstate._sync.central.engine import read_connection
+    from localstate._sync.central.schema import current_version, event, state_variable
 
     t = state_variable.c
     totals = select(func.count(), func.count(func.distinct(t.owner)),

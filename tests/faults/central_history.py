@@ -24,11 +24,11 @@ import asyncpg
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from localstate._codec import decode
-from localstate._entry import StateKey
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import make_engine
-from localstate._sync.schema import state_variable
+from localstate._cache.entry import StateKey
+from localstate._core.codec import decode
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import make_engine
+from localstate._sync.central.schema import state_variable
 
 __all__ = [
     "ClaimEvent", "HistoryRow", "by_key", "current_rows", "install", "install_claims", "read",

@@ -58,8 +58,8 @@ import httpx
 from sqlalchemy import event
 
 from localstate import StateStore
-from localstate._sync.api_sink import ApiSink
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.sinks.api_sink import ApiSink
 from localstate.errors import LocalStateError, OwnerLost
 
 

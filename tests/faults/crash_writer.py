@@ -102,7 +102,7 @@ def run_zygote() -> None:
     import sqlalchemy.dialects.sqlite.aiosqlite  # noqa: F401
 
     import localstate._store
-    import localstate._sync.central_store  # noqa: F401
+    import localstate._sync.central.central_store  # noqa: F401
 
     for line in sys.stdin:
         options = {**STORE_DEFAULTS, **json.loads(line)}
@@ -137,8 +137,8 @@ def _die_at_statement(n: int) -> Any:
 async def _open_and_write(path: Path, n: int) -> None:
     import aiosqlite
 
-    from localstate._entry import Entry
-    from localstate._local_cache import LocalCache
+    from localstate._cache.entry import Entry
+    from localstate._cache.local_cache import LocalCache
 
     real_connect = aiosqlite.connect
 
@@ -156,7 +156,7 @@ async def _open_and_write(path: Path, n: int) -> None:
 
 def run_first_open(args: argparse.Namespace) -> None:
     # import once, before forking: each fork then starts in milliseconds
-    import localstate._local_cache  # noqa: F401
+    import localstate._cache.local_cache  # noqa: F401
 
     folder = Path(args.folder)
     for n in range(1, args.max_statements + 1):

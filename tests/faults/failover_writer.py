@@ -34,7 +34,7 @@ import sys
 from typing import Any
 
 from localstate import StateStore
-from localstate._sync.settle import ConflictInfo
+from localstate._sync.flush.settle import ConflictInfo
 
 KEYS = ("watermark", "cursor")
 

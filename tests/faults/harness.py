@@ -36,10 +36,10 @@ from typing import Any
 from crash_writer import state_keys
 
 from localstate import StateStore
-from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
-from localstate._codec import decode
-from localstate._entry import StateKey
-from localstate._sync.central_store import CentralStore
+from localstate._cache.cache_file import APPLICATION_ID, SCHEMA_VERSION
+from localstate._cache.entry import StateKey
+from localstate._core.codec import decode
+from localstate._sync.central.central_store import CentralStore
 
 __all__ = [
     "CRASH_WRITER",

@@ -28,7 +28,7 @@ from fault_tally import FaultTally
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
-from localstate._codec import DEFAULT_MAX_VALUE_BYTES
+from localstate._core.codec import DEFAULT_MAX_VALUE_BYTES
 from localstate.errors import InvalidInput, ValueEncodingError, ValueTooLarge
 
 __all__ = [

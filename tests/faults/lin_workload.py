@@ -39,8 +39,8 @@ from fault_tally import FaultTally
 from linearizability import ABSENT, CheckResult, Counters, History, check, counters
 
 from localstate import StateStore
-from localstate._codec import decode
-from localstate._sync.central_store import CentralStore
+from localstate._core.codec import decode
+from localstate._sync.central.central_store import CentralStore
 from localstate.client import AsyncStateClient
 from localstate.errors import (
     CentralError,

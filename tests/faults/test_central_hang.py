@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from localstate import CentralUnavailable, StateStore
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.postgres_server import PostgresServer
 
 OWNER = "asset_watcher:orders"

@@ -21,7 +21,7 @@ from pathlib import Path
 from fault_tally import FaultTally
 
 from localstate._bench.churn import OWNER_PREFIX, owner_name, run_churn, writes_of
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 LIVE = 1000
 MAX_KEYS = 10_000

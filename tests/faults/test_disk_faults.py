@@ -24,7 +24,7 @@ from disks import CAN_MOUNT, PageLimitDisk, TmpfsDisk, files_under, integrity
 from fault_tally import FaultTally
 
 from localstate import CacheFull, StateStore
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 OWNER = "asset_watcher:disk"
 

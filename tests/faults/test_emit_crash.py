@@ -21,8 +21,8 @@ from emit_writer import OWNER
 from harness import crash_seed
 from sqlalchemy import select
 
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import event
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import event
 
 WRITER = Path(__file__).with_name("emit_writer.py")
 ROUNDS = 8

@@ -16,8 +16,8 @@ from harness import crash_seed
 from sqlalchemy import select
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
-from localstate._sync.schema import event
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import event
 
 OWNER = "trigger:emit-outage"
 ROUNDS = 3

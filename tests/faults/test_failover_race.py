@@ -36,8 +36,8 @@ from central_history import HistoryRow
 from fault_tally import FaultTally
 from harness import crash_seed
 
-from localstate._entry import StateKey
-from localstate._sync.settle import ConflictInfo
+from localstate._cache.entry import StateKey
+from localstate._sync.flush.settle import ConflictInfo
 
 WRITER = Path(__file__).with_name("failover_writer.py")
 MAX_OWNERS = [f"asset_watcher:fo-{i}" for i in range(4)]

@@ -34,8 +34,8 @@ from localstate import (
     SchemaError,
     StateStore,
 )
-from localstate._cache_file import SCHEMA_VERSION
-from localstate._file_lock import CacheFileLock
+from localstate._cache.cache_file import SCHEMA_VERSION
+from localstate._core.file_lock import CacheFileLock
 
 OWNER = "asset_watcher:files"
 

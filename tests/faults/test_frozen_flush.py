@@ -48,7 +48,7 @@ from api_server import RW_TOKEN, ServeProcess
 from fault_tally import FaultTally
 from test_claim_failover import Triggerer, start
 
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.mysql_server import MysqlServer
 from localstate._testing.postgres_server import PostgresServer
 

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from api_server import RW_TOKEN, ServeProcess
 
-from localstate._rows import DirtyRow
-from localstate._sync.central_store import CentralStore
-from localstate._sync.fleet import FleetStatus
+from localstate._core.rows import DirtyRow
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.fleet import FleetStatus
 
 CASES_PER_ROUTE = 2000
 OWNER = "hostile:o"

@@ -52,7 +52,7 @@ from localstate import (
     StateStore,
     VersionConflict,
 )
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 
 EXAMPLES: Final = {"sqlite": 2_000, "postgresql": 200, "mysql": 200}
 DELETED: Final = object()  # a model entry for a deleted key

@@ -46,9 +46,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from localstate import StateStore
-from localstate._codec import DEFAULT_MAX_VALUE_BYTES
-from localstate._model import MAX_VERSION
-from localstate._sync.central_store import CentralStore
+from localstate._core.codec import DEFAULT_MAX_VALUE_BYTES
+from localstate._core.model import MAX_VERSION
+from localstate._sync.central.central_store import CentralStore
 from localstate.api import create_app
 
 EXAMPLES: Final = 2_000

@@ -47,7 +47,7 @@ from lin_workload import (
 )
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.postgres_server import PostgresServer
 from localstate.client import AsyncStateClient
 

@@ -45,8 +45,8 @@ from test_claim_failover import start
 from test_frozen_flush import frozen_flush_schedule
 
 from localstate import StateStore
-from localstate._sync.central_store import CentralStore
-from localstate._sync.engine import make_engine
+from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.engine import make_engine
 from localstate._testing.pgbouncer import PgBouncer
 from localstate._testing.postgres_server import PostgresServer
 from localstate.errors import VersionConflict

@@ -74,8 +74,8 @@ from powerloss import (
     shim_env,
 )
 
-from localstate._codec import decode
-from localstate._entry import StateKey
+from localstate._cache.entry import StateKey
+from localstate._core.codec import decode
 from localstate.errors import CacheError
 
 # checked per recording: every first-open boundary, up to PER_PHASE boundaries of each other
@@ -324,8 +324,8 @@ async def test_power_loss_at_fsync_boundaries_and_random_points(
 FIRST_COMMIT = """
 import asyncio, os, sys, time
 from pathlib import Path
-from localstate._entry import Entry
-from localstate._local_cache import LocalCache
+from localstate._cache.entry import Entry
+from localstate._cache.local_cache import LocalCache
 
 async def main() -> None:
     cache = await LocalCache.open(Path(sys.argv[1]), owner_id="first", local_sync="full")

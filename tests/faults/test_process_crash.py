@@ -34,9 +34,9 @@ import pytest
 from fault_tally import FaultTally
 from harness import CRASH_WRITER, CrashChecker, WriterOptions, WriterZygote, crash_seed
 
-from localstate._cache_file import APPLICATION_ID, SCHEMA_VERSION
-from localstate._entry import Entry
-from localstate._local_cache import LocalCache
+from localstate._cache.cache_file import APPLICATION_ID, SCHEMA_VERSION
+from localstate._cache.entry import Entry
+from localstate._cache.local_cache import LocalCache
 
 # rounds per durability mode and central backend: 2 x (10 + 10 + 5) = 50 kills per run
 ROUNDS = {"local": 10, "central": 10, "memory": 5}

@@ -26,8 +26,8 @@ import orjson
 from fault_tally import FaultTally
 
 from localstate import StateStore
-from localstate._entry import StateKey
-from localstate._sync.central_store import CentralStore
+from localstate._cache.entry import StateKey
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.postgres_server import PostgresServer
 
 OWN = [(f"trigger:rwd-{o}", f"k{k}") for o in range(4) for k in range(5)]

@@ -35,7 +35,7 @@ from toggle_history import ToggleWriters, check_central
 
 from localstate import StateStore
 from localstate._stats import StoreStats
-from localstate._sync.central_store import CentralStore
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.mysql_server import MysqlServer
 from localstate._testing.postgres_server import PostgresServer
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import orjson
 
 from localstate import CentralUnavailable, LocalStateError, StateStore
-from localstate._entry import StateKey
-from localstate._model import Durability
-from localstate._sync.central_store import CentralStore
+from localstate._cache.entry import StateKey
+from localstate._core.model import Durability
+from localstate._sync.central.central_store import CentralStore
 
 __all__ = ["KeyState", "ToggleHistory", "ToggleWriters", "check_central"]
 

@@ -1,10 +1,10 @@
 """Alembic migrations of localstate's tables, run by ``airflow db migrate``.
 
-One thin revision per migration of `localstate._sync.schema.MIGRATIONS`, each calling
-`localstate._sync.schema.apply_step` with its version: the schema's steps stay the one source
-of truth, and ``localstate db upgrade`` (outside Airflow) applies the very same steps.
+One thin revision per migration of `localstate._sync.central.schema.MIGRATIONS`, each calling
+`localstate._sync.central.schema.apply_step` with its version: the schema's steps stay the one
+source of truth, and ``localstate db upgrade`` (outside Airflow) applies the very same steps.
 
-**Adding a migration.** Append it to ``MIGRATIONS`` in ``sync/schema.py``, then add
+**Adding a migration.** Append it to ``MIGRATIONS`` in ``sync/central/schema.py``, then add
 ``versions/NNNN_<what>.py`` here, copying the last revision file and changing its three names:
 
     revision = "localstate_0004"          # this migration's version, 4 digits
@@ -34,6 +34,6 @@ def step(version: int) -> None:
     """The body of a revision: apply migration `version` unless the schema has it."""
     from alembic import op
 
-    from localstate._sync.schema import apply_step
+    from localstate._sync.central.schema import apply_step
 
     apply_step(op.get_bind(), version)

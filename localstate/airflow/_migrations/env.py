@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from localstate._sync.schema import metadata
+from localstate._sync.central.schema import metadata
 from localstate.airflow._migrations import VERSION_TABLE
 
 config = context.config

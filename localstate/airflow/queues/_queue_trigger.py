@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger
 
-from localstate._model import Durability
+from localstate._core.model import Durability
 from localstate.airflow.queues._message import QueueMessage, Route, load_route, route_targets
 from localstate.airflow.trigger import StateEnabledTrigger
 from localstate.errors import InvalidInput

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
-from localstate._backoff import Backoff
+from localstate._core.backoff import Backoff
 from localstate.airflow.queues._message import QueueMessage, text_or_base64
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import InvalidInput, SourcePositionLost

@@ -25,8 +25,8 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
-from localstate._backoff import Backoff
-from localstate._sync.retention import REDELIVERED_KEY_PREFIX
+from localstate._core.backoff import Backoff
+from localstate._sync.central.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import CentralUnavailable, InvalidInput, reason

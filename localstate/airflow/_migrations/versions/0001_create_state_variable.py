@@ -1,6 +1,6 @@
 """localstate schema migration 1: create localstate_state_variable.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 1.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 1.
 """
 
 from localstate.airflow._migrations import step

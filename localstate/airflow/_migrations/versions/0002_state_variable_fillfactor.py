@@ -1,6 +1,6 @@
 """localstate schema migration 2: state table fillfactor for HOT updates.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 2.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 2.
 """
 
 from localstate.airflow._migrations import step

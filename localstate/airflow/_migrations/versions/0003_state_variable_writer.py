@@ -1,6 +1,6 @@
 """localstate schema migration 3: state table writer column.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 3.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 3.
 """
 
 from localstate.airflow._migrations import step

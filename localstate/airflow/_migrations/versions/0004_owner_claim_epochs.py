@@ -1,6 +1,6 @@
 """localstate schema migration 4: owner claim epochs.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 4.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 4.
 """
 
 from localstate.airflow._migrations import step

@@ -1,6 +1,6 @@
 """localstate schema migration 5: fleet of triggerers.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 5.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 5.
 """
 
 from localstate.airflow._migrations import step

@@ -1,6 +1,6 @@
 """localstate schema migration 6: events committed with watermarks.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 6.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 6.
 """
 
 from localstate.airflow._migrations import step

@@ -1,6 +1,6 @@
 """localstate schema migration 7: earlier releases' rows marked, their writers fenced out.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 7.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 7.
 """
 
 from localstate.airflow._migrations import step

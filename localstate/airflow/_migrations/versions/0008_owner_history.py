@@ -1,6 +1,6 @@
 """localstate schema migration 8: history of each owner's watermarks, events and claims.
 
-Its step is `localstate._sync.schema.MIGRATIONS` entry 8.
+Its step is `localstate._sync.central.schema.MIGRATIONS` entry 8.
 """
 
 from localstate.airflow._migrations import step
