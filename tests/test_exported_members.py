@@ -122,7 +122,7 @@ def _private(module: str) -> bool:
 
 
 def _modules() -> dict[str, Path]:
-    from test_imports import module_files  # each module under its installed name
+    from localstate._testing.source_graph import module_files  # installed names
 
     return module_files()
 

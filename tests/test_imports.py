@@ -13,18 +13,26 @@ import circle bites at run time, and the layers below the store do not load it.
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import localstate
 import localstate._sync
+from localstate._testing.source_graph import (
+    circles,
+    folder_graph,
+    folder_layers,
+    folder_of,
+    import_graph,
+    layer_map,
+    module_files,
+    statements_run_on_import,
+)
 
 PACKAGE_DIR = Path(localstate.__file__).resolve().parent
 #: the top-level sync/ folder, which installs as the subpackage localstate._sync
@@ -97,7 +105,7 @@ def third_party_imports() -> list[str]:
     """The packages outside localstate that its modules import on load (sorted)."""
     names: set[str] = set()
     for path in module_files().values():
-        for node in _top_level(ast.parse(path.read_text(), str(path)).body):
+        for node in statements_run_on_import(ast.parse(path.read_text(), str(path)).body):
             if isinstance(node, ast.Import):
                 names.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -137,160 +145,17 @@ def test_there_is_no_top_level_sync_package() -> None:
     assert "No module named 'sync'" in result.stderr
 
 
-# -- the import graph, read from the source -------------------------------------------------
-
-
-@functools.cache
-def module_files() -> dict[str, Path]:
-    """Each module of localstate (sync/ as `localstate._sync`, its installed name) and its file."""
-    files = {}
-    for package, folder in (("localstate", PACKAGE_DIR), ("localstate._sync", SYNC_DIR)):
-        for path in sorted(folder.rglob("*.py")):
-            parts = path.relative_to(folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            files[".".join((package, *parts))] = path
-    return files
-
-
-def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements run on import, `if TYPE_CHECKING:` blocks (and every if/try) included;
-    not the bodies of functions and classes' methods."""
-    for node in body:
-        yield node
-        if isinstance(node, ast.If | ast.Try):
-            yield from _top_level(node.body)
-            yield from _top_level(node.orelse)
-            for handler in getattr(node, "handlers", []):
-                yield from _top_level(handler.body)
-            yield from _top_level(getattr(node, "finalbody", []))
-        elif isinstance(node, ast.ClassDef):
-            yield from (n for n in _top_level(node.body) if not isinstance(n, ast.FunctionDef))
-
-
-@functools.cache
-def import_graph(*, deferred: bool) -> dict[str, set[str]]:
-    """Module -> the modules of localstate (and localstate._sync) it imports. `deferred`: the
-    imports inside functions too."""
-    files = module_files()
-
-    def known(name: str) -> str | None:
-        while name and name not in files:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {}
-    for module, path in files.items():
-        tree = ast.parse(path.read_text(), str(path))
-        nodes = ast.walk(tree) if deferred else _top_level(tree.body)
-        targets: set[str] = set()
-        for node in nodes:
-            if isinstance(node, ast.Import):
-                targets.update(filter(None, (known(a.name) for a in node.names)))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from the module's package
-                    package = module.split(".")
-                    if path.name != "__init__.py":
-                        package = package[:-1]
-                    package = package[:len(package) - node.level + 1]
-                    base = ".".join([*package, *([base] if base else [])])
-                for alias in node.names:
-                    full = f"{base}.{alias.name}"
-                    target = full if full in files else known(base)
-                    if target is not None:
-                        targets.add(target)
-        targets.discard(module)
-        graph[module] = targets
-    return graph
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 # -- the folders are the layers -------------------------------------------------------------
 #
 # A module's layer is its folder: nothing here names a module's layer by hand. A folder's
-# place among the layers is read from the import graph (one above the highest folder it
-# imports from), so the graph of folders must have no cycle: an import between two folders
-# points one way, and a new module joins its folder's layer by being put in the folder.
+# place among the layers is read from the import graph (`localstate._testing.source_graph`:
+# one above the highest folder it imports from), so the graph of folders must have no cycle:
+# an import between two folders points one way, and a new module joins its folder's layer by
+# being put in the folder.
 
 #: the most private modules directly in localstate/ (the store and its modes): the rest sit in
 #: the folder of their layer
 MAX_TOP_MODULES = 12
-
-
-def folder_of(module: str) -> str:
-    """The folder a module's file sits in, as the dotted name of its package (a package's
-    `__init__` is in its own folder)."""
-    path = module_files()[module]
-    return module if path.name == "__init__.py" else module.rpartition(".")[0]
-
-
-def folder_graph(*, deferred: bool) -> dict[str, set[str]]:
-    """Folder -> the other folders its modules import."""
-    graph: dict[str, set[str]] = {}
-    for module, targets in import_graph(deferred=deferred).items():
-        graph.setdefault(folder_of(module), set()).update(
-            folder_of(t) for t in targets if folder_of(t) != folder_of(module))
-    return graph
-
-
-@functools.cache
-def folder_layers() -> dict[str, int]:
-    """Each folder's layer, 0 the lowest: one above the highest of the folders it imports (on
-    load or on use). Only for a graph without a cycle."""
-    graph = folder_graph(deferred=True)
-    layer: dict[str, int] = {}
-
-    def place(folder: str) -> int:
-        if folder not in layer:
-            layer[folder] = 1 + max((place(t) for t in graph[folder]), default=-1)
-        return layer[folder]
-
-    for folder in graph:
-        place(folder)
-    return layer
-
-
-def layer_map() -> str:
-    """The folders by layer, lowest first: what a failure prints."""
-    by_layer: dict[int, list[str]] = {}
-    for folder, layer in folder_layers().items():
-        by_layer.setdefault(layer, []).append(folder)
-    return "\n".join(f"{n}: {', '.join(sorted(f))}" for n, f in sorted(by_layer.items()))
 
 
 def test_the_graph_sees_type_checking_relative_and_function_local_imports() -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_imports import module_files
+from localstate._testing.source_graph import module_files
 
 #: the named tuple API (collections.namedtuple, typing.NamedTuple): public members
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_field_defaults", "_make"})

@@ -22,9 +22,8 @@ import functools
 from collections import Counter
 from pathlib import Path
 
-from test_imports import module_files
-
 import localstate
+from localstate._testing.source_graph import module_files
 
 ROOT = Path(localstate.__file__).resolve().parent.parent
 

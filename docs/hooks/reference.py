@@ -831,6 +831,45 @@ def placeholder(uri: str, title: str) -> str:
             "pip install '.[docs,api]' && mkdocs serve\n```\n")
 
 
+#: where the architecture page's module map goes, with a line for readers of the repository:
+#: the build puts the map in their place
+MODULE_MAP = ("<!-- module map: the site's build puts the table of every module here -->\n"
+              "*The table of modules is generated from the code when the documentation site is "
+              "built (read\nit there); in the repository, each module's docstring says what it "
+              "is.*")
+
+
+def module_map(root: Path) -> str:
+    """Every module of localstate/ and sync/, by folder, the folders by layer (lowest first,
+    as the import graph orders them), each with the first sentence of its docstring."""
+    from localstate._testing.source_graph import folder_layers, folder_of, module_files, summary
+
+    files = module_files()
+    layers = folder_layers()
+    lines: list[str] = []
+    for folder in sorted(layers, key=lambda f: (layers[f], f)):
+        modules = sorted((m for m in files if folder_of(m) == folder),
+                         key=lambda m: (files[m].name != "__init__.py", m))
+        where = files[modules[0]].parent.relative_to(root).as_posix()
+        about = summary(folder) if folder in files else ""  # a folder with no __init__.py
+        lines += [f"### `{where}/` (layer {layers[folder]})", "", about, "",
+                  "| module | what it is |", "|---|---|"]
+        for module in modules:
+            text = summary(module).replace("|", "\\|")
+            if not text:
+                raise PluginError(f"{files[module]} has no docstring: its first sentence "
+                                  "says what the module is on the architecture page")
+            lines.append(f"| `{files[module].relative_to(root).as_posix()}` | {text} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page: Any, config: MkDocsConfig, files: Files) -> str:
+    if MODULE_MAP in markdown:
+        return markdown.replace(MODULE_MAP, module_map(Path(config["docs_dir"]).parent))
+    return markdown
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     docs_dir = Path(config["docs_dir"])
     generated = {uri: make() for uri, make in PAGES.items()}
