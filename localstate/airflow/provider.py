@@ -3,8 +3,8 @@
 Airflow's ProvidersManager calls it to list the provider (``airflow providers list``) and merges
 its ``config`` into Airflow's conf defaults, so ``airflow config list`` shows ``[localstate]``
 and ``conf.get("localstate", ...)`` knows every option. The options are generated from the
-settings specs in `localstate._core.config`: one source of truth for names, defaults and help. Its
-``db-managers`` make ``airflow db migrate`` migrate localstate's tables
+settings specs in `localstate._core.setting_specs`: one source of truth for names, defaults and
+help. Its ``db-managers`` make ``airflow db migrate`` migrate localstate's tables
 (`localstate.airflow.db_manager`). Its ``connection-types`` declare the ``localstate``
 connection (`localstate.airflow.hook.LocalStateHook`) with the Connections form's fields, so
 Airflow lists the type and draws the form without importing the hook.
