@@ -37,9 +37,12 @@ CLI, the REST API) carry none. Invariants:
    file, two hosts given one triggerer id) and a write based on an unknown version
    (`UNKNOWN_BASE`: the central record could not be read when it was made), except that a
    row of my own chain is then simply replaced (I was the last writer).
-6. My own chain *further on* than the write (central's version at or above the write's: a
-   flush took versions whose local commit a crash then lost) keeps the newer of the two by
-   ``updated_at``, with no conflict (step 3 of `_write_batch`).
+6. My own chain *further on* than the write (central's version above the write's: a flush
+   took versions whose local commit a crash then lost) keeps the newer of the two by
+   ``updated_at``, with no conflict.
+
+`own_chain_step` decides rules 1, 4 and 6 (the own chain: on its base, a replay, further on)
+for a row and the central row it meets, in one place, whichever step of the flush meets it.
 
 The common path (every row on its base) stays one statement; the writer travels once per
 statement.
@@ -102,7 +105,8 @@ from localstate._sync.central.fleet import FleetStatus
 from localstate._sync.central.history import event_rows, record_events
 from localstate._sync.central.schema import LEGACY_WRITER, event, owner_claim
 
-__all__ = ["next_version", "select_rows", "write_events", "write_fenced"]
+__all__ = ["OwnChainStep", "next_version", "own_chain_step", "select_rows", "write_events",
+           "write_fenced"]
 
 
 async def write_fenced(
@@ -154,16 +158,48 @@ async def select_rows(
     return {(r.owner, r.key): r for r in rows}
 
 
+class OwnChainStep(NamedTuple):
+    """What a flushed row does to a central row of its writer's own chain."""
+
+    #: keep the central row (a later write of the own chain): the row is adopted, no conflict
+    keep_central: bool
+    #: otherwise the central version the write is fenced on (it may replace only that one)
+    fence: int
+
+
+def own_chain_step(central: CentralRow, row: DirtyRow, writer: str | None) -> OwnChainStep | None:
+    """How `row`, flushed by the cache file `writer`, meets `central`, the key's central row,
+    when that row is of the file's own chain (module docstring, rules 1, 4 and 6): None when it
+    is not, and the owner's conflict policy decides.
+
+    The own chain is a row this file's sync worker wrote, or an earlier release's row under the
+    same ``updated_by``. On the write's base, the write lands (the policy is not asked: it is
+    based on the writer's own current record). Above the base up to the write's version, it is
+    a replay of a write whose outcome was never recorded: fenced on the base for this file's
+    own rows (the SQL fence accepts those, and the version stays), on the central version for
+    an earlier release's (the SQL fence knows only this file's id). Above the write's version,
+    it is the chain further on: the newer of the two by ``updated_at`` stays, no conflict.
+    Below the base (which rule 1 rules out) it is left to the policy.
+    """
+    if writer is None or not (central.writer == writer or (
+            central.writer == LEGACY_WRITER and central.updated_by == row.updated_by)):
+        return None
+    if central.version < row.base_version:
+        return None
+    if central.version == row.base_version:
+        return OwnChainStep(False, row.base_version)
+    if central.version <= row.version:
+        return OwnChainStep(False, row.base_version if central.writer == writer
+                            else central.version)
+    if row.updated_at <= central.updated_at:
+        return OwnChainStep(True, central.version)
+    return OwnChainStep(False, central.version)
+
+
 async def _write_batch(
     conn: AsyncConnection, sql: BatchSql, dialect: str, rows: Sequence[DirtyRow],
     policies: PolicyMap, writer: str | None, status: FleetStatus | None, history: _Marks,
 ) -> list[FlushOutcome]:
-    # this file's own chain: a central row its sync worker wrote, or an earlier release's
-    # row under the same updated_by (see the module docstring, 4)
-    def own(c: CentralRow, r: DirtyRow) -> bool:
-        return writer is not None and (c.writer == writer or (
-            c.writer == LEGACY_WRITER and c.updated_by == r.updated_by))
-
     outcomes: list[FlushOutcome] = []
     uniform = policies.uniform
     # every owner's policy: one for all (no lookup per row), or each looked up once
@@ -188,27 +224,16 @@ async def _write_batch(
             if c is None:
                 to_write.append((r, r.base_version, False))
                 continue
-            stale = c.version != r.base_version
-            # A replay of this writer's own chain (a flush that committed but was never
-            # marked clean) is no conflict: the upsert's fence accepts it, and max must
-            # too. Without this, max reported a spurious conflict and failed the `central`
-            # waiter of a write the DB holds. Fenced on its own base, the replay keeps its
-            # version (no bump).
-            replay = stale and own(c, r) and r.base_version < c.version <= r.version
-            if replay:
-                stale = False
-            elif own(c, r) and c.version >= r.version:
-                if r.updated_at <= c.updated_at:
-                    # this writer's own later write (see step 3): keep it, no conflict
+            step = own_chain_step(c, r, writer)
+            if step is not None:  # the own chain: never a conflict (max included)
+                if step.keep_central:
                     outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
-                    continue
-                stale = False  # written after a restart (see step 3): based on c
-            # the writer's own chain (based on its own current record) always lands
-            if (not stale and own(c, r)) or policy.exceeds(
-                    r.owner, r.data, c.data, strictly=stale):
-                # an earlier release's row: the SQL fence knows only `writer`, fence on it
-                fence = (r.base_version if replay and c.writer == writer else c.version)
-                to_write.append((r, fence, stale))
+                else:
+                    to_write.append((r, step.fence, False))
+                continue
+            stale = c.version != r.base_version
+            if policy.exceeds(r.owner, r.data, c.data, strictly=stale):
+                to_write.append((r, c.version, stale))
                 if stale:
                     replaced[(r.owner, r.key)] = c
             else:
@@ -246,20 +271,14 @@ async def _write_batch(
         c = current.get((r.owner, r.key))
         if c is None:  # the row vanished meanwhile: nothing to conflict with
             retry.append((r, r.base_version, True))
-        elif own(c, r) and c.version >= r.version:
-            # This file's own chain, further on: a flush took versions whose local commit
-            # a crash then lost (flushes do not wait for the local commit). Nobody else
-            # wrote, so no conflict; the newer of the two writes stays. Central's, when
-            # this row is older (left dirty in the file from before the crash); this row,
-            # when it was written after the restart (acknowledged, and it used to be
-            # replaced by the lost chain until the versions caught up), fenced on c.
-            if r.updated_at <= c.updated_at:
+        elif (step := own_chain_step(c, r, writer)) is not None:
+            # the own chain (module docstring, 4 and 6): a replay of an earlier release's
+            # row, or the chain further on, whose local commit a crash lost (flushes do not
+            # wait for the local commit): no conflict
+            if step.keep_central:
                 outcomes.append(FlushOutcome(r, "adopted", c, False, policy.spec))
             else:
-                retry.append((r, c.version, False))
-        elif own(c, r) and c.version > r.base_version:
-            # a replay of an earlier release's row (module docstring, 4): fenced on it
-            retry.append((r, c.version, False))
+                retry.append((r, step.fence, False))
         elif policy.local_wins(r, c):
             retry.append((r, c.version, True))
             replaced[(r.owner, r.key)] = c
