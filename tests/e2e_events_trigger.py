@@ -1,8 +1,9 @@
 """Watcher triggers over a numbered source, for tests/events_chaos.py in real triggerers.
 
 The source of watcher `index` is the folder ``$LOCALSTATE_E2E_SOURCE/<index>``: the scenario
-writes the empty files ``00000001``, ``00000002``, ... into it at a steady rate. Each trigger
-polls its folder and produces one asset event per new file, in number order:
+writes the empty files ``00000001``, ``00000002``, ... into it at a steady rate (`item_path`),
+each after the one before. Each trigger polls its folder and produces one asset event per new
+file, in number order, never past a number it has not seen (`_new_items`):
 
 * `EmitSourceTrigger` (localstate): ``await self.emit({"n": n}, watermark=n)``; the event and
   the watermark commit together, exactly once;
@@ -25,13 +26,28 @@ from localstate.airflow.trigger import StateEnabledTrigger
 POLL = 0.1
 
 
+def item_path(folder: Path, n: int) -> Path:
+    """The file of item `n` in a source folder."""
+    return folder / f"{n:08d}"
+
+
 def _new_items(index: int, after: int) -> list[int]:
+    """The items of source `index` past `after`: ``after + 1``, ``after + 2``, ... up to the
+    first one not there yet.
+
+    Looked up by number, not by listing the folder: a listing is no snapshot. On a filesystem
+    that lists a folder in hash order (ext4's hashed directories), a listing that runs while
+    the feeder creates item n and then n + 1 can hold n + 1 without n (n landed before the
+    listing's position, n + 1 after it); a watcher taking the listing's items would emit
+    n + 1, move its watermark past n and never emit n. Item n + 1 exists only once n does, so
+    going by number never skips one."""
     folder = Path(os.environ["LOCALSTATE_E2E_SOURCE"]) / str(index)
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in map(int, names) if n > after)
+    items: list[int] = []
+    n = after + 1
+    while item_path(folder, n).exists():
+        items.append(n)
+        n += 1
+    return items
 
 
 class _SourceTrigger(BaseEventTrigger):

@@ -43,6 +43,7 @@ import asyncpg
 import httpx
 from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
+from e2e_events_trigger import item_path
 
 from localstate._bench.airflow_deployment import activate_watchers, fast_loops, wait_until
 from localstate._testing.postgres_server import PostgresServer
@@ -419,7 +420,7 @@ def file_scenario(schedule: Schedule, source: Path) -> Scenario:
 
     async def produce(n: int) -> None:
         for f in folders:
-            (f / f"{n:08d}").touch()
+            item_path(f, n).touch()
 
     def expected(fed: int) -> dict[str, list[int]]:
         return {f"{kind}_{i}": list(range(1, fed + 1))

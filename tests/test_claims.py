@@ -8,6 +8,7 @@ in; an owner nobody claimed behaves as before.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -19,15 +20,19 @@ import orjson
 import pytest
 import pytest_asyncio
 from conftest import StoreFactory
+from sqlalchemy import select
 
 from localstate import StateStore
 from localstate._core.conflicts import PolicyMap
 from localstate._core.rows import DirtyRow, FlushOutcome
 from localstate._sync.central.central_store import CentralStore
+from localstate._sync.central.schema import event
 from localstate._sync.flush.claims import ClaimBook
 from localstate.errors import OwnerLost
 
 OWNER = "asset_watcher:orders"
+#: an owner whose events need no Airflow tables (emit on every backend)
+TRIGGER_OWNER = "trigger:orders"
 POLICIES = ["reject", "last_writer_wins", "max"]
 
 
@@ -40,6 +45,14 @@ def row(key: str, value: Any, *, version: int, base: int, by: str, epoch: int,
 def only(outcomes: list[FlushOutcome]) -> FlushOutcome:
     assert len(outcomes) == 1, outcomes
     return outcomes[0]
+
+
+async def committed_keys(central: CentralStore, owner: str = OWNER) -> list[str]:
+    """The keys of `owner`'s events the central DB committed, in emit order."""
+    t = event.c
+    rows = await central.run_read(select(t.key).where(t.owner == owner).order_by(t.seq),
+                                  "read events")
+    return [str(k) for (k,) in rows]
 
 
 async def value(central: CentralStore, key: str, owner: str = OWNER) -> Any:
@@ -274,3 +287,61 @@ async def test_a_restarted_triggerer_flushes_the_writes_of_its_own_claim(
             assert await value(central, "wm") == 8
     finally:
         await store.close()
+
+
+async def test_a_write_refused_while_this_store_claims_again_is_never_dropped_silently(
+        open_store: StoreFactory, central: CentralStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim in flight while a flush of the owner runs: the flush's transaction meets
+    another writer's claim (its writes refused), and this store's claim commits right after
+    it and is recorded before the flush's answer is. Settled then, the refusal looked like one
+    of a write from before this store's claim, which stands (`ClaimBook.lose` answered False):
+    the watermark went back to the central record and the event was dropped, with no
+    `OwnerLost`, and the writer went on past them (an item lost, the watermark one version
+    short). While its claim is in flight, a store's flushes leave the owner's writes alone:
+    they go out under the claim once it is made."""
+    b: StateStore = await open_store(triggerer_id="b")
+    a: StateStore = await open_store(triggerer_id="a")
+    assert await b.claim(TRIGGER_OWNER) == 1
+    await b.emit(TRIGGER_OWNER, {"n": 1}, watermark=1)
+    await b.flush()
+    assert await a.claim(TRIGGER_OWNER) == 2  # the trigger moved to a
+
+    sink: Any = b.sink
+    real_claim, real_write = sink.claim, sink.write_with_events
+    claim_sent, claim_go = asyncio.Event(), asyncio.Event()
+    flush_done, flush_answer = asyncio.Event(), asyncio.Event()
+
+    async def claim(*args: Any, **kwargs: Any) -> int:
+        claim_sent.set()
+        await claim_go.wait()  # the claim's transaction comes after the flush's
+        return int(await real_claim(*args, **kwargs))
+
+    async def write_with_events(*args: Any, **kwargs: Any) -> Any:
+        result = await real_write(*args, **kwargs)  # committed (or refused) centrally
+        flush_done.set()
+        await flush_answer.wait()  # its answer arrives after the claim's
+        return result
+
+    monkeypatch.setattr(sink, "claim", claim)
+    monkeypatch.setattr(sink, "write_with_events", write_with_events)
+    claiming = asyncio.create_task(b.claim(TRIGGER_OWNER))  # the trigger is back on b
+    await claim_sent.wait()
+    await b.emit(TRIGGER_OWNER, {"n": 2}, watermark=2)  # b's trigger goes on meanwhile
+    flushing = asyncio.create_task(b.flush())
+    # fixed: the flush leaves the owner alone (no transaction); before: it is refused
+    refused = asyncio.ensure_future(flush_done.wait())
+    await asyncio.wait({flushing, refused}, return_when=asyncio.FIRST_COMPLETED)
+    refused.cancel()
+    claim_go.set()
+    assert await claiming == 3
+    flush_answer.set()
+    await flushing
+    # b holds the owner: its writes go on, and nothing it emitted is lost
+    await b.emit(TRIGGER_OWNER, {"n": 3}, watermark=3)
+    await b.flush()
+    committed = await committed_keys(central, TRIGGER_OWNER)
+    assert committed == ["1", "2", "3"], committed
+    record = await b.read_committed(TRIGGER_OWNER, "watermark")
+    assert record is not None
+    assert (record.value, record.version) == (3, 3)

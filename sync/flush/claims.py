@@ -23,17 +23,23 @@ and its events dropped while the trigger goes on past them. Held, they stay loca
 worker skips the owners in ``waiting``) until the claim is made, then go out under it; or until
 it is refused (`outclaimed`) or the owner leaves (`unhold`), then go out to be fenced as any.
 
+The same wait covers every claim while it is in flight (`ClaimBook.claiming`): the owner's
+writes made meanwhile go out under the claim once it is made. A flush sent under the old
+claim and answered after the new one was recorded could not tell a refusal by another
+writer's claim from one of a write made before this store's own claim.
+
 Invariants: an owner is in ``lost`` only while ``held`` has the epoch that lost it; a new claim
-replaces both. An owner is in ``waiting`` only until its claim is made or refused, or it
-leaves this store.
+replaces both. An owner is in ``waiting`` only while a claim of it is in flight, or until a
+claim that could not be made now is made or refused, or it leaves this store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from localstate._cache.entry import StateKey
@@ -88,6 +94,23 @@ class ClaimBook:
         """`owner`'s claim could not be made now and will be tried again: keep its writes
         local until it is made or refused (see the module docstring)."""
         self.waiting.add(owner)
+
+    @contextlib.contextmanager
+    def claiming(self, owner: str) -> Iterator[None]:
+        """While a claim of `owner` is in flight: its writes stay local (as `hold`), so that
+        no flush runs against the claim. A flush refused under another writer's claim and
+        answered only after this one was recorded would be taken for a write from before it
+        (`lose` False): the write undone and its events dropped, with no `OwnerLost` for the
+        writer going on past them. Made, the claim ends the wait (`took`); failed, the owner
+        is left as it was (held or not)."""
+        held = owner in self.waiting
+        self.waiting.add(owner)
+        try:
+            yield
+        except BaseException:
+            if not held:
+                self.waiting.discard(owner)
+            raise
 
     def unhold(self, owner: str) -> None:
         """Let `owner`'s writes go out without waiting for a claim (it leaves this store, or
@@ -180,25 +203,26 @@ async def claim_owner(book: ClaimBook, sink: ClaimingSink, owner: str, *, claima
     if flush is not None and any(k[0] == owner for k in dirty):
         await flush()
     deadline, backoff = time.monotonic() + patience, Backoff(base=0.2, cap=2.0)
-    while True:
-        try:
-            epoch = await sink.claim(owner, claimant=claimant, writer=writer,
-                                     unless_claimed_since=unless_claimed_since)
-            break
-        except OwnerLost as exc:  # a newer claim stands: this store's writes of it are refused
-            book.outclaimed(owner, exc.current)
-            raise
-        except CentralUnavailable as exc:
-            delay = backoff.next_delay()
-            if time.monotonic() + delay > deadline:
+    with book.claiming(owner):  # no await since the flush: nothing of it went out meanwhile
+        while True:
+            try:
+                epoch = await sink.claim(owner, claimant=claimant, writer=writer,
+                                         unless_claimed_since=unless_claimed_since)
+                break
+            except OwnerLost as exc:  # a newer claim stands: this store's writes are refused
+                book.outclaimed(owner, exc.current)
+                raise
+            except CentralUnavailable as exc:
+                delay = backoff.next_delay()
+                if time.monotonic() + delay > deadline:
+                    book.failure_log.failed(f"{owner!r}: {exc}")
+                    raise
+                await asyncio.sleep(delay)
+            except CentralError as exc:
                 book.failure_log.failed(f"{owner!r}: {exc}")
                 raise
-            await asyncio.sleep(delay)
-        except CentralError as exc:
-            book.failure_log.failed(f"{owner!r}: {exc}")
-            raise
-    book.failure_log.succeeded()
-    book.took(owner, epoch, since)
+        book.failure_log.succeeded()
+        book.took(owner, epoch, since)
     if load is not None:
         await load(owner)
     return epoch
