@@ -82,8 +82,10 @@ async def test_a_60_s_outage_of_the_api_server_logs_at_most_3_warnings(
                 await asyncio.sleep(0.2)
 
         await wait_for(60.0, "the writer never flushed")
-        server.stop()
+        # the log as it stood before the server stops: the writer's first failed flush may be
+        # logged while `stop` waits for the server's process to end
         before = log.read_text()
+        server.stop()
         outage_start = time.monotonic()
         await asyncio.sleep(OUTAGE_S)
         server.start()
