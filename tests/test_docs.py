@@ -680,3 +680,81 @@ def test_the_fleet_state_is_called_stalled_everywhere() -> None:
         for line in text.splitlines():
             if re.search(r"\bstale\b", line):
                 assert "earlier name" in line, f"{name}: {line}"
+
+
+def test_what_the_pages_say_is_what_the_code_does() -> None:
+    """The README's live toggle needs `watch_config` (off by default); `cleanup_flush_timeout`
+    is a class attribute of the trigger mixin, not a setting; the DB manager needs no
+    configuration (the provider info declares it), as the architecture and deploy pages say;
+    the plugin's server keeps no store, as the README says too; a lost disk loses one
+    flush interval only while the central store answers, the whole backlog in an outage."""
+    import typing
+
+    from localstate._setting_specs import SPECS
+    from localstate.airflow.provider import get_provider_info
+    from localstate.airflow.trigger import StateEnabledTrigger
+
+    readme = " ".join(README.read_text().split())
+    assert SPECS["watch_config"].default is False
+    assert "applies at the next start, or live with `watch_config = true`" in readme
+
+    assert "cleanup_flush_timeout" not in SPECS
+    hints = typing.get_type_hints(StateEnabledTrigger)
+    assert typing.get_origin(hints["cleanup_flush_timeout"]) is typing.ClassVar
+    triggers = " ".join((DOCS / "guides" / "triggers.md").read_text().split())
+    assert (f"up to {StateEnabledTrigger.cleanup_flush_timeout:g} s for that flush. This is the "
+            "class attribute `cleanup_flush_timeout`, not a setting") in triggers
+
+    assert get_provider_info()["db-managers"] == [
+        "localstate.airflow.db_manager.LocalStateDBManager"]
+    architecture = (DOCS / "architecture.md").read_text()
+    assert "`airflow db migrate` finds it with no configuration" in architecture
+    deploy = " ".join((DOCS / "deploy.md").read_text().split())
+    assert "`airflow db migrate` also creates localstate's tables" in deploy
+    # no page asks for it in [database] external_db_managers
+    assert not [name for name, text in _user_texts() if "external_db_managers" in text]
+
+    # (what it does: test_the_plugins_server_keeps_no_store_of_its_own)
+    ui = " ".join((DOCS / "guides" / "ui.md").read_text().split())
+    assert "The API server holds no store of its own" in ui
+    assert "keeps no store of its own" in " ".join(README.read_text().split())
+
+    durability = " ".join((DOCS / "guides" / "durability.md").read_text().split())
+    assert ("While the central store answers, that is about one `flush_interval` plus a flush's "
+            "time. During a central outage it is the whole backlog") in durability
+    assert "and the whole backlog during an outage" in deploy
+
+
+async def test_the_plugins_server_keeps_no_store_of_its_own(tmp_path: Path) -> None:
+    """What README, the UI guide and the status page say: the app the plugin mounts in
+    Airflow's API server (`open_app`, as `open_serving` builds it) writes each request to the
+    central DB before it answers, and opens no cache file."""
+    import sqlite3
+    from urllib.parse import quote
+
+    import httpx
+
+    from localstate.airflow._serving import open_app
+
+    central, cache_dir = tmp_path / "airflow.db", tmp_path / "cache"
+    token = "plugin-token-0123456789abcdef"
+    app, close = await open_app(f"sqlite:///{central}", asset_states=False,
+                                api_tokens=f"{token}:read-write:*", cache_dir=str(cache_dir))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://airflow-api-server:8080",
+                                     headers={"Authorization": f"Bearer {token}"}) as client:
+            r = await client.put(f"/api/v1/state/{quote('dag:etl/load', safe='')}/cursor",
+                                 json={"value": 42})
+            assert r.status_code == 200, r.text
+            # committed before the answer: another connection sees it at once
+            with sqlite3.connect(central) as db:
+                rows = db.execute("SELECT value FROM localstate_state WHERE owner = "
+                                  "'dag:etl/load' AND key = 'cursor'").fetchall()
+            assert rows == [("42",)]
+            status = (await client.get("/api/v1/status")).json()
+    finally:
+        await close()
+    assert status["cache_enabled"] is False
+    assert status["dirty_keys"] == 0
+    assert not cache_dir.exists()
