@@ -758,3 +758,50 @@ async def test_the_plugins_server_keeps_no_store_of_its_own(tmp_path: Path) -> N
     assert status["cache_enabled"] is False
     assert status["dirty_keys"] == 0
     assert not cache_dir.exists()
+
+
+def _resolves(dotted: str) -> bool:
+    """An importable module, or an attribute of one."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        for name in parts[end:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_every_localstate_name_the_docs_give_exists() -> None:
+    """A module, class or function the changelog, the README or a page names (`localstate.x`,
+    `localstate/x.py`) is one the code has, or is a logger or metric name the code uses: no
+    module that was renamed or removed. (The changelog gives an old module name only as a
+    logger name, which stays.)"""
+    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+
+    loggers: set[str] = set()
+    for base in (ROOT / "localstate", ROOT / "sync"):
+        for source in base.rglob("*.py"):
+            loggers |= set(re.findall(r'getLogger\(\s*"([^"]+)"', source.read_text()))
+    metrics = {f"localstate.{name}" for name in (*COUNTERS.values(), *GAUGES.values(), TIMER,
+                                                 *PRUNE_COUNTERS)}
+    assert "localstate.sync.worker" in loggers
+    missing, checked = [], 0
+    for page in [ROOT / "CHANGELOG.md", README, *USER_PAGES]:
+        text = page.read_text()
+        for m in re.finditer(r"`(localstate(?:\.[A-Za-z_]\w*)+)(?:\.\*)?`", text):
+            checked += 1
+            name = m.group(1)
+            if not (_resolves(name) or name in loggers or name in metrics):
+                missing.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+                               f": {name}")
+        for m in re.finditer(r"`(localstate/[\w./-]+)`", text):
+            checked += 1
+            if not (ROOT / m.group(1)).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {m.group(1)}")
+    assert checked > 100
+    assert not missing, "\n".join(missing)
