@@ -72,7 +72,8 @@ class Line:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.number}"
+        shown = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{shown}:{self.number}"
 
 
 def _sh_lines(page: Path) -> list[list[Line]]:
@@ -129,9 +130,9 @@ class Install:
         return m.group(1).split(",") if m else []
 
 
-def _installs() -> list[Install]:
+def _installs(pages: list[Path]) -> list[Install]:
     found: dict[tuple[str, ...], Install] = {}
-    for page in PAGES:
+    for page in pages:
         for block in _sh_lines(page):
             built: Line | None = None
             for line in block:
@@ -152,7 +153,7 @@ def _installs() -> list[Install]:
     return list(found.values())
 
 
-INSTALLS = _installs()
+INSTALLS = _installs(PAGES)
 
 
 def test_the_docs_show_install_commands() -> None:
@@ -164,6 +165,18 @@ def test_the_docs_show_install_commands() -> None:
                for t in targets), targets
     assert ("python", "-m", "pip", "install", "build") in {i.argv for i in INSTALLS}
     assert all(install.places for install in INSTALLS)
+
+
+def test_a_wheel_install_the_page_never_builds_is_reported_with_its_line(tmp_path: Path
+                                                                         ) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Install\n\n```sh\n# the wheel\n"
+                    "pip install 'dist/localstate-0.2.0-py3-none-any.whl[api]'\n"
+                    "python -m build\n```\n")
+    (install,) = _installs([page])
+    assert install.broken == (f"{page}:5: installs dist/localstate-0.2.0-py3-none-any.whl[api], "
+                              "which no line before it builds (python -m build)\n")
+    assert install.extras == ["api"]
 
 
 def _checkout_copy(dest: Path) -> None:
