@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = [
     "tests/test_airflow_events_chaos.py",  # 232-508 s
     "tests/test_wheel.py",  # 90-170 (both tests share one build)
+    "tests/test_docs_install.py",  # 36-335 each: the docs' installs, the two with Airflow 280-335
     "tests/test_cli_bench.py::test_bench_flushes_through_sink_airflow_in_a_real_triggerer",  # 96
     "tests/test_airflow_plugin.py",  # 105 (one Airflow deployment for the module)
     "tests/test_upgrade.py::test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write",  # 100

@@ -7,7 +7,11 @@
 * every code block of the user docs is run (Python, ``python -c``), checked by the parser that
   will read it (airflow.cfg blocks by localstate's setting parsers and Airflow's own config,
   commands by the ``localstate`` and ``airflow`` argument parsers, JSON by a JSON parser), or
-  included from a tested file;
+  included from a tested file; the ``pip install`` lines are run by
+  tests/test_docs_install.py;
+* what the docs say matches the code and each other: the REST statuses, the troubleshooting
+  statuses, the tokens' owner prefixes, the README's benchmark figures, one host name for the
+  API server, one name for a stalled triggerer; their sentences stay short;
 * the user docs name no issue numbers, internal notes, test files or "this machine".
 """
 
@@ -418,6 +422,7 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
         elif argv in (["python", "-m", "build"], ["python", "-m", "pip", "install", "build"]):
             pass  # tests/test_wheel.py runs the build
         elif program == "pip" and argv[1] == "install":
+            # the form; tests/test_docs_install.py runs each install
             target, *options = argv[2:]
             m = re.fullmatch(r"(\.|[\w./-]+\.whl)\[([\w,]+)\]", target)
             assert m, where
@@ -556,3 +561,263 @@ def test_the_readme_python_uses_only_names_it_imports_or_defines() -> None:
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx,
                                                                                  ast.Load)}
     assert used <= bound, sorted(used - bound)
+
+
+def _ini_sections(*pages: Path) -> Iterator[tuple[Path, configparser.SectionProxy]]:
+    """The ``[localstate]`` section of each ini block."""
+    for page, lang, body in _blocks(*pages):
+        if lang == "ini":
+            cfg = configparser.ConfigParser(inline_comment_prefixes=None,
+                                            comment_prefixes=(";", "#"), interpolation=None)
+            cfg.read_string(body)
+            if cfg.has_section("localstate"):
+                yield page, cfg["localstate"]
+
+
+def test_every_token_example_covers_the_owners_its_callers_use() -> None:
+    """The docs' tokens give each caller the owners it uses and no more: a page that shows
+    tasks shows a per-DAG token (`dag:<dag_id>/`, with its `/`) beside the triggerers'
+    `asset_watcher:|trigger:` one; a connection's token covers the owner of the docs' task and
+    the watcher it reads, and no other DAG's; a triggerer's `api_token` covers its triggers'
+    owners (read-write with `sink = api`)."""
+    from localstate._setting_specs import SPECS, ApiToken
+    from localstate.airflow.hook import LocalStateHook
+
+    by_secret: dict[str, ApiToken] = {}
+    per_page: dict[Path, list[ApiToken]] = {}
+    for page, section in _ini_sections(*USER_PAGES, README):
+        if "api_tokens" in section:
+            tokens: tuple[ApiToken, ...] = SPECS["api_tokens"].parse(section["api_tokens"])
+            per_page.setdefault(page, []).extend(tokens)
+            for token in tokens:
+                # one secret, one scope, on every page and in either form
+                known = by_secret.setdefault(token.secret, token)
+                assert (known.role, known.owners) == (token.role, token.owners), (page, token)
+                for prefix in token.owners:
+                    if prefix.startswith("dag"):
+                        assert re.fullmatch(r"dag:[\w.-]+/", prefix), (page, prefix)
+    task = LocalStateHook.task_owner("etl", "load")
+    for page, listed in per_page.items():
+        where = page.relative_to(ROOT)
+        text = page.read_text()
+        if "LocalStateHook" in text or "dag:" in text:  # tasks are meant here
+            dag_tokens = [t for t in listed if t.can_write and all(
+                p.startswith(("dag:", "asset_watcher:")) for p in t.owners)
+                and any(p.startswith("dag:") for p in t.owners)]
+            assert dag_tokens, f"{where}: tokens for tasks, but none limited to a DAG"
+        if any(t.allows("trigger:x") for t in listed):
+            assert any(t.can_write and t.allows("asset_watcher:orders") and t.allows("trigger:x")
+                       and not t.allows("dag:etl/load") for t in listed), where
+    assert {README, DOCS / "deploy.md", DOCS / "usage.md",
+            DOCS / "guides" / "security.md"} <= set(per_page)
+
+    # the connections' tokens: the docs' task reads a watcher and writes its own owner
+    connections = 0
+    for page, argv in _commands(*USER_PAGES, README):
+        assignment = argv[1] if argv[0] == "export" else argv[0]
+        if assignment.startswith("AIRFLOW_CONN_LOCALSTATE"):
+            token = by_secret[json.loads(assignment.split("=", 1)[1])["password"]]
+            assert token.can_write, page
+            assert token.allows(task), page
+            assert token.allows("asset_watcher:orders"), page
+            assert not token.allows("dag:reports/load"), page
+            assert not token.allows("trigger:x"), page
+            connections += 1
+    assert connections >= 2
+    # the triggerers' tokens (a shortened one, "6bq0...", stands for any)
+    for page, section in _ini_sections(*USER_PAGES, README):
+        secret = section.get("api_token", "")
+        if secret and not secret.endswith("..."):
+            token = by_secret[secret]
+            assert token.allows("asset_watcher:orders"), page
+            if section.get("sink") == "api":
+                assert token.can_write, page
+                assert token.allows("trigger:x"), page
+
+
+def test_the_readme_headline_figures_are_the_benchmark_jsons() -> None:
+    """The README's headline ratios are the SQLite benchmark's (docs/bench-sqlite.json, the
+    benchmarks page's first table) at 1,000 triggers, with the date of that file."""
+    data = json.loads((DOCS / "bench-sqlite.json").read_text())
+    rows = {r["mode"]: r for r in data["rows"]
+            if r["scenario"] == "distinct" and r["triggers"] == 1000}
+    direct, local, memory = rows["direct"], rows["local"], rows["memory"]
+    updates = round(local["sets_per_s"] / direct["sets_per_s"])
+    fewer = round(direct["central_txns_per_s"] / local["central_txns_per_s"])
+    in_memory = round(memory["sets_per_s"] / direct["sets_per_s"])
+    text = " ".join(README.read_text().split())
+    assert (f"local-first took {updates}× the updates of direct writes, with {fewer}× fewer "
+            f"database transactions; memory durability {in_memory}×") in text
+    assert f"The benchmark on {_hooks()._dated(DOCS / 'bench-sqlite.json')} (" in text
+    assert f"{data['machine']['cpus']} shared x86-64 cores, SQLite" in text
+
+
+#: the longest sentence the user docs' prose may have: one idea per sentence
+MAX_SENTENCE_WORDS = 60
+
+
+def test_user_docs_sentences_stay_short() -> None:
+    """No sentence of the pages' and the README's prose (code blocks and tables aside) runs
+    past `MAX_SENTENCE_WORDS` words: the long chains of clauses an operator cannot follow."""
+    long = []
+    for page in [*USER_PAGES, README]:
+        text = FENCE.sub("", page.read_text())
+        text = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("|"))
+        for para in re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.) )", text):
+            for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Za-z`*(\[])", " ".join(para.split())):
+                if len(sentence.split()) > MAX_SENTENCE_WORDS:
+                    long.append(f"{page.relative_to(ROOT)}: {sentence[:120]}...")
+    assert not long, "\n".join(long)
+
+
+def test_the_api_server_has_one_host_name_across_the_docs() -> None:
+    """Every page names Airflow's API server the same way: `airflow-api-server:8080` (plain
+    HTTP inside the deployment), or `airflow.example.com` where the page is about TLS."""
+    hosts: dict[str, set[str]] = {}
+    for name, text in _user_texts():
+        for host in re.findall(r"(?:https?://|localstate://[^@\s]*@)([\w.-]+(?::\d+)?)/localstate\b",
+                               text):
+            hosts.setdefault(host, set()).add(name)
+    assert "airflow-api-server:8080" in hosts
+    assert set(hosts) <= {"airflow-api-server:8080", "airflow.example.com"}, hosts
+
+
+def test_the_fleet_state_is_called_stalled_everywhere() -> None:
+    """`stalled` is the state's name; `stale` survives only as the REST schema's deprecated
+    alias, and says so (as the changelog does)."""
+    for name, text in _user_texts():
+        for line in text.splitlines():
+            if re.search(r"\bstale\b", line):
+                assert "earlier name" in line, f"{name}: {line}"
+
+
+def test_what_the_pages_say_is_what_the_code_does() -> None:
+    """The README's live toggle needs `watch_config` (off by default); `cleanup_flush_timeout`
+    is a class attribute of the trigger mixin, not a setting; the DB manager needs no
+    configuration (the provider info declares it), as the architecture and deploy pages say;
+    the plugin's server keeps no store, as the README says too; a lost disk loses one
+    flush interval only while the central store answers, the whole backlog in an outage."""
+    import typing
+
+    from localstate._setting_specs import SPECS
+    from localstate.airflow.provider import get_provider_info
+    from localstate.airflow.trigger import StateEnabledTrigger
+
+    readme = " ".join(README.read_text().split())
+    assert SPECS["watch_config"].default is False
+    assert "applies at the next start, or live with `watch_config = true`" in readme
+
+    assert "cleanup_flush_timeout" not in SPECS
+    hints = typing.get_type_hints(StateEnabledTrigger)
+    assert typing.get_origin(hints["cleanup_flush_timeout"]) is typing.ClassVar
+    triggers = " ".join((DOCS / "guides" / "triggers.md").read_text().split())
+    assert (f"up to {StateEnabledTrigger.cleanup_flush_timeout:g} s for that flush. This is the "
+            "class attribute `cleanup_flush_timeout`, not a setting") in triggers
+
+    assert get_provider_info()["db-managers"] == [
+        "localstate.airflow.db_manager.LocalStateDBManager"]
+    architecture = (DOCS / "architecture.md").read_text()
+    assert "`airflow db migrate` finds it with no configuration" in architecture
+    deploy = " ".join((DOCS / "deploy.md").read_text().split())
+    assert "`airflow db migrate` also creates localstate's tables" in deploy
+    # no page asks for it in [database] external_db_managers
+    assert not [name for name, text in _user_texts() if "external_db_managers" in text]
+
+    # (what it does: test_the_plugins_server_keeps_no_store_of_its_own)
+    ui = " ".join((DOCS / "guides" / "ui.md").read_text().split())
+    assert "The API server holds no store of its own" in ui
+    assert "keeps no store of its own" in " ".join(README.read_text().split())
+
+    durability = " ".join((DOCS / "guides" / "durability.md").read_text().split())
+    assert ("While the central store answers, that is about one `flush_interval` plus a flush's "
+            "time. During a central outage it is the whole backlog") in durability
+    assert "and the whole backlog during an outage" in deploy
+
+
+async def test_the_plugins_server_keeps_no_store_of_its_own(tmp_path: Path) -> None:
+    """What README, the UI guide and the status page say: the app the plugin mounts in
+    Airflow's API server (`open_app`, as `open_serving` builds it) writes each request to the
+    central DB before it answers, and opens no cache file."""
+    import sqlite3
+    from urllib.parse import quote
+
+    import httpx
+
+    from localstate.airflow._serving import open_app
+
+    central, cache_dir = tmp_path / "airflow.db", tmp_path / "cache"
+    token = "plugin-token-0123456789abcdef"
+    app, close = await open_app(f"sqlite:///{central}", asset_states=False,
+                                api_tokens=f"{token}:read-write:*", cache_dir=str(cache_dir))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://airflow-api-server:8080",
+                                     headers={"Authorization": f"Bearer {token}"}) as client:
+            r = await client.put(f"/api/v1/state/{quote('dag:etl/load', safe='')}/cursor",
+                                 json={"value": 42})
+            assert r.status_code == 200, r.text
+            # committed before the answer: another connection sees it at once
+            with sqlite3.connect(central) as db:
+                rows = db.execute("SELECT value FROM localstate_state WHERE owner = "
+                                  "'dag:etl/load' AND key = 'cursor'").fetchall()
+            assert rows == [("42",)]
+            status = (await client.get("/api/v1/status")).json()
+    finally:
+        await close()
+    assert status["cache_enabled"] is False
+    assert status["dirty_keys"] == 0
+    assert not cache_dir.exists()
+
+
+def _resolves(dotted: str) -> bool:
+    """An importable module, or an attribute of one."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        for name in parts[end:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+#: words before a name that mark it as one that no longer exists
+_OLD_NAME_BEFORE = re.compile(r"\bimported\b|\b(?:old|earlier) names?\b|\bwas\b|\bmoved\b")
+
+
+def test_every_localstate_name_the_docs_give_exists() -> None:
+    """A module, class or function the changelog, the README or a page names (`localstate.x`,
+    `localstate/x.py`) is one the code has, or is a logger or metric name the code uses: no
+    module that was renamed or removed. An old name the changelog gives as old ("`old` is
+    `new`", "code that imported `old`") is left out; its new name is checked."""
+    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+
+    loggers: set[str] = set()
+    for base in (ROOT / "localstate", ROOT / "sync"):
+        for source in base.rglob("*.py"):
+            loggers |= set(re.findall(r'getLogger\(\s*"([^"]+)"', source.read_text()))
+    metrics = {f"localstate.{name}" for name in (*COUNTERS.values(), *GAUGES.values(), TIMER,
+                                                 *PRUNE_COUNTERS)}
+    assert "localstate.sync.worker" in loggers
+    missing, checked = [], 0
+    for page in [ROOT / "CHANGELOG.md", README, *USER_PAGES]:
+        text = page.read_text()
+        for m in re.finditer(r"`(localstate(?:\.[A-Za-z_]\w*)+)(?:\.\*)?`", text):
+            checked += 1
+            name = m.group(1)
+            if _OLD_NAME_BEFORE.search(text[max(0, m.start() - 80):m.start()]) or \
+                    text[m.end():].startswith(" is `"):
+                continue  # given as an old name: "`old` is `new`", "code that imported `old`"
+            if not (_resolves(name) or name in loggers or name in metrics):
+                missing.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+                               f": {name}")
+        for m in re.finditer(r"`(localstate/[\w./-]+)`", text):
+            checked += 1
+            if not (ROOT / m.group(1)).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {m.group(1)}")
+    assert checked > 100
+    assert not missing, "\n".join(missing)

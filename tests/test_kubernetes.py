@@ -4,7 +4,8 @@ localstate accepts, in the right component only.
 
 The workloads are built here as the official Airflow Helm chart places these values (a
 component's ``env``, ``resources`` and image; the triggerer a StatefulSet whose persistent
-volume is mounted at the logs folder; the API server a Deployment of ``replicas`` pods) and
+volume is mounted at the logs folder; the API server a Deployment of ``replicas`` pods; the
+Celery workers a StatefulSet with the tasks' connection) and
 validated against the Kubernetes schema (kubernetes-validate, offline, strict: an unknown
 field fails). The chart itself is not rendered: ``helm`` is in neither PyPI nor Debian 12.
 """
@@ -84,6 +85,19 @@ def api_server_deployment(v: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def worker_statefulset(v: dict[str, Any]) -> dict[str, Any]:
+    """The Celery workers: the chart's StatefulSet, with the values' ``workers.env``."""
+    w = {"resources": {}, **v["workers"]}
+    labels = {"component": "worker", "release": RELEASE}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": f"{RELEASE}-worker", "labels": labels},
+        "spec": {"serviceName": f"{RELEASE}-worker", "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     container("worker", v, w, [])]}}},
+    }
+
+
 def environment(env: list[dict[str, Any]], pod: str) -> dict[str, str]:
     """The environment a pod named `pod` gets from `env`: Secret references read from
     secrets.yaml (a reference to a Secret or key it lacks fails), the pod's name from its
@@ -110,14 +124,15 @@ def settings_of(env: list[dict[str, Any]], pod: str, tmp_path: Path) -> Settings
     return Settings.resolve(environ=environment(env, pod), config_file=tmp_path / "airflow.cfg")
 
 
-@pytest.mark.parametrize("build", [triggerer_statefulset, api_server_deployment])
+@pytest.mark.parametrize("build", [triggerer_statefulset, api_server_deployment,
+                                   worker_statefulset])
 def test_the_workloads_of_the_values_file_are_valid_kubernetes_objects(build: Any) -> None:
     kubernetes_validate.validate(build(values()), KUBERNETES, strict=True)
 
 
 def test_the_secrets_are_valid_kubernetes_objects() -> None:
     docs = [d for d in yaml.safe_load_all((DEPLOY / "secrets.yaml").read_text()) if d]
-    assert [d["kind"] for d in docs] == ["Secret", "Secret"]
+    assert [d["kind"] for d in docs] == ["Secret", "Secret", "Secret"]
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
@@ -148,13 +163,36 @@ def test_the_triggerers_reach_state_through_the_api_server_with_their_token(
     assert "asset_watcher:" in token.owners
 
 
+def test_the_tasks_reach_state_through_their_dags_connection(tmp_path: Path) -> None:
+    """The workers' `localstate` connection points at the API server's service with a token
+    the API server takes, read-write and limited to one DAG's owners and the watcher it
+    reads: the docs' task (`dag:etl/load`) may write, a triggerer's owners and another DAG's
+    are refused."""
+    from localstate.airflow.hook import LocalStateHook
+
+    v = values()
+    env = environment(v["workers"]["env"], f"{RELEASE}-worker-0")
+    conn = json.loads(env["AIRFLOW_CONN_LOCALSTATE_DEFAULT"])
+    assert conn["conn_type"] == "localstate"
+    assert conn["host"] == f"http://{RELEASE}-api-server:8080/localstate"
+    server = settings_of(v["apiServer"]["env"], f"{RELEASE}-api-server-0", tmp_path)
+    [token] = [t for t in server.api_tokens if t.secret == conn["password"]]
+    assert token.role == "read-write"
+    assert token.allows(LocalStateHook.task_owner("etl", "load"))
+    assert token.allows("asset_watcher:orders")
+    for other in ("dag:etl_backfill/load", "dag:reports/load", "trigger:x", "asset_watcher:x"):
+        assert not token.allows(other), other
+    assert not any(k.startswith("AIRFLOW__LOCALSTATE__") for k in env)  # no sink, no token
+
+
 def test_tokens_are_only_in_the_component_that_uses_them() -> None:
     """The API server's tokens in its pods only, the triggerers' token in theirs only, and
     no token in anything the chart shares between components (config, env, secret)."""
     v = values()
     text_of = {section: json.dumps(v.get(section)) for section in v}
     for secret, component in (("localstate-api-tokens", "apiServer"),
-                              ("localstate-triggerer-token", "triggerer")):
+                              ("localstate-triggerer-token", "triggerer"),
+                              ("localstate-task-connection", "workers")):
         holders = [section for section, text in text_of.items() if secret in text]
         assert holders == [component], (secret, holders)
     for data in secrets().values():

@@ -321,10 +321,11 @@ def rest_page() -> str:
             if description:
                 lines += [description, ""]
             if props:
-                lines += ["| field | type | required |", "|---|---|---|"]
+                lines += ["| field | type | required | description |", "|---|---|---|---|"]
                 for field, p in props.items():
+                    desc = " ".join((p.get("description") or "").split()).replace("|", "\\|")
                     lines.append(f"| `{field}` | {_schema_type(p)} | "
-                                 f"{'yes' if field in required else 'no'} |")
+                                 f"{'yes' if field in required else 'no'} | {desc} |")
                 lines.append("")
     return "\n".join(lines)
 

@@ -432,9 +432,9 @@ SPECS: Final[dict[str, Spec]] = {
                             "busy triggers never delay a flush"),
     "api_url": Spec(_http_url, None, "with sink = api: the localstate API server to flush "
                     "and read through (http://host:8686, or Airflow's API server with the "
-                    "plugin: http://host:8080/localstate); with sink = airflow: Airflow's API "
-                    "server with the plugin, where cache misses of asset watchers are read in "
-                    "one request per batch (writes still go through the accessors)"),
+                    "plugin: http://airflow-api-server:8080/localstate); with sink = airflow: "
+                    "Airflow's API server with the plugin, where cache misses of asset watchers "
+                    "are read in one request per batch (writes still go through the accessors)"),
     "api_token": Spec(_optional_token, None, "the bearer token sent to api_url: with sink = "
                       "api a read-write token of the server's api_tokens whose owner prefixes "
                       "cover this process's owners; with sink = airflow a read token covering "

@@ -34,7 +34,7 @@ opened, none created). ``config`` says which (`localstate.cli._state_backend`):
   cache in use is skipped, since its triggerer flushes it itself.
 * ``status`` reports the central DB (rows, writers, last writes) and the cache files in
   ``cache_dir`` (rows not yet flushed, oldest unflushed write, who holds each); ``--fleet``
-  every triggerer's lag and backlog from the fleet table, flagging stale ones.
+  every triggerer's lag and backlog from the fleet table, flagging stalled ones.
 """
 
 from __future__ import annotations
