@@ -580,7 +580,7 @@ def test_every_token_example_covers_the_owners_its_callers_use() -> None:
     `asset_watcher:|trigger:` one; a connection's token covers the owner of the docs' task and
     the watcher it reads, and no other DAG's; a triggerer's `api_token` covers its triggers'
     owners (read-write with `sink = api`)."""
-    from localstate._setting_specs import SPECS, ApiToken
+    from localstate._core.setting_specs import SPECS, ApiToken
     from localstate.airflow.hook import LocalStateHook
 
     by_secret: dict[str, ApiToken] = {}
@@ -699,7 +699,7 @@ def test_what_the_pages_say_is_what_the_code_does() -> None:
     flush interval only while the central store answers, the whole backlog in an outage."""
     import typing
 
-    from localstate._setting_specs import SPECS
+    from localstate._core.setting_specs import SPECS
     from localstate.airflow.provider import get_provider_info
     from localstate.airflow.trigger import StateEnabledTrigger
 
