@@ -609,7 +609,7 @@ def test_every_token_example_covers_the_owners_its_callers_use() -> None:
             assert any(t.can_write and t.allows("asset_watcher:orders") and t.allows("trigger:x")
                        and not t.allows("dag:etl/load") for t in listed), where
     assert {README, DOCS / "deploy.md", DOCS / "usage.md",
-            DOCS / "guides" / "security.md"} <= set(per_page)
+            DOCS / "operations" / "security.md"} <= set(per_page)
 
     # the connections' tokens: the docs' task reads a watcher and writes its own owner
     connections = 0
@@ -724,7 +724,7 @@ def test_what_the_pages_say_is_what_the_code_does() -> None:
     assert not [name for name, text in _user_texts() if "external_db_managers" in text]
 
     # (what it does: test_the_plugins_server_keeps_no_store_of_its_own)
-    ui = " ".join((DOCS / "guides" / "ui.md").read_text().split())
+    ui = " ".join((DOCS / "operations" / "ui.md").read_text().split())
     assert "The API server holds no store of its own" in ui
     assert "keeps no store of its own" in " ".join(README.read_text().split())
 
