@@ -6,8 +6,9 @@ The tests sit in folders by kind, and each folder is a marker (`pytest -m unit`)
   parametrized over the backends (`central_url`), so in the whole run it also meets the
   PostgreSQL and MySQL-family (MariaDB) servers the suite starts for the session;
 * ``structure/``: the layout's rules (imports, layers, private names, the public surface);
-* ``integration/``: real servers started for the test (``localstate serve``, PgBouncer, Redis,
-  Prometheus, the queue brokers, a server of its own to stop) and a real browser;
+* ``integration/``: real processes started for the test: the installed ``localstate`` command,
+  ``localstate serve``, PgBouncer, Redis, Prometheus, the queue brokers, a database server of
+  its own to stop; and a real browser;
 * ``airflow/``: real Airflow 3.3 processes (API server, triggerer, scheduler, dag processor);
 * ``faults/``: fault injection: crashes (SIGKILL), outages, power loss, hostile input;
 * ``packaging/``: the wheel, the upgrade from the previous release, the docs site, the
@@ -128,13 +129,14 @@ def _chosen_backends(config: pytest.Config) -> set[str] | None:
 
 
 def _backends_of(item: pytest.Item) -> set[str]:
-    """The central backends a test runs on, by its parameters and the server fixtures it asks
-    for (``postgresql-en-US`` is PostgreSQL's)."""
+    """The central backends a test runs on: each parameter whose value names one (`backend`,
+    `db_server`, a module's own such as an outage's backend; ``postgresql-en-US`` is
+    PostgreSQL's), and the server fixtures it asks for."""
     backends: set[str] = set()
     callspec = getattr(item, "callspec", None)
-    for name in ("backend", "db_server"):
-        if callspec is not None and name in callspec.params:
-            backends.add(str(callspec.params[name]).split("-")[0])
+    for value in callspec.params.values() if callspec is not None else ():
+        if isinstance(value, str) and value.split("-")[0] in BACKENDS:
+            backends.add(value.split("-")[0])
     backends.update(backend for name, backend in SERVER_FIXTURES.items()
                     if name in getattr(item, "fixturenames", ()))
     return backends
@@ -178,7 +180,7 @@ LONGEST_FIRST = [
     "tests/faults/test_toggle_outage.py",  # 17-23 each
     "tests/structure/test_imports.py::test_every_module_imports_first_in_a_fresh_interpreter",  # 22
     "tests/faults/test_hostile_rest.py",  # 21
-    "tests/unit/test_cli.py",  # 1-18 each, 271 in all
+    "tests/integration/test_cli.py",  # 1-18 each, 271 in all
     "tests/integration/test_cli_api.py",  # 7-18 each
     "tests/packaging/test_upgrade.py",  # 15 each
     "tests/faults/test_api_outage.py",  # 12-16 each
