@@ -4,11 +4,11 @@
 
 Starts a throwaway PostgreSQL server (`localstate._testing.postgres_server`), ``airflow db
 migrate``, the dag processor and the scheduler (until the assets are active), then ``airflow
-triggerer`` with two Asset Watchers running the same hot loop of ``await
-self.asset_state_store.aset(...)`` (`airflow_hot_triggers.py`): one as written for Airflow, one with
-localstate's mixin (``[localstate] sink = airflow``, local durability). Both run in the same
-triggerer at the same time. Printed: sets/s of each, their ratio, and the writes each caused on
-Airflow's ``asset_state_store`` table (counted by a PostgreSQL trigger).
+triggerer`` with two Asset Watchers running the same hot loop of
+``await self.asset_state_store.aset(...)`` (`airflow_hot_triggers.py`): one as written for
+Airflow, one with localstate's mixin (``[localstate] sink = airflow``, local durability). Both
+run in the same triggerer at the same time. Printed: sets/s of each, their ratio, and the writes
+each caused on Airflow's ``asset_state_store`` table (counted by a PostgreSQL trigger).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 import asyncpg
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
+sys.path[:0] = [str(HERE.parent / "tests" / "support"), str(HERE)]
 
 from airflow_api_server import MACHINE_TOKEN, new_airflow  # noqa: E402
 from airflow_harness import ROOT  # noqa: E402
@@ -121,7 +121,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                   ("paced", "emit", int(args.rate * args.paced_seconds), args.rate)]
         (dags / "bench_events_dag.py").write_text(DAG.format(phases=phases))
         d.env.update({
-            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests'}",
+            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests' / 'support'}",
             "LOCALSTATE_BENCH_GO": str(go),
             **fast_loops(dags),
         })

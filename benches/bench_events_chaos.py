@@ -1,5 +1,5 @@
-"""The long variant of tests/test_airflow_events_chaos.py: exactly-once watcher events under
-many faults, localstate's emit beside a plain Airflow watcher.
+"""The long variant of tests/airflow/test_airflow_events_chaos.py: exactly-once watcher events
+under many faults, localstate's emit beside a plain Airflow watcher.
 
     python benches/bench_events_chaos.py [--kills 100] [--zombies 10] [--api-restarts 5]
         [--watchers 2] [--rate 5] [--health-threshold 10] [--json out.json]
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent / "tests" / "support")]
 
 from events_chaos import Schedule, run  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import asyncpg
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from airflow_api_server import MACHINE_TOKEN, api_server, new_airflow  # noqa: E402
 from airflow_harness import fast_loops, stop, wait_for  # noqa: E402
@@ -71,7 +71,7 @@ async def run(outage: float, watchers: int, base: Path) -> dict[str, object]:
         (dags / "ticks.py").write_text(DAG.format(period=PERIOD, n=watchers))
         (base / "probes").mkdir()
         d.env.update({
-            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests'}",
+            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests' / 'support'}",
             **fast_loops(dags),
             "LOCALSTATE_E2E_PROBE": str(base / "probes"),
         })

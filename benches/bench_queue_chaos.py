@@ -1,11 +1,11 @@
-"""The long variant of tests/test_airflow_queues_chaos.py: every message one asset event from
-localstate's queue watchers (Kafka fanned out to two assets, Redis Streams, SQS) under many
-faults, beside Airflow's own ``MessageQueueTrigger`` on the same brokers.
+"""The message-queue scenario of tests/support/queue_chaos.py at length: every message one
+asset event from localstate's queue watchers (Kafka fanned out to two assets, Redis Streams,
+SQS) under many faults, beside Airflow's own ``MessageQueueTrigger`` on the same brokers.
 
     python benches/bench_queue_chaos.py [--kills 100] [--zombies 10] [--api-restarts 5]
         [--rate 4] [--health-threshold 10] [--json docs/bench-queue-chaos.json]
 
-Starts a throwaway PostgreSQL server and the brokers (tests/queue_chaos.py), runs
+Starts a throwaway PostgreSQL server and the brokers (tests/support/queue_chaos.py), runs
 `events_chaos.run` with them, then prints the table: per kind of watcher and per asset, the
 messages produced, the ``asset_event`` rows, duplicates, missing messages and events out of
 order (within a Kafka partition or the Redis stream).
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent / "tests" / "support")]
 
 from events_chaos import Schedule, run  # noqa: E402
 from queue_chaos import queue_scenario  # noqa: E402

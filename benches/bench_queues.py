@@ -42,7 +42,7 @@ from typing import Any
 import asyncpg
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
+sys.path[:0] = [str(HERE.parent / "tests" / "support"), str(HERE)]
 
 import boto3  # noqa: E402
 import redis  # noqa: E402
@@ -166,7 +166,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         aws = {"conn_type": "aws", "login": "testing", "password": "testing",
                "extra": {"region_name": REGION, "endpoint_url": f"http://{moto.address}"}}
         d.env.update({
-            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests'}",
+            "PYTHONPATH": f"{d.env['PYTHONPATH']}:{HERE}:{ROOT / 'tests' / 'support'}",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
                 "conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address}}),
             "AIRFLOW_CONN_KAFKA_PLAIN": json.dumps({"conn_type": "kafka", "extra": {

@@ -8,7 +8,7 @@ same arguments, same output and exit status), except that each source under `syn
 its installed module name before the build.
 
     .venv/bin/python scripts/typecheck.py            # what CI runs
-    .venv/bin/python scripts/typecheck.py sync/flush/worker.py tests/test_sync_worker.py
+    .venv/bin/python scripts/typecheck.py sync/flush/worker.py tests/unit/test_sync_worker.py
 """
 
 from __future__ import annotations

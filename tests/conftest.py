@@ -1,5 +1,24 @@
-"""Shared fixtures: real PostgreSQL and MySQL-family (MariaDB) servers for the session, real
-SQLite files per test.
+"""Shared fixtures and the suite's tiers.
+
+The tests sit in folders by kind, and each folder is a marker (`pytest -m unit`):
+
+* ``unit/``: the library in this process on real SQLite files; a test of the central DB is
+  parametrized over the backends (`central_url`), so in the whole run it also meets the
+  PostgreSQL and MySQL-family (MariaDB) servers the suite starts for the session;
+* ``structure/``: the layout's rules (imports, layers, private names, the public surface);
+* ``integration/``: real processes started for the test: the installed ``localstate`` command,
+  ``localstate serve``, PgBouncer, Redis, Prometheus, the queue brokers, a database server of
+  its own to stop; and a real browser;
+* ``airflow/``: real Airflow 3.3 processes (API server, triggerer, scheduler, dag processor);
+* ``faults/``: fault injection: crashes (SIGKILL), outages, power loss, hostile input;
+* ``packaging/``: the wheel, the upgrade from the previous release, the docs site, the
+  Kubernetes manifests.
+
+Helpers shared by the folders are modules of ``support/`` (on ``sys.path`` through pyproject's
+``pythonpath``: ``from airflow_harness import stop``). ``./scripts/test --quick`` runs
+``unit/`` and ``structure/`` with ``--backend sqlite --forbid-servers``: only the SQLite case
+of each backend-parametrized test, and any attempt to start a database server, an Airflow
+process, a broker or a browser fails the test that made it.
 
 Every central test takes `central_url`, parametrized over the three backends, so each runs on
 the embedded SQLite default, on PostgreSQL and on MySQL without being written three times.
@@ -11,6 +30,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shlex
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -35,10 +56,99 @@ collations = pytest.mark.parametrize("backend", COLLATION_BACKENDS, indirect=Tru
 _db_names = itertools.count(1)
 
 
+TESTS = Path(__file__).resolve().parent
+#: the folders of tests/ that hold tests, each the marker of its tests (declared in pyproject)
+TIERS = ("unit", "structure", "integration", "airflow", "faults", "packaging")
+#: the server fixtures of this file, by the backend whose server they start
+SERVER_FIXTURES = {"pg_server": "postgresql", "private_pg": "postgresql",
+                   "mysql_server": "mysql"}
+#: programs that are servers, brokers or browsers (the executable's name, or the module after
+#: ``python -m``): none starts under ``--forbid-servers``
+SERVER_PROGRAMS = frozenset({
+    "postgres", "initdb", "pg_ctl", "mariadbd", "mysqld", "mariadb-install-db", "pgbouncer",
+    "redis-server", "prometheus", "tansu", "moto.server", "airflow", "chromium", "chrome",
+})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("localstate")
+    group.addoption(
+        "--backend", action="append", choices=BACKENDS, metavar="NAME",
+        help="run the central DB tests on this backend only (repeatable; sqlite, postgresql, "
+             "mysql): the other backends' cases and the tests that start their servers are "
+             "deselected")
+    group.addoption(
+        "--forbid-servers", action="store_true",
+        help="fail any test that starts a database server, PgBouncer, a broker, Prometheus, "
+             "an Airflow process, `localstate serve` or a browser (the quick tier's guard)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The Airflow tests import Airflow at collection, before any test's isolated home exists,
     # and Airflow creates folders in $AIRFLOW_HOME when imported: give it a throwaway one.
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="localstate-tests-airflow-home-")
+    if config.getoption("forbid_servers"):
+        sys.addaudithook(refuse_servers)
+
+
+def server_started_by(args: Any) -> str | None:
+    """The server, broker or browser a command line starts, or None for any other program."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        text = os.fsdecode(args)
+        argv = shlex.split(text) if " " in text else [text]
+    else:
+        argv = [os.fsdecode(arg) for arg in args]
+    names = [Path(arg).name for arg in argv]
+    if not names:
+        return None
+    program, rest = names[0], names[1:]
+    if program.startswith("python") and rest[:1] == ["-m"] and len(rest) > 1:
+        program, rest = rest[1], rest[2:]
+    if any("playwright" in arg for arg in argv):
+        return "Playwright's browser driver"
+    if program in SERVER_PROGRAMS or program.split(".")[0] == "airflow":
+        return program
+    if program in ("localstate", "localstate.cli") and rest[:1] == ["serve"]:
+        return "localstate serve"
+    return None
+
+
+def refuse_servers(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook (``--forbid-servers``): a subprocess that would start a server fails."""
+    if event != "subprocess.Popen":
+        return
+    started = server_started_by(args[1])
+    if started is not None:
+        raise RuntimeError(f"--forbid-servers (the quick tier): this test starts {started}; "
+                           f"move it to tests/integration/ or tests/airflow/")
+
+
+def _chosen_backends(config: pytest.Config) -> set[str] | None:
+    chosen = config.getoption("backend")
+    return set(chosen) if chosen else None
+
+
+def _backends_of(item: pytest.Item) -> set[str]:
+    """The central backends a test runs on: each parameter whose value names one (`backend`,
+    `db_server`, a module's own such as an outage's backend; ``postgresql-en-US`` is
+    PostgreSQL's), and the server fixtures it asks for."""
+    backends: set[str] = set()
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec is not None else ():
+        if isinstance(value, str) and value.split("-")[0] in BACKENDS:
+            backends.add(value.split("-")[0])
+    backends.update(backend for name, backend in SERVER_FIXTURES.items()
+                    if name in getattr(item, "fixturenames", ()))
+    return backends
+
+
+def _require_backend(request: pytest.FixtureRequest, backend: str) -> None:
+    """A server fixture asked for (getfixturevalue included) outside the chosen backends
+    fails the test: ``--backend sqlite`` starts no server."""
+    chosen = _chosen_backends(request.config)
+    if chosen is not None and backend not in chosen:
+        pytest.fail(f"{request.fixturename} starts a {backend} server, which --backend "
+                    f"{' '.join(sorted(chosen))} leaves out", pytrace=False)
 
 
 #: The suite's longest tests and modules (nodeid prefixes), longest first, with their seconds
@@ -46,36 +156,39 @@ def pytest_configure(config: pytest.Config) -> None:
 #: dealt out first, so that the last minutes of a run are short tests that spread over both
 #: workers, not one long test with the other worker idle. The rest keep their order.
 LONGEST_FIRST = [
-    "tests/test_airflow_events_chaos.py",  # 232-508 s
-    "tests/test_wheel.py",  # 90-170 (both tests share one build)
-    "tests/test_docs_install.py",  # 36-335 each: the docs' installs, the two with Airflow 280-335
-    "tests/test_cli_bench.py::test_bench_flushes_through_sink_airflow_in_a_real_triggerer",  # 96
-    "tests/test_airflow_plugin.py",  # 105 (one Airflow deployment for the module)
-    "tests/test_upgrade.py::test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write",  # 100
-    "tests/test_airflow_graceful_stop.py",  # 88
-    "tests/test_airflow_api_e2e.py",  # 78 (one Airflow deployment for the module)
-    "tests/test_outage_logs.py",  # 68 (a 60 s outage)
+    "tests/airflow/test_airflow_events_chaos.py",  # 232-508 s
+    "tests/packaging/test_wheel.py",  # 90-170 (both tests share one build)
+    # 36-335 each: the docs' installs, the two with Airflow 280-335
+    "tests/packaging/test_docs_install.py",
+    # 96
+    "tests/airflow/test_cli_bench.py::test_bench_flushes_through_sink_airflow_in_a_real_triggerer",
+    "tests/airflow/test_airflow_plugin.py",  # 105 (one Airflow deployment for the module)
+    # 100
+    "tests/packaging/test_upgrade.py::test_sigkill_rounds_then_upgrade_lose_no_acknowledged_write",
+    "tests/airflow/test_airflow_graceful_stop.py",  # 88
+    "tests/airflow/test_airflow_api_e2e.py",  # 78 (one Airflow deployment for the module)
+    "tests/integration/test_outage_logs.py",  # 68 (a 60 s outage)
     "tests/faults/test_soak.py",  # 62
-    "tests/test_cli_bench.py::test_the_quick_start_runs_on_the_base_install_alone",  # 62
-    "tests/test_deploy_guide.py",  # 53
-    "tests/test_airflow_e2e.py",  # 48
-    "tests/test_asset_events.py",  # 30 (one Airflow deployment for the module)
+    "tests/airflow/test_cli_bench.py::test_the_quick_start_runs_on_the_base_install_alone",  # 62
+    "tests/airflow/test_deploy_guide.py",  # 53
+    "tests/airflow/test_airflow_e2e.py",  # 48
+    "tests/airflow/test_asset_events.py",  # 30 (one Airflow deployment for the module)
     "tests/faults/test_frozen_flush.py",  # 17-37 each
     "tests/faults/test_linearizable.py",  # 11-27 each
-    "tests/test_cli_bench.py",  # 24-26 each
+    "tests/airflow/test_cli_bench.py",  # 24-26 each
     "tests/faults/test_hostile_cli.py",  # 26
-    "tests/test_sync_worker.py::test_the_watermark_never_goes_backwards_under_a_random_failover",
+    "tests/unit/test_sync_worker.py::test_the_watermark_never_goes_backwards_under_a_random_failover",
     "tests/faults/test_power_loss.py",  # 17-23 each
     "tests/faults/test_toggle_outage.py",  # 17-23 each
-    "tests/test_imports.py::test_every_module_imports_first_in_a_fresh_interpreter",  # 22
+    "tests/structure/test_imports.py::test_every_module_imports_first_in_a_fresh_interpreter",  # 22
     "tests/faults/test_hostile_rest.py",  # 21
-    "tests/test_cli.py",  # 1-18 each, 271 in all
-    "tests/test_cli_api.py",  # 7-18 each
-    "tests/test_upgrade.py",  # 15 each
+    "tests/integration/test_cli.py",  # 1-18 each, 271 in all
+    "tests/integration/test_cli_api.py",  # 7-18 each
+    "tests/packaging/test_upgrade.py",  # 15 each
     "tests/faults/test_api_outage.py",  # 12-16 each
     "tests/faults/test_hostile_input.py",  # 15
     "tests/faults/test_process_crash.py",  # 9-14 each
-    "tests/test_ui_browser.py",  # 3-11 each
+    "tests/integration/test_ui_browser.py",  # 3-11 each
 ]
 #: Modules whose tests share a module-scoped fixture (an Airflow deployment, a server of
 #: their own, a built wheel): each runs whole on one worker, so that fixture is set up once.
@@ -85,16 +198,16 @@ ONE_WORKER_MODULES = frozenset({
     "tests/faults/test_pgbouncer.py",
     "tests/faults/test_power_loss.py",
     "tests/faults/test_restart_while_down.py",
-    "tests/test_airflow_api_e2e.py",
-    "tests/test_airflow_plugin.py",
-    "tests/test_airflow_queues_kafka.py",
-    "tests/test_airflow_queues_redis.py",
-    "tests/test_airflow_queues_sqs.py",
-    "tests/test_airflow_trigger.py",
-    "tests/test_asset_events.py",
-    "tests/test_driver_errors_mysql.py",
-    "tests/test_postgres_server.py",
-    "tests/test_wheel.py",
+    "tests/airflow/test_airflow_api_e2e.py",
+    "tests/airflow/test_airflow_plugin.py",
+    "tests/integration/test_airflow_queues_kafka.py",
+    "tests/integration/test_airflow_queues_redis.py",
+    "tests/integration/test_airflow_queues_sqs.py",
+    "tests/unit/test_airflow_trigger.py",
+    "tests/airflow/test_asset_events.py",
+    "tests/integration/test_driver_errors_mysql.py",
+    "tests/integration/test_postgres_server.py",
+    "tests/packaging/test_wheel.py",
 })
 
 
@@ -103,9 +216,28 @@ def _rank(nodeid: str) -> int:
                 len(LONGEST_FIRST))
 
 
+def tier_of(path: Path) -> str:
+    """The tier of a test file: its folder under tests/."""
+    parts = path.resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in TIERS:
+        raise pytest.UsageError(f"{path}: a test sits in one of the folders {', '.join(TIERS)} "
+                                f"of tests/ (see tests/conftest.py)")
+    return parts[0]
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first (a stable sort: within a rank, tests keep their order)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test marked with its tier; with ``--backend``, the other backends' tests
+    deselected; longest first (a stable sort: within a rank, tests keep their order)."""
+    for item in items:
+        item.add_marker(tier_of(item.path))
+    chosen = _chosen_backends(config)
+    if chosen is not None:
+        left_out = [item for item in items if _backends_of(item) - chosen]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            dropped = set(map(id, left_out))
+            items[:] = [item for item in items if id(item) not in dropped]
     items.sort(key=lambda item: _rank(item.nodeid))
 
 
@@ -138,7 +270,9 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+def pg_server(tmp_path_factory: pytest.TempPathFactory,
+              request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    _require_backend(request, "postgresql")
     server = PostgresServer(tmp_path_factory.mktemp("postgres"))
     server.start()
     yield server
@@ -146,7 +280,9 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServ
 
 
 @pytest.fixture(scope="session")
-def mysql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MysqlServer]:
+def mysql_server(tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> Iterator[MysqlServer]:
+    _require_backend(request, "mysql")
     server = MysqlServer(tmp_path_factory.mktemp("mysql"))
     server.start()
     yield server
@@ -154,8 +290,10 @@ def mysql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MysqlServ
 
 
 @pytest.fixture(scope="module")
-def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+def private_pg(tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
     """A PostgreSQL server of the test module's own, for tests that stop and start it."""
+    _require_backend(request, "postgresql")
     server = PostgresServer(tmp_path_factory.mktemp("private-postgres"))
     server.start()
     yield server

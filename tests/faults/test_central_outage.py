@@ -8,7 +8,7 @@ one interval, so its next try comes within one interval of the DB's return.
 
 Related scenarios elsewhere: connections cut by ``pg_terminate_backend`` in the middle of flush
 transactions (`test_connection_cut.py`); one outage per stop mode and `central` writes timing
-out during an outage (`tests/test_sync_worker.py`); memory and cache size staying flat through
+out during an outage (`tests/unit/test_sync_worker.py`); memory and cache size staying flat through
 a 30 s outage of 1,000 writing triggers (`test_soak.py`).
 """
 

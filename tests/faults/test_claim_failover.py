@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import central_history
+from crash_harness import crash_seed
 from fault_tally import FaultTally
-from harness import crash_seed
 
 from localstate._testing.postgres_server import PostgresServer
 
-WRITER = Path(__file__).with_name("claim_writer.py")
+WRITER = Path(__file__).parents[1] / "support" / "claim_writer.py"
 POLICIES = ("reject", "max", "last_writer_wins")
 #: each schedule's owner starts with its policy's name
 POLICY = {f"{p}:*": p for p in POLICIES}

@@ -17,14 +17,14 @@ import signal
 import sys
 from pathlib import Path
 
+from crash_harness import crash_seed
 from emit_writer import OWNER
-from harness import crash_seed
 from sqlalchemy import select
 
 from localstate._sync.central.central_store import CentralStore
 from localstate._sync.central.schema import event
 
-WRITER = Path(__file__).with_name("emit_writer.py")
+WRITER = Path(__file__).parents[1] / "support" / "emit_writer.py"
 ROUNDS = 8
 
 

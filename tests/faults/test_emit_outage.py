@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from api_server import RW_TOKEN, ServeProcess
-from harness import crash_seed
+from crash_harness import crash_seed
 from sqlalchemy import select
 
 from localstate import StateStore

@@ -33,13 +33,13 @@ from typing import Any
 import central_history
 import pytest
 from central_history import HistoryRow
+from crash_harness import crash_seed
 from fault_tally import FaultTally
-from harness import crash_seed
 
 from localstate._cache.entry import StateKey
 from localstate._sync.flush.settle import ConflictInfo
 
-WRITER = Path(__file__).with_name("failover_writer.py")
+WRITER = Path(__file__).parents[1] / "support" / "failover_writer.py"
 MAX_OWNERS = [f"asset_watcher:fo-{i}" for i in range(4)]
 REJECT_OWNERS = [f"trigger:fo-{i}" for i in range(4)]
 POLICY = {"asset_watcher:*": "max", "*": "reject"}

@@ -41,6 +41,7 @@ from hostile import (
 )
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from localstate_cli import localstate_command
 
 from localstate.cli import EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_USAGE, main
 
@@ -201,12 +202,6 @@ def test_cli_gives_exit_2_3_4_or_round_trips(cli_central: tuple[str, Path],
     # a lost or partial write fails its example: reaching here, none was found
     settle(fault_tally, "cli", outcomes, examples=EXAMPLES, write="set",
            others=("get", "delete"))
-
-
-def localstate_command() -> str:
-    exe = Path(sys.executable).parent / "localstate"
-    assert exe.is_file(), "the localstate entry point is not installed in this venv"
-    return str(exe)
 
 
 #: through the installed command: argv as bytes, as a shell passes them

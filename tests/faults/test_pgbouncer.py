@@ -269,7 +269,7 @@ async def test_the_plugin_in_an_airflow_api_server_behind_pgbouncer(
         # follow named statements across transactions (psycopg2, the chart image's, never
         # prepares): Airflow's own sessions then prepare nothing
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "psycopg_pooler_args.CONNECT_ARGS",
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
                                        deployment.env["PYTHONPATH"]]),
     })
     owners = [f"asset_watcher:pooled-{i:03d}" for i in range(100)]

@@ -6,7 +6,7 @@ a power loss also drops whatever was not yet fsynced: data written since a file'
 last ``fsync`` of their folder. These tests check the cache against that.
 
 **How: record once, replay many cut points** (the method of ALICE and CrashMonkey). The crash
-harness's writer (`crash_writer.py` through `harness.WriterZygote`) runs under an
+harness's writer (`crash_writer.py` through `crash_harness.WriterZygote`) runs under an
 ``LD_PRELOAD`` shim (`powerloss_shim.c`, compiled with gcc into a temporary folder when the
 test runs) that appends every mutating file operation under the cache's disk and the central
 DB's folder to a log, with its data and its fsync boundaries, together with each
@@ -17,7 +17,7 @@ fsync, each folder's names as of its last fsync; half of the points also keep a 
 the unsynced writes, torn at 4 KiB pages, and a random prefix of each folder's unsynced name
 changes), and the central SQLite DB with everything written up to the cut (a server that did
 not lose power; the central DB is SQLite here, outside the lossy disk, because it must be
-taken back to each cut point, which a PostgreSQL server cannot). `harness.CrashChecker` then
+taken back to each cut point, which a PostgreSQL server cannot). `crash_harness.CrashChecker` then
 opens a store on that image, as the restarted triggerer would, and checks every write
 acknowledged before the cut. One recording serves a hundred points, so a point costs one
 reopen, not one writer run.
@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from crash_harness import CrashChecker, Run, WriterOptions, WriterZygote, central_state, crash_seed
 from fault_tally import FaultTally
-from harness import CrashChecker, Run, WriterOptions, WriterZygote, central_state, crash_seed
 from powerloss import (
     MARK,
     SYNC,

@@ -2,7 +2,7 @@
 
 Each round starts a writer running a hot watermark loop over 200 keys of 50 owners, kills it at
 a random moment, reopens its cache the way a restarted triggerer would, and checks every write
-the killed process acknowledged (`harness.CrashChecker`):
+the killed process acknowledged (`crash_harness.CrashChecker`):
 
 * ``local`` and ``central`` durability: an acknowledged value is never lost, whatever the kill
   interrupted (a group commit, a flush to the central DB, the mark-clean after one, the open
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import central_history
 import pytest
+from crash_harness import CRASH_WRITER, CrashChecker, WriterOptions, WriterZygote, crash_seed
 from fault_tally import FaultTally
-from harness import CRASH_WRITER, CrashChecker, WriterOptions, WriterZygote, crash_seed
 
 from localstate._cache.cache_file import APPLICATION_ID, SCHEMA_VERSION
 from localstate._cache.entry import Entry

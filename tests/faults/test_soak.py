@@ -28,7 +28,7 @@ from fault_tally import FaultTally
 
 from localstate._testing.postgres_server import PostgresServer
 
-WRITER = Path(__file__).with_name("soak_writer.py")
+WRITER = Path(__file__).parents[1] / "support" / "soak_writer.py"
 TRIGGERS = 1000
 WARMUP = 12.0  # seconds: the interpreter's arenas, the pools, the WAL reach their size
 OUTAGE_STARTS = 15.0

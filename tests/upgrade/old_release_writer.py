@@ -1,5 +1,5 @@
-"""Runs under the *previous* release (tests/test_upgrade.py puts its source first on the
-path), never under this tree's code. Two modes:
+"""Runs under the *previous* release (tests/packaging/test_upgrade.py puts its source first on
+the path), never under this tree's code. Two modes:
 
 ``crash CENTRAL CACHE N``: writes N keys, flushes them (v1), writes them again (v2), then
 flushes once more and, inside that flush, after its central commit and before its mark-clean,

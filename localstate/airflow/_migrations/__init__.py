@@ -11,7 +11,7 @@ source of truth, and ``localstate db upgrade`` (outside Airflow) applies the ver
     down_revision = "localstate_0003"     # the one before
     def upgrade() -> None: step(4)
 
-`tests/test_airflow_migrations.py` fails while a migration has no revision, or the chain of
+`tests/unit/test_airflow_migrations.py` fails while a migration has no revision, or the chain of
 revisions is not the chain of versions.
 """
 

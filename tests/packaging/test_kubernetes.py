@@ -1,0 +1,230 @@
+"""The Kubernetes deployment (``deploy/kubernetes/``): the Secrets and the workloads the values
+file describes are valid Kubernetes objects, and the settings each component gets are the ones
+localstate accepts, in the right component only.
+
+The workloads are built here as the official Airflow Helm chart places these values (a
+component's ``env``, ``resources`` and image; the triggerer a StatefulSet whose persistent
+volume is mounted at the logs folder; the API server a Deployment of ``replicas`` pods; the
+Celery workers a StatefulSet with the tasks' connection) and
+validated against the Kubernetes schema (kubernetes-validate, offline, strict: an unknown
+field fails). The chart itself is not rendered: ``helm`` is in neither PyPI nor Debian 12.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from localstate._core.config import Settings
+
+ROOT = Path(__file__).parents[2]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+#: the Kubernetes version the objects are validated against (kubernetes-validate ships it)
+KUBERNETES = "1.31.0"
+RELEASE = "airflow"
+#: where the chart mounts a triggerer's own volume (its logs folder, under airflowHome)
+TRIGGERER_VOLUME = "/opt/airflow/logs"
+
+
+def values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((DEPLOY / "values.yaml").read_text())
+    return loaded
+
+
+def secrets() -> dict[str, dict[str, str]]:
+    """Secret name -> its string data."""
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "secrets.yaml").read_text()) if d]
+    return {d["metadata"]["name"]: d["stringData"] for d in docs}
+
+
+def image(v: dict[str, Any]) -> str:
+    return f"{v['images']['airflow']['repository']}:{v['images']['airflow']['tag']}"
+
+
+def container(name: str, v: dict[str, Any], component: dict[str, Any],
+              mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "image": image(v), "args": ["bash", "-c", f"exec airflow {name}"],
+            "env": component["env"], "resources": component["resources"],
+            "volumeMounts": mounts}
+
+
+def triggerer_statefulset(v: dict[str, Any]) -> dict[str, Any]:
+    t = v["triggerer"]
+    labels = {"component": "triggerer", "release": RELEASE}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": f"{RELEASE}-triggerer", "labels": labels},
+        "spec": {
+            "serviceName": f"{RELEASE}-triggerer", "replicas": t["replicas"],
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container(
+                "triggerer", v, t, [{"name": "logs", "mountPath": TRIGGERER_VOLUME}])]}},
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "logs"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": t["persistence"]["size"]}}}}],
+        },
+    }
+
+
+def api_server_deployment(v: dict[str, Any]) -> dict[str, Any]:
+    a = v["apiServer"]
+    labels = {"component": "api-server", "release": RELEASE}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": f"{RELEASE}-api-server", "labels": labels},
+        "spec": {"replicas": a["replicas"], "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     container("api-server", v, a, [])]}}},
+    }
+
+
+def worker_statefulset(v: dict[str, Any]) -> dict[str, Any]:
+    """The Celery workers: the chart's StatefulSet, with the values' ``workers.env``."""
+    w = {"resources": {}, **v["workers"]}
+    labels = {"component": "worker", "release": RELEASE}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": f"{RELEASE}-worker", "labels": labels},
+        "spec": {"serviceName": f"{RELEASE}-worker", "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     container("worker", v, w, [])]}}},
+    }
+
+
+def environment(env: list[dict[str, Any]], pod: str) -> dict[str, str]:
+    """The environment a pod named `pod` gets from `env`: Secret references read from
+    secrets.yaml (a reference to a Secret or key it lacks fails), the pod's name from its
+    field reference."""
+    data = secrets()
+    out = {}
+    for item in env:
+        source = item.get("valueFrom")
+        if source is None:
+            out[item["name"]] = item["value"]
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            assert ref["name"] in data, f"{item['name']}: no Secret {ref['name']!r}"
+            assert ref["key"] in data[ref["name"]], f"{item['name']}: no key {ref['key']!r}"
+            out[item["name"]] = data[ref["name"]][ref["key"]]
+        else:
+            assert source == {"fieldRef": {"fieldPath": "metadata.name"}}, item
+            out[item["name"]] = pod
+    return out
+
+
+def settings_of(env: list[dict[str, Any]], pod: str, tmp_path: Path) -> Settings:
+    (tmp_path / "airflow.cfg").write_text("")
+    return Settings.resolve(environ=environment(env, pod), config_file=tmp_path / "airflow.cfg")
+
+
+@pytest.mark.parametrize("build", [triggerer_statefulset, api_server_deployment,
+                                   worker_statefulset])
+def test_the_workloads_of_the_values_file_are_valid_kubernetes_objects(build: Any) -> None:
+    kubernetes_validate.validate(build(values()), KUBERNETES, strict=True)
+
+
+def test_the_secrets_are_valid_kubernetes_objects() -> None:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "secrets.yaml").read_text()) if d]
+    assert [d["kind"] for d in docs] == ["Secret", "Secret", "Secret"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_an_invalid_object_fails_the_validation() -> None:
+    """The check above can fail: a misspelt field is refused."""
+    broken = triggerer_statefulset(values())
+    broken["spec"]["template"]["spec"]["containers"][0]["envv"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+
+
+def test_the_triggerers_reach_state_through_the_api_server_with_their_token(
+    tmp_path: Path,
+) -> None:
+    v = values()
+    pod = f"{RELEASE}-triggerer-1"
+    s = settings_of(v["triggerer"]["env"], pod, tmp_path)
+    assert s.sink == "api"
+    assert s.api_url == f"http://{RELEASE}-api-server:8080/localstate"
+    assert s.resolved_triggerer_id == pod
+    assert s.resolved_cache_dir.is_relative_to(TRIGGERER_VOLUME)
+    assert s.statsd_host == f"{RELEASE}-statsd"
+    # the API server takes that token, read-write, for the owners the triggers use
+    server = settings_of(v["apiServer"]["env"], f"{RELEASE}-api-server-0", tmp_path)
+    [token] = [t for t in server.api_tokens if t.secret == s.api_token]
+    assert token.role == "read-write"
+    assert "asset_watcher:" in token.owners
+
+
+def test_the_tasks_reach_state_through_their_dags_connection(tmp_path: Path) -> None:
+    """The workers' `localstate` connection points at the API server's service with a token
+    the API server takes, read-write and limited to one DAG's owners and the watcher it
+    reads: the docs' task (`dag:etl/load`) may write, a triggerer's owners and another DAG's
+    are refused."""
+    from localstate.airflow.hook import LocalStateHook
+
+    v = values()
+    env = environment(v["workers"]["env"], f"{RELEASE}-worker-0")
+    conn = json.loads(env["AIRFLOW_CONN_LOCALSTATE_DEFAULT"])
+    assert conn["conn_type"] == "localstate"
+    assert conn["host"] == f"http://{RELEASE}-api-server:8080/localstate"
+    server = settings_of(v["apiServer"]["env"], f"{RELEASE}-api-server-0", tmp_path)
+    [token] = [t for t in server.api_tokens if t.secret == conn["password"]]
+    assert token.role == "read-write"
+    assert token.allows(LocalStateHook.task_owner("etl", "load"))
+    assert token.allows("asset_watcher:orders")
+    for other in ("dag:etl_backfill/load", "dag:reports/load", "trigger:x", "asset_watcher:x"):
+        assert not token.allows(other), other
+    assert not any(k.startswith("AIRFLOW__LOCALSTATE__") for k in env)  # no sink, no token
+
+
+def test_tokens_are_only_in_the_component_that_uses_them() -> None:
+    """The API server's tokens in its pods only, the triggerers' token in theirs only, and
+    no token in anything the chart shares between components (config, env, secret)."""
+    v = values()
+    text_of = {section: json.dumps(v.get(section)) for section in v}
+    for secret, component in (("localstate-api-tokens", "apiServer"),
+                              ("localstate-triggerer-token", "triggerer"),
+                              ("localstate-task-connection", "workers")):
+        holders = [section for section, text in text_of.items() if secret in text]
+        assert holders == [component], (secret, holders)
+    for data in secrets().values():
+        for value in data.values():
+            for token in re.findall(r"REPLACE-[\w-]+", value):
+                assert token not in (DEPLOY / "values.yaml").read_text()
+    assert "localstate" not in json.dumps(v.get("config", {})).lower()
+
+
+def test_the_statsd_mapping_is_the_one_the_metrics_page_documents() -> None:
+    page = (ROOT / "docs" / "operations" / "metrics.md").read_text()
+    documented = yaml.safe_load(page.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert values()["statsd"]["extraMappings"] == documented["mappings"]
+
+
+def test_the_image_is_the_airflow_the_values_name_and_localstate_supports() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    found = re.search(r"^ARG AIRFLOW_IMAGE=apache/airflow:(\d+\.\d+\.\d+)-python", dockerfile,
+                      re.M)
+    assert found is not None
+    version = found[1]
+    v = values()
+    assert v["airflowVersion"] == v["defaultAirflowTag"] == version
+    assert v["images"]["airflow"]["tag"].startswith(version)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pin = re.search(r'"apache-airflow>=(\d+\.\d+),<(\d+\.\d+)"', pyproject)
+    assert pin is not None
+    as_tuple = tuple(int(p) for p in version.split(".")[:2])
+    assert tuple(map(int, pin[1].split("."))) <= as_tuple < tuple(map(int, pin[2].split(".")))
+    assert '"apache-airflow==${AIRFLOW_VERSION}"' in dockerfile  # Airflow stays as it is
+    # what the components need: the plugin (airflow, api), the triggerers' API sink (client),
+    # the central DB's driver (postgres)
+    extras = re.search(r"localstate-\*\.whl\)\[([a-z,]+)\]", dockerfile)
+    assert extras is not None
+    assert set(extras[1].split(",")) == {"airflow", "api", "client", "postgres"}

@@ -1,0 +1,18 @@
+"""Functions the queue chaos DAG names by dotted path (tests/support/queue_chaos.py): localstate's
+route (fan-out by parity) and the ``apply_function`` of Airflow's own Kafka trigger."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localstate.airflow.queues import QueueMessage
+
+
+def by_parity(message: QueueMessage) -> str:
+    """Message n goes to ``emit_kafka_even`` or ``emit_kafka_odd``."""
+    return "emit_kafka_even" if int(message.payload["value"]) % 2 == 0 else "emit_kafka_odd"
+
+
+def kafka_item(message: Any) -> dict[str, int]:
+    """Airflow's Kafka trigger: the event's payload is the message's number."""
+    return {"n": int(message.value())}
