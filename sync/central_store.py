@@ -49,7 +49,12 @@ from localstate._rows import (
 from localstate._sync.asset_events import AssetEvents, run_callbacks
 from localstate._sync.asset_mirror import AssetMirror
 from localstate._sync.cas_write import check_expected_version, compare_and_set
-from localstate._sync.dialects import BatchSql, batch_sql_for, prefix_upper_bound
+from localstate._sync.dialects import (
+    BatchSql,
+    batch_sql_for,
+    claim_with_history,
+    prefix_upper_bound,
+)
 from localstate._sync.driver_errors import is_unreachable
 from localstate._sync.engine import DEFAULT_TRANSACTION_TIMEOUT, make_engine, read_connection
 from localstate._sync.fenced_write import select_rows, write_events, write_fenced
@@ -327,11 +332,14 @@ class CentralStore:
                                           .where(c.owner == owner).with_for_update())).first()
                 if row is not None and posix_time(row[1]) > unless_claimed_since:
                     raise OwnerLost.claimed_since(owner, int(row[0]))
-            result = await conn.execute(self._sql.claim, params)
+            # with its history row in the same statement where the dialect can
+            combined = claim_with_history(self.dialect) if self.history.enabled else None
+            result = await conn.execute(combined if combined is not None else self._sql.claim,
+                                        params)
             if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
                 result = await conn.execute(self._sql.claim_epoch, params)
             epoch = int(result.scalar_one())
-            if self.history.enabled:
+            if self.history.enabled and combined is None:
                 await record_claim(conn, owner, epoch, claimant, writer,
                                    column_time(self.dialect, now))
         self.transactions += 1

@@ -67,6 +67,7 @@ from localstate._sync.schema import (
 __all__ = [
     "BatchSql",
     "batch_sql_for",
+    "claim_with_history",
     "event_history_insert",
     "fleet_params",
     "fleet_statement",
@@ -486,6 +487,22 @@ def upsert_with_history(dialect: str, fleet: bool, some: bool = False) -> TextCl
         "writer) SELECT up.owner, 'watermark', up.updated_at, up.\"key\", up.value, "
         "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up"
         + (" WHERE up.owner = ANY(CAST(:history_owners AS TEXT[]))" if some else ""))
+
+
+#: PostgreSQL: a claim and its ``claim`` history row, one statement returning the epoch
+_CLAIM_WITH_HISTORY_PG: Final = text(
+    f"WITH c AS ({_PostgresSql.claim.text}) "
+    f"INSERT INTO {HISTORY_TABLE} (owner, kind, at, epoch, triggerer, writer) "
+    "SELECT CAST(:owner AS TEXT), 'claim', CAST(:at AS TIMESTAMPTZ), c.epoch, "
+    "CAST(:by AS TEXT), CAST(:writer AS TEXT) FROM c RETURNING epoch")
+
+
+def claim_with_history(dialect: str) -> TextClause | None:
+    """The claim (`BatchSql.claim`, its params) with the insert of its ``claim`` history row,
+    one statement that returns the new epoch: two round trips fewer in a claim's transaction
+    than two statements. None where the dialect cannot (the caller inserts the row after the
+    claim, `localstate._sync.history.record_claim`)."""
+    return _CLAIM_WITH_HISTORY_PG if dialect == "postgresql" else None
 
 
 #: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's
