@@ -227,11 +227,11 @@ def _bound_postgres_transactions(engine: AsyncEngine, ms: int) -> None:
 
 
 def _ping_on_checkout(engine: AsyncEngine) -> None:
-    """Check a pooled connection as it leaves the pool with an empty simple-protocol query:
-    one round trip, no transaction and no statement to prepare (SQLAlchemy's own pre-ping
-    over asyncpg sends BEGIN, prepares and runs ``;`` and rolls back: four round trips, on
-    every checkout). A failed ping replaces the connection (the pool's disconnect handling);
-    a connection just made is not pinged.
+    """Check a pooled connection as it leaves the pool with ``SELECT 1`` as a simple-protocol
+    query: one round trip, no transaction and no statement to prepare (SQLAlchemy's own
+    pre-ping over asyncpg sends BEGIN, prepares and runs ``;`` and rolls back: four round
+    trips, on every checkout; asyncpg fails an empty simple query). A failed ping replaces
+    the connection (the pool's disconnect handling); a connection just made is not pinged.
     """
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -243,7 +243,7 @@ def _ping_on_checkout(engine: AsyncEngine) -> None:
         if record.info.pop(_FRESH, False):
             return
         try:
-            dbapi_conn.run_async(lambda raw: raw.execute(";"))
+            dbapi_conn.run_async(lambda raw: raw.execute("SELECT 1"))
         except Exception as exc:  # any failure: this connection is of no use
             raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 

@@ -118,13 +118,18 @@ async def test_a_pooled_connection_the_server_dropped_is_replaced_on_checkout(
     pg_server: PostgresServer,
 ) -> None:
     """A server restart (here: every backend of the database terminated) costs no failed
-    call: the connection's ping fails as it leaves the pool, and a new one is made."""
+    call: the connection's ping fails as it leaves the pool, and a new one is made. A
+    connection that answers its ping is used again."""
     name = f"ping_{os.getpid()}_{time.monotonic_ns() % 10**9}"
     pg_server.create_database(name)
     engine = make_engine(pg_server.url_for(name))
     try:
-        async with engine.connect() as conn:
-            first = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        pids = []
+        for _ in range(2):
+            async with engine.connect() as conn:
+                pids.append((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        first = pids[0]
+        assert pids == [first, first]
         assert pg_server.terminate_backends(name) >= 1
         async with engine.begin() as conn:
             second = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
