@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Executable, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -52,6 +52,7 @@ from localstate._sync.cas_write import check_expected_version, compare_and_set
 from localstate._sync.dialects import (
     BatchSql,
     batch_sql_for,
+    claim_many,
     claim_with_history,
     prefix_upper_bound,
 )
@@ -95,6 +96,17 @@ _DELETE_TRIES = 100
 #: rest, so a storm of claims (hundreds of triggers starting, or moving to this triggerer,
 #: some waiting on row locks) never stalls this triggerer's own flushes
 _CLAIM_SLOTS = 2
+#: the most owners one claim transaction takes (`CentralStore._claim_together`)
+_CLAIM_GROUP = 500
+
+
+class _WaitingClaim(NamedTuple):
+    """A claim waiting to be made together with others (`CentralStore._claim_together`)."""
+    owner: str
+    claimant: str
+    writer: str | None
+    #: the epoch, or the error of the transaction that was to make it
+    done: asyncio.Future[int]
 
 
 class CentralStore:
@@ -125,6 +137,8 @@ class CentralStore:
         self.asset_mirror: AssetMirror | None = None
         #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
         self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
+        #: claims waiting for a slot, taken together by the next one to get it, in order
+        self._claims_waiting: list[_WaitingClaim] = []
         #: the owners' history this store writes and trims (`use_history`)
         self._history_trim = HistoryTrim(HistoryPolicy())
 
@@ -322,6 +336,8 @@ class CentralStore:
         reach) so never takes the owner back from a triggerer that took it over meanwhile.
         """
         await self._ready()
+        if unless_claimed_since is None and claim_many(self.dialect, False) is not None:
+            return await self._claim_together(owner, claimant, writer)
         now = datetime.now(timezone.utc).timestamp()
         params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(now)}
@@ -346,6 +362,66 @@ class CentralStore:
         if self.history.enabled:
             await self._trim_history([owner])
         return epoch
+
+    async def _claim_together(self, owner: str, claimant: str, writer: str | None) -> int:
+        """`claim` of `owner`, made in one transaction with the other claims waiting for a
+        claim slot (a group commit): a storm of claims, hundreds of triggers moving here at
+        once, costs a few transactions instead of one each. Whoever gets a slot takes every
+        waiting claim (up to `_CLAIM_GROUP`, each owner once) and makes them; a claim made
+        meanwhile by another finds its epoch, or the error that failed their transaction,
+        when it gets a slot (`claim_owner` retries it, as any failed claim)."""
+        mine = _WaitingClaim(owner, claimant, writer, asyncio.get_running_loop().create_future())
+        self._claims_waiting.append(mine)
+        try:
+            while not mine.done.done():
+                async with self._claim_slots:
+                    if not mine.done.done():
+                        await self._make_claims(self._take_claims())
+        finally:
+            if not mine.done.done():  # cancelled: made by nobody, or by a group nobody awaits
+                if mine in self._claims_waiting:
+                    self._claims_waiting.remove(mine)
+                mine.done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return mine.done.result()
+
+    def _take_claims(self) -> list[_WaitingClaim]:
+        """The waiting claims the next transaction makes: the oldest, each owner once."""
+        taken: list[_WaitingClaim] = []
+        left: list[_WaitingClaim] = []
+        owners: set[str] = set()
+        for waiting in self._claims_waiting:
+            if waiting.owner in owners or len(taken) >= _CLAIM_GROUP:
+                left.append(waiting)
+            else:
+                owners.add(waiting.owner)
+                taken.append(waiting)
+        self._claims_waiting = left
+        return taken
+
+    async def _make_claims(self, claims: list[_WaitingClaim]) -> None:
+        """Make `claims` in one transaction; resolve each with its epoch, or all with the
+        error that failed it. Cancelled, the claims not made wait again for a slot."""
+        statement = claim_many(self.dialect, self.history.enabled)
+        assert statement is not None
+        params = {"owners": [c.owner for c in claims],
+                  "claimants": [c.claimant for c in claims],
+                  "writers": [c.writer for c in claims],
+                  "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
+        try:
+            async with self._errors("claim"), self.engine.begin() as conn:
+                epochs = {row[0]: int(row[1]) for row in await conn.execute(statement, params)}
+        except LocalStateError as exc:
+            for c in claims:
+                c.done.set_exception(exc)
+            return
+        except BaseException:
+            self._claims_waiting[:0] = [c for c in claims if not c.done.done()]
+            raise
+        self.transactions += 1
+        for c in claims:
+            c.done.set_result(epochs[c.owner])
+        if self.history.enabled:
+            await self._trim_history([c.owner for c in claims])
 
     async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
         """The claimed owners among `owners`: each one's (epoch, claimant)."""

@@ -67,6 +67,7 @@ from localstate._sync.schema import (
 __all__ = [
     "BatchSql",
     "batch_sql_for",
+    "claim_many",
     "claim_with_history",
     "event_history_insert",
     "fleet_params",
@@ -503,6 +504,31 @@ def claim_with_history(dialect: str) -> TextClause | None:
     than two statements. None where the dialect cannot (the caller inserts the row after the
     claim, `localstate._sync.history.record_claim`)."""
     return _CLAIM_WITH_HISTORY_PG if dialect == "postgresql" else None
+
+
+#: PostgreSQL: many owners claimed in one statement (`claim_many`)
+_CLAIM_MANY_PG: Final = (
+    f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at, writer) "
+    "SELECT r.o, 1, r.b, CAST(:at AS TIMESTAMPTZ), r.w FROM unnest(CAST(:owners AS TEXT[]), "
+    "CAST(:claimants AS TEXT[]), CAST(:writers AS TEXT[])) AS r(o, b, w) ORDER BY r.o "
+    "ON CONFLICT (owner) DO UPDATE SET epoch = c.epoch + 1, claimant = EXCLUDED.claimant, "
+    "claimed_at = EXCLUDED.claimed_at, writer = EXCLUDED.writer "
+    "RETURNING c.owner, c.epoch, c.claimant, c.writer")
+_CLAIMS_PG: Final = {
+    False: text(_CLAIM_MANY_PG),
+    True: text(f"WITH c AS ({_CLAIM_MANY_PG}), h AS (INSERT INTO {HISTORY_TABLE} "
+               "(owner, kind, at, epoch, triggerer, writer) SELECT c.owner, 'claim', "
+               "CAST(:at AS TIMESTAMPTZ), c.epoch, c.claimant, c.writer FROM c) "
+               "SELECT c.owner, c.epoch FROM c"),
+}
+
+
+def claim_many(dialect: str, history: bool) -> TextClause | None:
+    """The claim of many owners in one statement (params: the text arrays ``owners`` (each
+    once), ``claimants`` and ``writers``, and ``at``), their rows locked in the order of
+    their names; returns each owner with its new epoch, and with `history` inserts their
+    ``claim`` history rows too. None where the dialect claims one owner per statement."""
+    return _CLAIMS_PG[history] if dialect == "postgresql" else None
 
 
 #: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's
