@@ -24,9 +24,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Sequence,
+)
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Executable, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -96,17 +104,84 @@ _DELETE_TRIES = 100
 #: rest, so a storm of claims (hundreds of triggers starting, or moving to this triggerer,
 #: some waiting on row locks) never stalls this triggerer's own flushes
 _CLAIM_SLOTS = 2
-#: the most owners one claim transaction takes (`CentralStore._claim_together`)
-_CLAIM_GROUP = 500
+#: the most owners one claim transaction, or one read of owners, takes (`_MadeTogether`)
+_GROUP = 500
+#: the connections reads of whole owners may hold at once: a takeover's claims end together,
+#: and their reads of the owners' keys, made together, leave the pool to the flush
+_OWNER_READ_SLOTS = 2
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
-class _WaitingClaim(NamedTuple):
-    """A claim waiting to be made together with others (`CentralStore._claim_together`)."""
-    owner: str
-    claimant: str
-    writer: str | None
-    #: the epoch, or the error of the transaction that was to make it
-    done: asyncio.Future[int]
+class _MadeTogether(Generic[_T, _R]):
+    """Calls made together (a group commit): a storm of claims or of reads of owners,
+    hundreds of triggers moving here at once, costs a few transactions instead of one each.
+
+    Each call waits for one of `slots`; whoever gets one takes every waiting call (up to
+    `_GROUP`, each owner once, oldest first) and makes them in one go (`make`: their items ->
+    each owner's result). A call made meanwhile by another finds its result, or the error
+    that failed their transaction (a caller retries it as any failed call), when it gets a
+    slot. Runs on the event loop of its store.
+    """
+
+    def __init__(self, slots: asyncio.Semaphore, owner_of: Callable[[_T], str],
+                 make: Callable[[list[_T]], Awaitable[dict[str, _R]]]) -> None:
+        self._slots = slots
+        self._owner_of = owner_of
+        self._make = make
+        #: calls waiting for a slot, in order, each with its result to be
+        self._waiting: list[tuple[_T, asyncio.Future[_R]]] = []
+
+    async def __call__(self, item: _T) -> _R:
+        done: asyncio.Future[_R] = asyncio.get_running_loop().create_future()
+        mine = (item, done)
+        self._waiting.append(mine)
+        try:
+            while not done.done():
+                async with self._slots:
+                    if not done.done():
+                        await self._make_waiting()
+        finally:
+            if not done.done():  # cancelled: made by nobody, or by a group nobody awaits
+                self._waiting = [w for w in self._waiting if w[1] is not done]
+                done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return done.result()
+
+    def _take(self) -> list[tuple[_T, asyncio.Future[_R]]]:
+        """The waiting calls the next go makes: the oldest, each owner once."""
+        taken: list[tuple[_T, asyncio.Future[_R]]] = []
+        left: list[tuple[_T, asyncio.Future[_R]]] = []
+        owners: set[str] = set()
+        for waiting in self._waiting:
+            owner = self._owner_of(waiting[0])
+            if owner in owners or len(taken) >= _GROUP:
+                left.append(waiting)
+            else:
+                owners.add(owner)
+                taken.append(waiting)
+        self._waiting = left
+        return taken
+
+    async def _make_waiting(self) -> None:
+        """Make the waiting calls; resolve each with its result, or all with the error that
+        failed them. Cancelled, the calls not made wait again for a slot."""
+        group = self._take()
+        try:
+            results = await self._make([item for item, _done in group])
+        except LocalStateError as exc:
+            for _item, done in group:
+                done.set_exception(exc)
+            return
+        except BaseException:
+            self._waiting[:0] = group
+            raise
+        for item, done in group:
+            done.set_result(results[self._owner_of(item)])
+
+
+def _first(claim: tuple[str, str, str | None]) -> str:
+    return claim[0]
 
 
 class CentralStore:
@@ -137,8 +212,11 @@ class CentralStore:
         self.asset_mirror: AssetMirror | None = None
         #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
         self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
-        #: claims waiting for a slot, taken together by the next one to get it, in order
-        self._claims_waiting: list[_WaitingClaim] = []
+        #: claims (owner, claimant, writer) made together (`_MadeTogether`, PostgreSQL)
+        self._claims_together = _MadeTogether(self._claim_slots, _first, self._make_claims)
+        #: reads of whole owners made together (`_MadeTogether`)
+        self._owner_reads = _MadeTogether(asyncio.Semaphore(_OWNER_READ_SLOTS), str,
+                                          self._read_owners)
         #: the owners' history this store writes and trims (`use_history`)
         self._history_trim = HistoryTrim(HistoryPolicy())
 
@@ -265,13 +343,21 @@ class CentralStore:
             return await select_rows(conn, self._sql, keys, lock=False)
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
+        """Every row of `owner`. Reads of owners waiting for a connection are made together,
+        one query (`_MadeTogether`): a takeover's claims end together and each reads its
+        owner's keys."""
         await self._ready()
+        return await self._owner_reads(owner)
+
+    async def _read_owners(self, owners: list[str]) -> dict[str, list[CentralRow]]:
         t = state_variable.c
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
-            t.owner == owner
-        )
+            t.owner.in_(owners))
+        found: dict[str, list[CentralRow]] = {o: [] for o in owners}
         async with self._errors("read"), read_connection(self.engine) as conn:
-            return [central_row(r) for r in await conn.execute(query)]
+            for r in await conn.execute(query):
+                found[r[0]].append(central_row(r))  # names compare byte-wise (schema._name)
+        return found
 
     async def list_rows(
         self, *, owner_prefix: str = "", after: StateKey | None = None, limit: int = 100,
@@ -337,7 +423,7 @@ class CentralStore:
         """
         await self._ready()
         if unless_claimed_since is None and claim_many(self.dialect, False) is not None:
-            return await self._claim_together(owner, claimant, writer)
+            return await self._claims_together((owner, claimant, writer))
         now = datetime.now(timezone.utc).timestamp()
         params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(now)}
@@ -363,65 +449,20 @@ class CentralStore:
             await self._trim_history([owner])
         return epoch
 
-    async def _claim_together(self, owner: str, claimant: str, writer: str | None) -> int:
-        """`claim` of `owner`, made in one transaction with the other claims waiting for a
-        claim slot (a group commit): a storm of claims, hundreds of triggers moving here at
-        once, costs a few transactions instead of one each. Whoever gets a slot takes every
-        waiting claim (up to `_CLAIM_GROUP`, each owner once) and makes them; a claim made
-        meanwhile by another finds its epoch, or the error that failed their transaction,
-        when it gets a slot (`claim_owner` retries it, as any failed claim)."""
-        mine = _WaitingClaim(owner, claimant, writer, asyncio.get_running_loop().create_future())
-        self._claims_waiting.append(mine)
-        try:
-            while not mine.done.done():
-                async with self._claim_slots:
-                    if not mine.done.done():
-                        await self._make_claims(self._take_claims())
-        finally:
-            if not mine.done.done():  # cancelled: made by nobody, or by a group nobody awaits
-                if mine in self._claims_waiting:
-                    self._claims_waiting.remove(mine)
-                mine.done.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return mine.done.result()
-
-    def _take_claims(self) -> list[_WaitingClaim]:
-        """The waiting claims the next transaction makes: the oldest, each owner once."""
-        taken: list[_WaitingClaim] = []
-        left: list[_WaitingClaim] = []
-        owners: set[str] = set()
-        for waiting in self._claims_waiting:
-            if waiting.owner in owners or len(taken) >= _CLAIM_GROUP:
-                left.append(waiting)
-            else:
-                owners.add(waiting.owner)
-                taken.append(waiting)
-        self._claims_waiting = left
-        return taken
-
-    async def _make_claims(self, claims: list[_WaitingClaim]) -> None:
-        """Make `claims` in one transaction; resolve each with its epoch, or all with the
-        error that failed it. Cancelled, the claims not made wait again for a slot."""
+    async def _make_claims(self, claims: list[tuple[str, str, str | None]]) -> dict[str, int]:
+        """Claim each (owner, claimant, writer) of `claims` in one transaction, one statement
+        (`claim_many`, with their history rows); each owner's new epoch."""
         statement = claim_many(self.dialect, self.history.enabled)
         assert statement is not None
-        params = {"owners": [c.owner for c in claims],
-                  "claimants": [c.claimant for c in claims],
-                  "writers": [c.writer for c in claims],
+        params = {"owners": [c[0] for c in claims], "claimants": [c[1] for c in claims],
+                  "writers": [c[2] for c in claims],
                   "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
-        try:
-            async with self._errors("claim"), self.engine.begin() as conn:
-                epochs = {row[0]: int(row[1]) for row in await conn.execute(statement, params)}
-        except LocalStateError as exc:
-            for c in claims:
-                c.done.set_exception(exc)
-            return
-        except BaseException:
-            self._claims_waiting[:0] = [c for c in claims if not c.done.done()]
-            raise
+        async with self._errors("claim"), self.engine.begin() as conn:
+            epochs = {row[0]: int(row[1]) for row in await conn.execute(statement, params)}
         self.transactions += 1
-        for c in claims:
-            c.done.set_result(epochs[c.owner])
         if self.history.enabled:
-            await self._trim_history([c.owner for c in claims])
+            await self._trim_history(epochs)
+        return epochs
 
     async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
         """The claimed owners among `owners`: each one's (epoch, claimant)."""
