@@ -24,8 +24,11 @@ their rounds interleaved so that the machine's drift hits each the same:
   official Airflow Helm chart's settings); the session engine cannot run there at all;
 * ``first pooler-safe direct`` and ``first pooler-safe via PgBouncer``: the first pooler-safe
   engine (the bounds a statement of their own after BEGIN, SQLAlchemy's pre-ping: BEGIN, an
-  unnamed ``;`` prepared and run, ROLLBACK) and its claims (the history row a statement of its
-  own), the "before" of the round-trip cut.
+  unnamed ``;`` prepared and run, ROLLBACK), the "before" of this change.
+
+The ``session`` and ``first pooler-safe`` ways claim as before too (`claims_as_built`): a
+transaction per claim, its history row a statement of its own. The others make the claims
+waiting for a claim slot together, in one statement.
 
 One store per way, open for the whole run; each round flushes every store once and claims
 through it. Prints the median and the fastest of each and the median over the rounds of its
@@ -101,17 +104,22 @@ def first_pooler_safe_engine(url: str, *,
 
 @contextlib.contextmanager
 def claims_as_built(way: str) -> Iterator[None]:
-    """The claims of the ``first pooler-safe`` ways as they were: the history row a
-    statement of its own after the claim's (on the other ways, one statement with it)."""
-    if not way.startswith("first "):
+    """The claims of the ``session`` and ``first pooler-safe`` ways as they were: one
+    transaction per claim, the history row a statement of its own after the claim's (on the
+    other ways, waiting claims are made together, their history rows in the same statement).
+    """
+    if not (way == "session" or way.startswith("first ")):
         yield
         return
-    combined = central_store_module.__dict__["claim_with_history"]
-    setattr(central_store_module, "claim_with_history", lambda _dialect: None)  # noqa: B010
+    saved = {name: central_store_module.__dict__[name]
+             for name in ("claim_with_history", "claim_many")}
+    for name in saved:
+        setattr(central_store_module, name, lambda *_args: None)
     try:
         yield
     finally:
-        setattr(central_store_module, "claim_with_history", combined)  # noqa: B010
+        for name, function in saved.items():
+            setattr(central_store_module, name, function)
 
 
 class RoundTripCounter:
