@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -523,29 +524,60 @@ def benchmarks_page(docs_dir: Path) -> str:
               "of a row's figure against the same round's first-row figure; the times are "
               "medians.*", "",
               "The central connection shares nothing a pooler in transaction mode could lose: "
-              "the transaction bound is set by each transaction for itself, and statements are "
-              "prepared unnamed inside their transaction. The first row is the connection as "
-              "it was before (the bound in the session, prepared statements cached by name), "
-              "which PgBouncer before 1.21 cannot carry. The run shared its two cores with other "
+              "the transaction bound is set by each transaction for itself, in the round trip "
+              "of its BEGIN, and statements are prepared unnamed inside their transaction. The "
+              "first row is the connection with the bound in the session and prepared "
+              "statements cached by name, which PgBouncer before 1.21 cannot carry; the "
+              "\"first pooler-safe\" rows sent the bound as a statement of its own and checked "
+              "each pooled connection with a transaction of its own. Round trips are counted "
+              "by a proxy in front of the server, sequentially: a claim is its transaction and "
+              "the read of the owner's keys after it. The run shared its two cores with other "
               "work, so single runs vary by a factor of three: read the median ratios.", "",
-              f"| connection | flush of {pooler['keys']:,} dirty keys | × before | "
-              f"{pooler['claims']} claims at once | × before |",
-              "|---|---|---|---|---|"]
-    labels = {"session": "before: bound in the session, named statements cached",
+              f"| connection | round trips per claim / read / 1-key flush | flush of "
+              f"{pooler['keys']:,} dirty keys | × first row | {pooler['claims']} claims at "
+              "once | × first row |",
+              "|---|---|---|---|---|---|"]
+    labels = {"session": "bound in the session, named statements cached",
               "now, statement caches on by URL":
-                  "now, statement caches on by the URL (direct only)",
+                  "statement caches on by the URL (direct only)",
+              "first pooler-safe direct": "first pooler-safe, straight to PostgreSQL",
+              "first pooler-safe via PgBouncer": "first pooler-safe, through PgBouncer",
               "pooler-safe direct": "now, straight to PostgreSQL",
               "pooler-safe via PgBouncer": "now, through PgBouncer"}
     for key, label in labels.items():
+        if key not in pooler:
+            continue
         f, c = pooler[key]["flush"], pooler[key]["claims"]
-        lines.append(f"| {label} | {f['median_s'] * 1000:,.0f} ms | {f['x_session']:.2f}× | "
-                     f"{c['median_s'] * 1000:,.0f} ms | {c['x_session']:.2f}× |")
-    lines += ["", "A flush is one large transaction: it makes a few more round trips than "
-              "before (the bound, each statement's unnamed prepare), milliseconds against its "
-              "hundreds, and its ratio moves with the machine's load from run to run. A claim "
-              "is a small transaction, where they count; a direct connection gets the cached "
-              "statements back with `?statement_cache_size=100&prepared_statement_cache_size="
-              "100` on its `central_url`.", ""]
+        trips = pooler[key].get("round_trips")
+        shown = (" / ".join(f"{trips[w]:.0f}" for w in ("claim", "read", "flush"))
+                 if trips else "")
+        lines.append(f"| {label} | {shown} | {f['median_s'] * 1000:,.0f} ms | "
+                     f"{f['x_session']:.2f}× | {c['median_s'] * 1000:,.0f} ms | "
+                     f"{c['x_session']:.2f}× |")
+    lines.append("")
+    if "first pooler-safe direct" in pooler:
+        def against_first(via: str, what: str) -> float:
+            now = pooler[f"pooler-safe {via}"][what]["all_s"]
+            first = pooler[f"first pooler-safe {via}"][what]["all_s"]
+            return float(statistics.median(n / f for n, f in zip(now, first, strict=True)))
+
+        lines += [
+            "Against the first pooler-safe connection, in the same rounds (the median of each "
+            f"round's ratio): the {pooler['claims']} claims at once take "
+            f"{against_first('via PgBouncer', 'claims'):.2f}× its time through PgBouncer and "
+            f"{against_first('direct', 'claims'):.2f}× straight to PostgreSQL, the flush of "
+            f"{pooler['keys']:,} keys {against_first('via PgBouncer', 'flush'):.2f}× and "
+            f"{against_first('direct', 'flush'):.2f}×. What changed: the bound rides in the "
+            "message of its transaction's BEGIN instead of a statement of its own (two round "
+            "trips), a connection leaving the pool is checked with one round trip instead of "
+            "four, a claim's history row is written by the claim's own statement, and the "
+            "claims waiting for a claim slot, and the reads of the owners' keys after them, "
+            "are made together, one statement for many.", ""]
+    lines += ["A flush is one large transaction: a few round trips more or less are "
+              "milliseconds against its hundreds, and its ratio moves with the machine's load "
+              "from run to run. A direct connection gets the cached statements back with "
+              "`?statement_cache_size=100&prepared_statement_cache_size=100` on its "
+              "`central_url`.", ""]
     sizing = json.loads((docs_dir / "bench-sizing.json").read_text())
     lines += ["## What a triggerer's state costs", "",
               f"*`docs/bench-sizing.json`, {_dated(docs_dir / 'bench-sizing.json')}; "

@@ -24,7 +24,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Sequence,
+)
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,6 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from localstate._cache.entry import StateKey
 from localstate._core.conflicts import PolicyMap
+from localstate._core.made_together import MadeTogether
 from localstate._core.model import MAX_VERSION
 from localstate._core.rows import (
     CentralRow,
@@ -49,7 +57,13 @@ from localstate._core.rows import (
 from localstate._sync.central.asset_events import AssetEvents, run_callbacks
 from localstate._sync.central.asset_mirror import AssetMirror
 from localstate._sync.central.cas_write import check_expected_version, compare_and_set
-from localstate._sync.central.dialects import BatchSql, batch_sql_for, prefix_upper_bound
+from localstate._sync.central.dialects import (
+    BatchSql,
+    batch_sql_for,
+    claim_many,
+    claim_with_history,
+    prefix_upper_bound,
+)
 from localstate._sync.central.driver_errors import is_unreachable
 from localstate._sync.central.engine import (
     DEFAULT_TRANSACTION_TIMEOUT,
@@ -100,6 +114,14 @@ _DELETE_TRIES = 100
 #: rest, so a storm of claims (hundreds of triggers starting, or moving to this triggerer,
 #: some waiting on row locks) never stalls this triggerer's own flushes
 _CLAIM_SLOTS = 2
+#: the most owners one claim transaction, or one read of owners, takes (`MadeTogether`)
+_GROUP = 500
+#: the connections reads of whole owners may hold at once: a takeover's claims end together,
+#: and their reads of the owners' keys, made together, leave the pool to the flush
+_OWNER_READ_SLOTS = 2
+
+def _first(claim: tuple[str, str, str | None]) -> str:
+    return claim[0]
 
 
 class CentralStore:
@@ -130,6 +152,12 @@ class CentralStore:
         self.asset_mirror: AssetMirror | None = None
         #: the connections claims may hold at once (see `_CLAIM_SLOTS`)
         self._claim_slots = asyncio.Semaphore(_CLAIM_SLOTS)
+        #: claims (owner, claimant, writer) made together (`MadeTogether`, PostgreSQL)
+        self._claims_together = MadeTogether(self._claim_slots, _first, self._make_claims,
+                                             _GROUP)
+        #: reads of whole owners made together (`MadeTogether`)
+        self._owner_reads = MadeTogether(asyncio.Semaphore(_OWNER_READ_SLOTS), str,
+                                         self._read_owners, _GROUP)
         #: the owners' history this store writes and trims (`use_history`)
         self._history_trim = HistoryTrim(HistoryPolicy())
 
@@ -256,13 +284,21 @@ class CentralStore:
             return await select_rows(conn, self._sql, keys, lock=False)
 
     async def read_owner(self, owner: str) -> list[CentralRow]:
+        """Every row of `owner`. Reads of owners waiting for a connection are made together,
+        one query (`MadeTogether`): a takeover's claims end together and each reads its
+        owner's keys."""
         await self._ready()
+        return await self._owner_reads(owner)
+
+    async def _read_owners(self, owners: list[str]) -> dict[str, list[CentralRow]]:
         t = state_variable.c
         query = select(t.owner, t.key, t.value, t.version, t.updated_at, t.updated_by).where(
-            t.owner == owner
-        )
+            t.owner.in_(owners))
+        found: dict[str, list[CentralRow]] = {o: [] for o in owners}
         async with self._errors("read"), read_connection(self.engine) as conn:
-            return [central_row(r) for r in await conn.execute(query)]
+            for r in await conn.execute(query):
+                found[r[0]].append(central_row(r))  # names compare byte-wise (schema._name)
+        return found
 
     async def list_rows(
         self, *, owner_prefix: str = "", after: StateKey | None = None, limit: int = 100,
@@ -327,6 +363,8 @@ class CentralStore:
         reach) so never takes the owner back from a triggerer that took it over meanwhile.
         """
         await self._ready()
+        if unless_claimed_since is None and claim_many(self.dialect, False) is not None:
+            return await self._claims_together((owner, claimant, writer))
         now = datetime.now(timezone.utc).timestamp()
         params = {"owner": owner, "by": claimant, "writer": writer,
                   "at": self._sql.timestamp(now)}
@@ -337,17 +375,35 @@ class CentralStore:
                                           .where(c.owner == owner).with_for_update())).first()
                 if row is not None and posix_time(row[1]) > unless_claimed_since:
                     raise OwnerLost.claimed_since(owner, int(row[0]))
-            result = await conn.execute(self._sql.claim, params)
+            # with its history row in the same statement where the dialect can
+            combined = claim_with_history(self.dialect) if self.history.enabled else None
+            result = await conn.execute(combined if combined is not None else self._sql.claim,
+                                        params)
             if self._sql.claim_epoch is not None:  # no RETURNING: the row is locked, read it
                 result = await conn.execute(self._sql.claim_epoch, params)
             epoch = int(result.scalar_one())
-            if self.history.enabled:
+            if self.history.enabled and combined is None:
                 await record_claim(conn, owner, epoch, claimant, writer,
                                    column_time(self.dialect, now))
         self.transactions += 1
         if self.history.enabled:
             await self._trim_history([owner])
         return epoch
+
+    async def _make_claims(self, claims: list[tuple[str, str, str | None]]) -> dict[str, int]:
+        """Claim each (owner, claimant, writer) of `claims` in one transaction, one statement
+        (`claim_many`, with their history rows); each owner's new epoch."""
+        statement = claim_many(self.dialect, self.history.enabled)
+        assert statement is not None
+        params = {"owners": [c[0] for c in claims], "claimants": [c[1] for c in claims],
+                  "writers": [c[2] for c in claims],
+                  "at": self._sql.timestamp(datetime.now(timezone.utc).timestamp())}
+        async with self._errors("claim"), self.engine.begin() as conn:
+            epochs = {row[0]: int(row[1]) for row in await conn.execute(statement, params)}
+        self.transactions += 1
+        if self.history.enabled:
+            await self._trim_history(epochs)
+        return epochs
 
     async def read_claims(self, owners: Sequence[str]) -> dict[str, tuple[int, str]]:
         """The claimed owners among `owners`: each one's (epoch, claimant)."""

@@ -67,6 +67,8 @@ from localstate._sync.central.schema import (
 __all__ = [
     "BatchSql",
     "batch_sql_for",
+    "claim_many",
+    "claim_with_history",
     "event_history_insert",
     "fleet_params",
     "fleet_statement",
@@ -489,6 +491,47 @@ def upsert_with_history(dialect: str, fleet: bool, some: bool = False) -> TextCl
         "writer) SELECT up.owner, 'watermark', up.updated_at, up.\"key\", up.value, "
         "up.version, up.updated_by, CAST(:writer AS TEXT) FROM up"
         + (" WHERE up.owner = ANY(CAST(:history_owners AS TEXT[]))" if some else ""))
+
+
+#: PostgreSQL: a claim and its ``claim`` history row, one statement returning the epoch
+_CLAIM_WITH_HISTORY_PG: Final = text(
+    f"WITH c AS ({_PostgresSql.claim.text}) "
+    f"INSERT INTO {HISTORY_TABLE} (owner, kind, at, epoch, triggerer, writer) "
+    "SELECT CAST(:owner AS TEXT), 'claim', CAST(:at AS TIMESTAMPTZ), c.epoch, "
+    "CAST(:by AS TEXT), CAST(:writer AS TEXT) FROM c RETURNING epoch")
+
+
+def claim_with_history(dialect: str) -> TextClause | None:
+    """The claim (`BatchSql.claim`, its params) with the insert of its ``claim`` history row,
+    one statement that returns the new epoch: two round trips fewer in a claim's transaction
+    than two statements. None where the dialect cannot (the caller inserts the row after the
+    claim, `localstate._sync.central.history.record_claim`)."""
+    return _CLAIM_WITH_HISTORY_PG if dialect == "postgresql" else None
+
+
+#: PostgreSQL: many owners claimed in one statement (`claim_many`)
+_CLAIM_MANY_PG: Final = (
+    f"INSERT INTO {CLAIM_TABLE} AS c (owner, epoch, claimant, claimed_at, writer) "
+    "SELECT r.o, 1, r.b, CAST(:at AS TIMESTAMPTZ), r.w FROM unnest(CAST(:owners AS TEXT[]), "
+    "CAST(:claimants AS TEXT[]), CAST(:writers AS TEXT[])) AS r(o, b, w) ORDER BY r.o "
+    "ON CONFLICT (owner) DO UPDATE SET epoch = c.epoch + 1, claimant = EXCLUDED.claimant, "
+    "claimed_at = EXCLUDED.claimed_at, writer = EXCLUDED.writer "
+    "RETURNING c.owner, c.epoch, c.claimant, c.writer")
+_CLAIMS_PG: Final = {
+    False: text(_CLAIM_MANY_PG),
+    True: text(f"WITH c AS ({_CLAIM_MANY_PG}), h AS (INSERT INTO {HISTORY_TABLE} "
+               "(owner, kind, at, epoch, triggerer, writer) SELECT c.owner, 'claim', "
+               "CAST(:at AS TIMESTAMPTZ), c.epoch, c.claimant, c.writer FROM c) "
+               "SELECT c.owner, c.epoch FROM c"),
+}
+
+
+def claim_many(dialect: str, history: bool) -> TextClause | None:
+    """The claim of many owners in one statement (params: the text arrays ``owners`` (each
+    once), ``claimants`` and ``writers``, and ``at``), their rows locked in the order of
+    their names; returns each owner with its new epoch, and with `history` inserts their
+    ``claim`` history rows too. None where the dialect claims one owner per statement."""
+    return _CLAIMS_PG[history] if dialect == "postgresql" else None
 
 
 #: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's

@@ -8,6 +8,7 @@ folder of the embedded default (``$AIRFLOW_HOME``) is created, as Airflow create
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from localstate._core.config import airflow_home
@@ -50,6 +51,9 @@ _STATEMENT_CACHES: Final = ("statement_cache_size", "prepared_statement_cache_si
 
 #: the execution option that marks a connection as reading only (see `read_connection`)
 _READ_ONLY: Final = "localstate_read_only"
+
+#: marks a pool record whose connection was just made (`_ping_on_checkout`)
+_FRESH: Final = "localstate_fresh"
 
 
 def async_url(url: str) -> str:
@@ -133,14 +137,17 @@ def make_engine(url: str, *,
     # ones), no session setting, no named prepared statement kept across transactions (under
     # transaction pooling the next transaction may run on another server connection). The
     # statements are prepared unnamed, inside their transaction, and the bounds are set per
-    # transaction (`_bound_postgres_transactions`). An unnamed statement costs one round trip
-    # more than a cached one: where no pooler is in between (or one that tracks named
-    # statements, PgBouncer >= 1.21 with max_prepared_statements), the URL may turn the caches
-    # back on (`_STATEMENT_CACHES`). pre_ping: a server restarted under us costs one failed
+    # transaction, in the round trip of its BEGIN (`_bound_postgres_transactions`). An unnamed
+    # statement costs one round trip more than a cached one: where no pooler is in between (or
+    # one that tracks named statements, PgBouncer >= 1.21 with max_prepared_statements), the
+    # URL may turn the caches back on (`_STATEMENT_CACHES`). A connection taken from the pool
+    # is checked first (`_ping_on_checkout`): a server restarted under us costs one failed
     # ping, not a failed flush.
     caches = {name: _cache_size(parsed, name) for name in _STATEMENT_CACHES}
-    engine = create_async_engine(full, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                 pool_timeout=pool_timeout, connect_args=caches)
+    engine = create_async_engine(full, pool_size=5, max_overflow=5, pool_timeout=pool_timeout,
+                                 connect_args={**caches,
+                                               "connection_class": _bounded_connection()})
+    _ping_on_checkout(engine)
     if transaction_timeout is not None:
         _bound_postgres_transactions(engine, max(1, round(transaction_timeout * 1000)))
     return engine
@@ -161,7 +168,7 @@ def _cache_size(url: URL, name: str) -> int:
 
 def _postgres_bounds_sql(ms: int) -> str:
     """The statement that sets the transaction bound for the current transaction only
-    (``set_config(..., true)`` is ``SET LOCAL``; one statement, so one round trip)."""
+    (``set_config(..., true)`` is ``SET LOCAL``)."""
     bounds = {
         # the frozen writer's side: a transaction left open and idle this long is ended
         "idle_in_transaction_session_timeout": ms,
@@ -175,16 +182,70 @@ def _postgres_bounds_sql(ms: int) -> str:
                                  for name, value in bounds.items())
 
 
+@functools.cache
+def _bounded_connection() -> type[Any]:
+    """asyncpg's connection, sending the bound of its next transaction (`next_bounds`, set
+    by `_bound_postgres_transactions`) in the same message as the transaction's BEGIN.
+
+    SQLAlchemy begins an asyncpg transaction with one simple-protocol query (``BEGIN
+    ISOLATION LEVEL ...;``, asyncpg's ``Transaction.start``). PostgreSQL runs every statement
+    of a simple query in order, the ones after a BEGIN inside its transaction, so ``BEGIN ...;
+    SELECT set_config(..., true)`` opens the transaction and bounds it in one round trip,
+    where a statement of its own costs two more (an unnamed statement is prepared, then run).
+    A pooler in transaction mode sees one message and one transaction, as before.
+    """
+    import asyncpg  # the postgres extra: only a PostgreSQL URL needs it
+
+    class BoundedConnection(asyncpg.Connection):  # type: ignore[misc]
+        #: the bound the next BEGIN sets ("": none), taken by that BEGIN
+        next_bounds = ""
+
+        async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+            if self.next_bounds and not args and query.startswith("BEGIN"):
+                query, self.next_bounds = f"{query} {self.next_bounds}", ""
+            return str(await super().execute(query, *args, timeout=timeout))
+
+    return BoundedConnection
+
+
 def _bound_postgres_transactions(engine: AsyncEngine, ms: int) -> None:
     """Set the transaction bound (`make_engine`) at the start of every transaction, for that
     transaction: it holds on a direct connection and behind a pooler in transaction mode
     alike, where a session setting would stay on whichever server connection it was sent to.
+    Sent with the transaction's BEGIN (`_bounded_connection`): no round trip of its own.
+
+    Reads are bounded too (it costs nothing): a reader frozen inside its transaction holds no
+    row lock, but behind a pooler it holds one of the pool's server connections, which the
+    server's idle bound gives back.
     """
     statement = _postgres_bounds_sql(ms)
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(statement)
+        # before the driver's BEGIN: asyncpg's transaction starts at the first statement
+        conn.connection.driver_connection.next_bounds = statement
+
+
+def _ping_on_checkout(engine: AsyncEngine) -> None:
+    """Check a pooled connection as it leaves the pool with ``SELECT 1`` as a simple-protocol
+    query: one round trip, no transaction and no statement to prepare (SQLAlchemy's own
+    pre-ping over asyncpg sends BEGIN, prepares and runs ``;`` and rolls back: four round
+    trips, on every checkout; asyncpg fails an empty simple query). A failed ping replaces
+    the connection (the pool's disconnect handling); a connection just made is not pinged.
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(_dbapi_conn: Any, record: Any) -> None:
+        record.info[_FRESH] = True
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if record.info.pop(_FRESH, False):
+            return
+        try:
+            dbapi_conn.run_async(lambda raw: raw.execute("SELECT 1"))
+        except Exception as exc:  # any failure: this connection is of no use
+            raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 
 
 def _mysql_engine(full: str, transaction_timeout: float | None,

@@ -741,3 +741,19 @@ async def test_open_is_an_async_context_manager_that_closes(central_url: str) ->
         assert (await again.read_many([("o", "k")]))[("o", "k")].data == '"v"'
     finally:
         await again.close()
+
+
+async def test_reads_of_many_owners_at_once_each_get_their_owners_rows(
+    central: CentralStore,
+) -> None:
+    """A takeover's reads of its owners, all at once (some owners twice, one with no row):
+    made together, each read gets exactly its owner's rows, byte-wise names kept apart."""
+    owners = [f"took:{i:03d}" for i in range(120)] + ["Took:000"]
+    rows = [dirty(k, [o, k], version=1, base=0, owner=o) for o in owners for k in ("a", "b")]
+    await write(central, rows, PolicyMap())
+    asked = [*owners, "took:000", "took:nothing", "took:007"]
+    found = await asyncio.gather(*(central.read_owner(o) for o in asked))
+    for owner, got in zip(asked, found, strict=True):
+        expected = {} if owner == "took:nothing" else {"a": [owner, "a"], "b": [owner, "b"]}
+        assert {r.key: value_of(r) for r in got} == expected, owner
+        assert all(r.owner == owner for r in got)

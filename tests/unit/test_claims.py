@@ -78,6 +78,30 @@ async def test_claim_bumps_the_epoch_and_records_the_claimant(central: CentralSt
         OWNER: (2, "triggerer-b"), "other": (1, "triggerer-a")}
 
 
+async def test_a_storm_of_claims_gives_each_claim_its_own_epoch_in_few_transactions(
+    central: CentralStore,
+) -> None:
+    """Hundreds of claims at once (triggers moving to this triggerer), one owner claimed
+    three times among them, by different claimants: each claim gets an epoch of its own, the
+    repeated owner's three in a row, the last claimant recorded. On PostgreSQL the waiting
+    claims are made together, a few transactions for the storm."""
+    owners = [f"storm:{i:03d}" for i in range(200)]
+    calls = [(o, "triggerer-a") for o in owners] + [(OWNER, f"triggerer-{n}") for n in "xyz"]
+    before = central.transactions
+    epochs = await asyncio.gather(*(central.claim(o, claimant=c) for o, c in calls))
+    assert epochs[:200] == [1] * 200
+    assert sorted(epochs[200:]) == [1, 2, 3]
+    claims = await central.read_claims([*owners, OWNER])
+    assert all(claims[o] == (1, "triggerer-a") for o in owners)
+    last = calls[200 + epochs[200:].index(3)][1]
+    assert claims[OWNER] == (3, last)
+    transactions = central.transactions - before
+    if central.dialect == "postgresql":
+        assert transactions <= 10, transactions
+    else:
+        assert transactions == len(calls)
+
+
 async def test_a_conditional_claim_never_takes_an_owner_back_from_a_newer_claim(
     central: CentralStore,
 ) -> None:

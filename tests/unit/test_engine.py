@@ -4,14 +4,17 @@ PostgreSQL the transaction bound lives in each transaction, nothing in the sessi
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from localstate import ConfigError, StateStore
-from localstate._sync.central.engine import async_url, make_engine
+from localstate._sync.central.engine import async_url, make_engine, read_connection
 from localstate._testing.postgres_server import PostgresServer
 
 
@@ -81,6 +84,57 @@ async def test_postgres_bounds_are_set_in_each_transaction_and_left_out_of_the_s
             # outside the store's transactions, the session has the server's defaults
             assert tuple(await raw.fetchrow(shown)) == ("0", "0", "0")
             assert await raw.fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
+    finally:
+        await engine.dispose()
+
+
+async def test_postgres_bounds_ride_on_the_begin_and_bound_reads_too(
+    pg_server: PostgresServer,
+) -> None:
+    """The bound is sent in the same message as the transaction's BEGIN (no statement of its
+    own reaches SQLAlchemy's cursor), in write and read transactions alike."""
+    engine = make_engine(pg_server.url, transaction_timeout=1.5)
+    sent: list[str] = []
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _sent(_conn: Any, _cursor: Any, statement: str, _params: Any, _context: Any,
+              _many: bool) -> None:
+        sent.append(statement)
+
+    try:
+        async with engine.begin() as conn:
+            assert (await conn.execute(text("SHOW lock_timeout"))).scalar_one() == "1500ms"
+        async with read_connection(engine) as conn:
+            shown = (await conn.execute(text(
+                "SELECT current_setting('idle_in_transaction_session_timeout')"))).scalar_one()
+            assert shown == "1500ms"
+        assert sent == ["SHOW lock_timeout",
+                        "SELECT current_setting('idle_in_transaction_session_timeout')"]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_pooled_connection_the_server_dropped_is_replaced_on_checkout(
+    pg_server: PostgresServer,
+) -> None:
+    """A server restart (here: every backend of the database terminated) costs no failed
+    call: the connection's ping fails as it leaves the pool, and a new one is made. A
+    connection that answers its ping is used again."""
+    name = f"ping_{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    pg_server.create_database(name)
+    engine = make_engine(pg_server.url_for(name))
+    try:
+        pids = []
+        for _ in range(2):
+            async with engine.connect() as conn:
+                pids.append((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        first = pids[0]
+        assert pids == [first, first]
+        assert pg_server.terminate_backends(name) >= 1
+        async with engine.begin() as conn:
+            second = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            assert (await conn.execute(text("SHOW lock_timeout"))).scalar_one() != "0"
+        assert second != first
     finally:
         await engine.dispose()
 
