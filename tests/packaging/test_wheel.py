@@ -46,7 +46,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sync_modules() -> set[str]:
-    return {p.name for p in (ROOT / "sync").glob("*.py")}
+    """sync/'s files, its layer folders' included, relative to it."""
+    return {p.relative_to(ROOT / "sync").as_posix() for p in (ROOT / "sync").rglob("*.py")}
 
 
 def test_the_build_makes_an_sdist_and_a_wheel_with_the_whole_package(dist: Path) -> None:
