@@ -1,4 +1,6 @@
-"""localstate._sync: the central metadata DB and the flush to it, in three layers, lowest first:
+"""localstate._sync: the central metadata DB and the flush to it, in three layers.
+
+Lowest first:
 
 * `central/`: localstate's tables, the engine and dialects, fenced and compare-and-set writes,
   `CentralStore`;
