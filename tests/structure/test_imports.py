@@ -142,9 +142,17 @@ def third_party_imports() -> list[str]:
 
 def test_every_module_imports_first_in_a_fresh_interpreter(
         first_imports: dict[str, Any]) -> None:
+    """Every module imports first in an interpreter of its own; and each module below the
+    store imports without loading it (`localstate/__init__.py` loads the store on first use
+    only). One test for both: the imports are the suite's slowest structure check."""
     assert "sqlalchemy" in {n.split(".")[0] for n in third_party_imports()}
     assert set(first_imports) == set(all_modules())
     assert {m: a["error"] for m, a in first_imports.items() if a["error"]} == {}
+    modules = lower_modules()
+    assert "localstate._sync.flush.worker" in modules
+    assert "localstate._core.codec" in modules
+    assert "localstate._store" in first_imports["localstate._store"]["loaded"]  # it can tell
+    assert [m for m in modules if "localstate._store" in first_imports[m]["loaded"]] == []
 
 
 def test_the_fork_importer_reports_a_module_that_fails_to_import(tmp_path: Path) -> None:
@@ -255,13 +263,3 @@ def lower_modules() -> list[str]:
     """The modules of the folders below the store's (the top of localstate/)."""
     layer = folder_layers()
     return sorted(m for m in all_modules() if layer[folder_of(m)] < layer["localstate"])
-
-
-def test_a_lower_layer_does_not_load_the_store(first_imports: dict[str, Any]) -> None:
-    """Each module below the store imports, first in its interpreter, without loading the
-    store: `localstate/__init__.py` loads the store on first use only."""
-    modules = lower_modules()
-    assert "localstate._sync.flush.worker" in modules
-    assert "localstate._core.codec" in modules
-    assert "localstate._store" in first_imports["localstate._store"]["loaded"]  # it can tell
-    assert [m for m in modules if "localstate._store" in first_imports[m]["loaded"]] == []

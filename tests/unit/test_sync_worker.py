@@ -533,9 +533,12 @@ _KINDS = ("set", "set", "zombie", "flush", "load", "handover", "restart")
 _step = st.tuples(st.sampled_from(_KINDS), st.integers(0, 2), st.integers(1, 5))
 # The schedules only need real files, not a durable disk: tmpfs spares them the fsyncs.
 _SCHEDULE_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+#: random schedules tried (``LOCALSTATE_FAILOVER_SCHEDULES``): 200 in the suite, fewer in the
+#: quick tier (scripts/test --quick), which is a contributor's inner loop
+FAILOVER_SCHEDULES = int(os.environ.get("LOCALSTATE_FAILOVER_SCHEDULES", "200"))
 
 
-@settings(max_examples=200, deadline=None, database=None,
+@settings(max_examples=FAILOVER_SCHEDULES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(stores=st.integers(2, 3), schedule=st.lists(_step, min_size=1, max_size=20))
 def test_the_watermark_never_goes_backwards_under_a_random_failover_schedule(
