@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import Executable, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from localstate._cache.entry import StateKey
@@ -531,14 +531,9 @@ class CentralStore:
         history = self.history.enabled
         marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status, history, marks)
-            if history and self.dialect != "postgresql":  # there: in the upsert itself
-                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
-            if self.asset_mirror is not None:  # Airflow's asset_state_store, same transaction
-                await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
-        self.transactions += 1
-        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+            outcomes = await self._write_state(conn, rows, policies, writer, status, history,
+                                               marks)
+        self._count_flush(outcomes)
         if history:
             await self._trim_history(self._marked(outcomes, marks))
         return outcomes
@@ -556,22 +551,37 @@ class CentralStore:
         history = self.history.enabled
         marks = self._history_trim.marks_due({r.owner for r in rows}) if history else None
         async with self._errors("flush"), self.engine.begin() as conn:
-            outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
-                                          status, history, marks)
-            if history and self.dialect != "postgresql":  # there: in the upsert itself
-                await record_watermarks(conn, outcomes, writer, self._column_time, marks)
-            if self.asset_mirror is not None and outcomes:
-                await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
+            outcomes = await self._write_state(conn, rows, policies, writer, status, history,
+                                               marks)
             statuses, callbacks = await write_events(
                 conn, events, writer, self.asset_events, self._now_column(), history)
-        self.transactions += 1
-        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
+        self._count_flush(outcomes)
         self.events_committed += statuses.count("committed")
         if callbacks:  # Airflow's listeners, of the asset events just committed
             run_callbacks(callbacks)
         if history:
             await self._trim_history([*self._marked(outcomes, marks), *(e.owner for e in events)])
         return outcomes, statuses
+
+    async def _write_state(
+        self, conn: AsyncConnection, rows: Sequence[DirtyRow], policies: PolicyMap,
+        writer: str | None, status: FleetStatus | None, history: bool,
+        marks: set[str] | None,
+    ) -> list[FlushOutcome]:
+        """A flush's state rows in its transaction: fenced, their watermarks in the history,
+        and Airflow's asset_state_store following them (the part `write_batch` and
+        `write_with_events` share)."""
+        outcomes = await write_fenced(conn, self._sql, self.dialect, rows, policies, writer,
+                                      status, history, marks)
+        if history and self.dialect != "postgresql":  # there: in the upsert itself
+            await record_watermarks(conn, outcomes, writer, self._column_time, marks)
+        if self.asset_mirror is not None and outcomes:  # same transaction
+            await self.asset_mirror.apply(conn, outcomes, self._sql.timestamp)
+        return outcomes
+
+    def _count_flush(self, outcomes: list[FlushOutcome]) -> None:
+        self.transactions += 1
+        self.rows_written += sum(1 for o in outcomes if o.resolution == "written")
 
     # -- the owners' history (`localstate._sync.central.history`) ---------------------------------
 
