@@ -114,10 +114,10 @@ _MEMORY_SCRIPT = r"""
 import asyncio, sys, os
 from pathlib import Path
 from localstate import StateStore
+from localstate._bench.child_process import rss_bytes
 
 def rss_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return rss_bytes() / 2**20
 
 async def main(folder):
     folder = Path(folder)

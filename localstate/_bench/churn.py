@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localstate._bench.child_process import file_bytes, report_line, rss_bytes
 from localstate._store import StateStore
 
 __all__ = ["OWNER_PREFIX", "ChurnResult", "ChurnSample", "owner_name", "run_churn", "writes_of"]
@@ -39,24 +39,6 @@ def owner_name(i: int) -> str:
 def writes_of(i: int) -> int:
     """How many times owner `i` sets its watermark (so its last value)."""
     return 1 + i % 3
-
-
-def report(*fields: object) -> None:
-    os.write(1, ("\t".join(str(f) for f in fields) + "\n").encode())
-
-
-def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 async def main(options: dict[str, Any]) -> None:
@@ -89,13 +71,13 @@ async def main(options: dict[str, Any]) -> None:
             done += 1
             if done % every == 0:
                 s = store.stats()
-                report("SAMPLE", done, rss_bytes(), size(cache),
-                       size(cache.with_name(cache.name + "-wal")), s.keys_in_memory,
-                       s.evictions, s.released_keys)
+                report_line("SAMPLE", done, rss_bytes(), file_bytes(cache),
+                            file_bytes(cache.with_name(cache.name + "-wal")),
+                            s.keys_in_memory, s.evictions, s.released_keys)
 
     await asyncio.gather(*(trigger() for _ in range(int(options["live"]))))
     await store.close()
-    report("DONE", done, f"{time.monotonic() - started:.1f}")
+    report_line("DONE", done, f"{time.monotonic() - started:.1f}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ the store's own counters.
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 from array import array
@@ -26,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import event
 
+from localstate._bench.child_process import rss_bytes
 from localstate._bench.progress import Progress
 from localstate._store import StateStore
 
@@ -86,8 +86,7 @@ class BenchRow:
 
 
 def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return rss_bytes() / 2**20
 
 
 def _pct(samples: array[float] | list[float], q: float) -> float | None:

@@ -34,17 +34,14 @@ import sys
 from typing import Any
 
 from localstate import StateStore
+from localstate._bench.child_process import report_line
 from localstate._sync.flush.settle import ConflictInfo
 
 KEYS = ("watermark", "cursor")
 
 
-def report(*fields: object) -> None:
-    os.write(1, ("\t".join(str(f) for f in fields) + "\n").encode())
-
-
 def on_conflict(info: ConflictInfo) -> None:
-    report("CONFLICT", json.dumps(dataclasses.asdict(info)))
+    report_line("CONFLICT", json.dumps(dataclasses.asdict(info)))
 
 
 async def write_loop(store: StateStore, owner: str, epoch: int, stop: asyncio.Event,
@@ -52,13 +49,13 @@ async def write_loop(store: StateStore, owner: str, epoch: int, stop: asyncio.Ev
     await store.load(owner)
     watermark = owner.startswith("asset_watcher:")
     counters = {key: int(await store.get(owner, key, 0)) if watermark else 0 for key in KEYS}
-    report("OWNED", owner)
+    report_line("OWNED", owner)
     while not stop.is_set():
         for key in KEYS:
             counters[key] += 1
             value: Any = counters[key] if watermark else [epoch, counters[key]]
             version = await store.set(owner, key, value)
-            report("ACK", owner, key, json.dumps(value, separators=(",", ":")), version)
+            report_line("ACK", owner, key, json.dumps(value, separators=(",", ":")), version)
         await asyncio.sleep(pace)
 
 
@@ -90,7 +87,7 @@ async def main(options: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     loop.add_reader(0, read_commands)
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-    report("READY")
+    report_line("READY")
 
     async def release(owner: str) -> None:
         if owner in loops:
@@ -107,7 +104,7 @@ async def main(options: dict[str, Any]) -> None:
             loops[command["own"]] = (task, stop)
         elif "release" in command:
             await release(command["release"])
-            report("RELEASED", command["release"])
+            report_line("RELEASED", command["release"])
         else:
             break
     loop.remove_reader(0)
@@ -115,7 +112,7 @@ async def main(options: dict[str, Any]) -> None:
         await release(owner)
     await store.close()
     stats = store.stats()
-    report("CLOSED", stats.conflicts, stats.dirty_keys)
+    report_line("CLOSED", stats.conflicts, stats.dirty_keys)
 
 
 if __name__ == "__main__":

@@ -14,31 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from localstate import CentralUnavailable, StateStore
-
-
-def report(*fields: object) -> None:
-    os.write(1, ("\t".join(str(f) for f in fields) + "\n").encode())
-
-
-def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+from localstate._bench.child_process import file_bytes, report_line, rss_bytes
 
 
 async def main(options: dict[str, Any]) -> None:
@@ -69,9 +51,9 @@ async def main(options: dict[str, Any]) -> None:
         started = time.monotonic()
         while not stop.is_set():
             s = store.stats()
-            report("SAMPLE", f"{time.monotonic() - started:.2f}", rss_bytes(), size(cache),
-                   size(cache.with_name(cache.name + "-wal")), s.dirty_keys, s.sets,
-                   s.central_errors)
+            report_line("SAMPLE", f"{time.monotonic() - started:.2f}", rss_bytes(),
+                        file_bytes(cache), file_bytes(cache.with_name(cache.name + "-wal")),
+                        s.dirty_keys, s.sets, s.central_errors)
             await asyncio.sleep(options["sample_every"])
 
     triggers = [asyncio.create_task(trigger(i)) for i in range(options["triggers"])]
@@ -88,8 +70,8 @@ async def main(options: dict[str, Any]) -> None:
                 raise
             await asyncio.sleep(0.2)
     for (owner, key), n in sorted(counts.items()):
-        report("COUNT", owner, key, n, json.dumps(last[owner, key], separators=(",", ":")))
-    report("DONE")
+        report_line("COUNT", owner, key, n, json.dumps(last[owner, key], separators=(",", ":")))
+    report_line("DONE")
     await store.close()
 
 
