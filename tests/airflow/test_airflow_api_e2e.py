@@ -38,7 +38,6 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from typing import Any
 import asyncpg
 import pytest
 from airflow_api_server import api_server, new_airflow, triggerer_token
-from airflow_harness import ROOT, Deployment, fast_loops, stop, wait_for
+from airflow_harness import ROOT, Deployment, fast_loops, stop, wait_for, within
 from e2e_observe import (
     HISTORY_SQL,
     cached,
@@ -133,7 +132,7 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def scenario(pg_server: PostgresServer,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+             tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     tmp = tmp_path_factory.mktemp("api-e2e")
     d = new_airflow(pg_server, tmp)
     dags = tmp / "dags"
@@ -145,10 +144,7 @@ def scenario(pg_server: PostgresServer,
         "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests' / 'support'}",
         **fast_loops(dags, health_threshold=4, executor="LocalExecutor"),
     })
-    try:
-        yield asyncio.run(asyncio.wait_for(_scenario(d, probes), BOUND))
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{d.tail()}")
+    return asyncio.run(within(BOUND, _scenario(d, probes), d))
 
 
 def _triggerer(d: Deployment, name: str, probes: Path) -> Triggerer:

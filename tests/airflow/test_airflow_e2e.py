@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
-from airflow_harness import Deployment, fast_loops, new_deployment, stop, wait_for
+from airflow_harness import Deployment, fast_loops, new_deployment, stop, wait_for, within
 
 from localstate._testing.postgres_server import PostgresServer
 
@@ -151,10 +151,7 @@ class Outcome:
 async def test_example_watcher_in_real_airflow(deployment: Deployment,
                                                airflow_db: asyncpg.Connection) -> None:
     started = time.monotonic()
-    try:
-        o = await asyncio.wait_for(_scenario(deployment, airflow_db), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{deployment.tail()}")
+    o = await within(BOUND, _scenario(deployment, airflow_db), deployment)
     covered = _covered(o.events)
     missing = [i for i in range(1, o.total + 1) if i not in covered]
     assert not missing, f"rows never announced by an Asset event: {missing[:20]}..."

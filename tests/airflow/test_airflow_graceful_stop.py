@@ -32,9 +32,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from airflow_harness import Deployment, new_deployment, stop, wait_for
+from airflow_harness import Deployment, active_watchers, stop, wait_for, watcher_deployment, within
 
-from localstate._bench.airflow_deployment import activate_watchers, fast_loops
 from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -123,20 +122,11 @@ async def test_sigterm_flushes_every_acknowledged_write(
     state_name = f"state_{os.getpid()}_{int(time.time() * 1000)}"
     pg_server.create_database(state_name)
     state_dsn = pg_server.dsn_for(state_name)
-    dags, code = tmp_path / "dags", tmp_path / "code"
-    for folder in (dags, code):
-        folder.mkdir()
-    (code / "stop_triggers.py").write_text(TRIGGER)
-    (dags / "counting.py").write_text(DAG)
-    d = new_deployment(
-        pg_server, tmp_path, pythonpath=[code],
+    d = watcher_deployment(
+        pg_server, tmp_path, triggers=("stop_triggers", TRIGGER), dag=("counting", DAG),
         cfg=f"[localstate]\nsink = {sink}\nflush_interval = 1.0\ndurability = local\n"
-            f"conflict_policy = max\ncentral_url = {state_dsn}\n",
-        env=fast_loops(dags, health_threshold=4))
-    try:
-        await asyncio.wait_for(_scenario(d, state_dsn, sink), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{d.tail()}")
+            f"conflict_policy = max\ncentral_url = {state_dsn}\n")
+    await within(BOUND, _scenario(d, state_dsn, sink), d)
 
 
 def _triggerer(d: Deployment, host: str) -> subprocess.Popen[bytes]:
@@ -146,50 +136,44 @@ def _triggerer(d: Deployment, host: str) -> subprocess.Popen[bytes]:
 
 
 async def _scenario(d: Deployment, state_dsn: str, sink: str) -> None:
-    await d.run("db", "migrate")
-    airflow_db = await asyncpg.connect(d.airflow_dsn)
-    state_db = await asyncpg.connect(state_dsn)
-    central = Central(sink, airflow_db, state_db)
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        async def count(table: str) -> int:
-            return int(await airflow_db.fetchval(f"SELECT count(*) FROM {table}"))
+    async with active_watchers(d, WATCHERS) as airflow_db:
+        state_db = await asyncpg.connect(state_dsn)
+        central = Central(sink, airflow_db, state_db)
+        try:
+            first = _triggerer(d, "host-a")
+            procs.append(first)
 
-        await activate_watchers(d, count, WATCHERS, timeout=120)
-        first = _triggerer(d, "host-a")
-        procs.append(first)
+            async def all_flushing() -> bool:
+                values = await central.values("watermark")
+                return len(values) == WATCHERS and min(values.values()) > 50
 
-        async def all_flushing() -> bool:
-            values = await central.values("watermark")
-            return len(values) == WATCHERS and min(values.values()) > 50
+            await wait_for("every watcher's watermark centrally", all_flushing, d, 90)
+            await asyncio.sleep(1.5)  # writing hot, and flushed on the interval
+            took = stop(first, signal.SIGTERM, 60)
+            acknowledged = _local_values(d.home / "localstate" / "host-a.db", "watermark")
+            flushed = await central.values("watermark")
+            print(f"\nsink {sink}: SIGTERM to exit {took:.2f} s; acknowledged {acknowledged}, "
+                  f"central {flushed}")
+            assert len(acknowledged) == WATCHERS
+            assert flushed == acknowledged, d.tail()
 
-        await wait_for("every watcher's watermark centrally", all_flushing, d, 90)
-        await asyncio.sleep(1.5)  # writing hot, and flushed on the interval
-        took = stop(first, signal.SIGTERM, 60)
-        acknowledged = _local_values(d.home / "localstate" / "host-a.db", "watermark")
-        flushed = await central.values("watermark")
-        print(f"\nsink {sink}: SIGTERM to exit {took:.2f} s; acknowledged {acknowledged}, "
-              f"central {flushed}")
-        assert len(acknowledged) == WATCHERS
-        assert flushed == acknowledged, d.tail()
+            # the triggers move to another triggerer (its own cache file): each resumes from the
+            # value acknowledged last on the first one
+            second = _triggerer(d, "host-b")
+            procs.append(second)
 
-        # the triggers move to another triggerer (its own cache file): each resumes from the
-        # value acknowledged last on the first one
-        second = _triggerer(d, "host-b")
-        procs.append(second)
+            async def all_resumed() -> dict[str, int] | None:
+                started = await central.values("started_from")
+                return started if started.keys() == acknowledged.keys() and all(
+                    v >= acknowledged[o] for o, v in started.items()) else None
 
-        async def all_resumed() -> dict[str, int] | None:
-            started = await central.values("started_from")
-            return started if started.keys() == acknowledged.keys() and all(
-                v >= acknowledged[o] for o, v in started.items()) else None
-
-        resumed = await wait_for("the second triggerer to resume", all_resumed, d, 90)
-        assert resumed == acknowledged
-        stop(second, signal.SIGTERM, 60)
-        assert await central.values("watermark") == _local_values(
-            d.home / "localstate" / "host-b.db", "watermark")
-    finally:
-        for proc in procs:
-            stop(proc, signal.SIGKILL, 10)
-        await airflow_db.close()
-        await state_db.close()
+            resumed = await wait_for("the second triggerer to resume", all_resumed, d, 90)
+            assert resumed == acknowledged
+            stop(second, signal.SIGTERM, 60)
+            assert await central.values("watermark") == _local_values(
+                d.home / "localstate" / "host-b.db", "watermark")
+        finally:
+            for proc in procs:
+                stop(proc, signal.SIGKILL, 10)
+            await state_db.close()

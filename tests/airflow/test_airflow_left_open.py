@@ -29,7 +29,6 @@ open flushes them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -43,10 +42,10 @@ import asyncpg
 import psutil
 import pytest
 from airflow_api_server import api_server, new_airflow
-from airflow_harness import Deployment, new_deployment, stop, wait_for
+from airflow_harness import Deployment, active_watchers, stop, wait_for, watcher_deployment, within
 
 from localstate import StateStore
-from localstate._bench.airflow_deployment import activate_watchers, fast_loops
+from localstate._bench.airflow_deployment import fast_loops
 from localstate._testing.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -121,68 +120,55 @@ def _in_file(cache: Path, owner: str) -> int | None:
 async def test_a_trigger_that_never_closes_its_store_lets_the_runner_stop(
     pg_server: PostgresServer, tmp_path: Path,
 ) -> None:
-    dags, code, state = tmp_path / "dags", tmp_path / "code", tmp_path / "state"
-    for folder in (dags, code, state):
-        folder.mkdir()
-    (code / "left_open_triggers.py").write_text(TRIGGER)
-    (dags / "left_open.py").write_text(DAG)
-    d = new_deployment(
-        pg_server, tmp_path, pythonpath=[code],
-        env={**fast_loops(dags, health_threshold=4), "LEFT_OPEN_DIR": str(state),
-             "PYTHONWARNINGS": "ignore,always::ResourceWarning"})
-    try:
-        await asyncio.wait_for(_scenario(d, state), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{d.tail()}")
+    state = tmp_path / "state"
+    state.mkdir()
+    d = watcher_deployment(
+        pg_server, tmp_path, triggers=("left_open_triggers", TRIGGER), dag=("left_open", DAG),
+        env={"LEFT_OPEN_DIR": str(state), "PYTHONWARNINGS": "ignore,always::ResourceWarning"})
+    await within(BOUND, _scenario(d, state), d)
 
 
 async def _scenario(d: Deployment, state: Path) -> None:
-    await d.run("db", "migrate")
-    airflow_db = await asyncpg.connect(d.airflow_dsn)
     triggerer: subprocess.Popen[bytes] | None = None
     names = [f"left_open_{i}" for i in range(WATCHERS)]
-    try:
-        async def count(table: str) -> int:
-            return int(await airflow_db.fetchval(f"SELECT count(*) FROM {table}"))
+    async with active_watchers(d, WATCHERS):
+        try:
+            triggerer = d.start("triggerer", "triggerer", "--skip-serve-logs")
 
-        await activate_watchers(d, count, WATCHERS, timeout=120)
-        triggerer = d.start("triggerer", "triggerer", "--skip-serve-logs")
+            async def all_counting() -> bool:
+                return all((state / f"{n}.acks").exists() and _acknowledged(state, n) > 100
+                           for n in names)
 
-        async def all_counting() -> bool:
-            return all((state / f"{n}.acks").exists() and _acknowledged(state, n) > 100
-                       for n in names)
-
-        await wait_for("every trigger to count", all_counting, d, 90)
-        # nothing is in the files yet: the 30 s memory window has not passed
-        assert all(_in_file(state / f"{n}.db", n) is None for n in names)
-        took = stop(triggerer, signal.SIGTERM, 60)
-        log = (d.logs / "triggerer.log").read_text(errors="replace")
-        acknowledged = {n: _acknowledged(state, n) for n in names}
-        in_file = {n: _in_file(state / f"{n}.db", n) for n in names}
-        print(f"\nSIGTERM to exit {took:.2f} s; acknowledged {acknowledged}, in the cache "
-              f"files {in_file}")
-        # the runner exits on the supervisor's first signal: no escalation. (The time to exit
-        # varies: when the runner's sockets close just before it can be reaped, the supervisor
-        # waits out the rest of that signal's escalation delay, 10 s, before it notices.)
-        assert "did not terminate in time" not in log, d.tail()
-        assert re.search(r"Process exited .*signal_sent=SIGINT", log), d.tail()
-        for name in names:
-            value = in_file[name]
-            assert value is not None, d.tail()
-            assert value >= acknowledged[name]  # the last acknowledged count, or one after it
-            assert f"the local cache {state / name}.db was never closed" in log
-        # the next open of each file flushes it to the central DB
-        for name in names:
-            async with StateStore(cache_path=state / f"{name}.db", triggerer_id=name,
-                                  central_url=f"sqlite:///{state}/central.db") as store:
-                await store.flush()
-                record = await store.read_committed(name, "n")
-            assert record is not None
-            assert record.value == in_file[name]
-    finally:
-        if triggerer is not None:
-            stop(triggerer, signal.SIGKILL, 10)
-        await airflow_db.close()
+            await wait_for("every trigger to count", all_counting, d, 90)
+            # nothing is in the files yet: the 30 s memory window has not passed
+            assert all(_in_file(state / f"{n}.db", n) is None for n in names)
+            took = stop(triggerer, signal.SIGTERM, 60)
+            log = (d.logs / "triggerer.log").read_text(errors="replace")
+            acknowledged = {n: _acknowledged(state, n) for n in names}
+            in_file = {n: _in_file(state / f"{n}.db", n) for n in names}
+            print(f"\nSIGTERM to exit {took:.2f} s; acknowledged {acknowledged}, in the cache "
+                  f"files {in_file}")
+            # the runner exits on the supervisor's first signal: no escalation. (The time to exit
+            # varies: when the runner's sockets close just before it can be reaped, the supervisor
+            # waits out the rest of that signal's escalation delay, 10 s, before it notices.)
+            assert "did not terminate in time" not in log, d.tail()
+            assert re.search(r"Process exited .*signal_sent=SIGINT", log), d.tail()
+            for name in names:
+                value = in_file[name]
+                assert value is not None, d.tail()
+                assert value >= acknowledged[name]  # the last acknowledged count, or one after it
+                assert f"the local cache {state / name}.db was never closed" in log
+            # the next open of each file flushes it to the central DB
+            for name in names:
+                async with StateStore(cache_path=state / f"{name}.db", triggerer_id=name,
+                                      central_url=f"sqlite:///{state}/central.db") as store:
+                    await store.flush()
+                    record = await store.read_committed(name, "n")
+                assert record is not None
+                assert record.value == in_file[name]
+        finally:
+            if triggerer is not None:
+                stop(triggerer, signal.SIGKILL, 10)
 
 
 WRITES = 50
@@ -228,10 +214,7 @@ async def test_async_tasks_that_never_close_their_store_end_and_lose_nothing(
     d = new_airflow(pg_server, tmp_path)
     d.env.update({**fast_loops(dags, executor="LocalExecutor"), "LEFT_OPEN_DIR": str(state),
                   "PYTHONWARNINGS": "ignore,always::ResourceWarning"})
-    try:
-        await asyncio.wait_for(_task_scenario(d, state), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the scenario did not finish within {BOUND:g} s\n{d.tail()}")
+    await within(BOUND, _task_scenario(d, state), d)
 
 
 def _running(ti_id: str) -> bool:

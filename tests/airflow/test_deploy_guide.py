@@ -30,7 +30,16 @@ import asyncpg
 import httpx
 import pytest
 from airflow_api_server import api_server, free_port, migrate
-from airflow_harness import AIRFLOW, ROOT, Deployment, fast_loops, new_deployment, stop, wait_for
+from airflow_harness import (
+    AIRFLOW,
+    ROOT,
+    Deployment,
+    fast_loops,
+    new_deployment,
+    stop,
+    wait_for,
+    within,
+)
 
 from localstate._testing.postgres_server import PostgresServer
 
@@ -110,11 +119,7 @@ def _localstate_config(d: Deployment) -> str:
 
 async def test_the_deployment_guide_brings_up_a_working_watcher(
         deployment: Deployment, tmp_path: Path) -> None:
-    try:
-        await asyncio.wait_for(_follow_the_guide(deployment, tmp_path), BOUND)
-    except asyncio.TimeoutError:
-        pytest.fail(f"the guide's deployment did not work within {BOUND:g} s\n"
-                    f"{deployment.tail()}")
+    await within(BOUND, _follow_the_guide(deployment, tmp_path), deployment)
 
 
 async def _follow_the_guide(d: Deployment, tmp_path: Path) -> None:
