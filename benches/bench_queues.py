@@ -175,6 +175,10 @@ class Profiler:
 async def phase(db: asyncpg.Connection, label: str, count: int,
                 produce: Callable[[], None], timeout: float,
                 roots: dict[str, int], profiler: Profiler) -> dict[str, Any]:
+    statements = await db.fetchval(
+        "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")
+    if statements:
+        await db.execute("SELECT pg_stat_statements_reset()")
     before = await commits(db)
     cpu_before = tree_cpu(roots)
     profiler.start(label)
@@ -197,6 +201,13 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
     rows = await db.fetch(
         f"SELECT extract(epoch FROM e.timestamp)::float8 AS at, {ROWS[label]} "
         "FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = $1", label)
+    # the statements PostgreSQL spent the phase on (the benchmark's own counting included)
+    top = [] if not statements else [
+        {"statement": " ".join(r["query"].split())[:120], "calls": r["calls"],
+         "rows": r["rows"], "ms": round(r["ms"], 1)}
+        for r in await db.fetch(
+            "SELECT query, calls, rows, total_exec_time AS ms FROM pg_stat_statements "
+            "ORDER BY total_exec_time DESC LIMIT 10")]
     latencies = [r["at"] - r[2] for r in rows]
     span = max(r["at"] for r in rows) - started if rows else float("nan")
     return {
@@ -211,6 +222,7 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
             name: round((cpu_after[name] - cpu_before[name]) * 1000 / max(1, len(rows)), 3)
             for name in cpu_before},
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "top_statements": top,
     }
 
 
@@ -269,6 +281,8 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             async def count(table: str) -> int:
                 return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
 
+            if server.has_pg_stat_statements:
+                await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             print("registering the watchers ...", flush=True)
             await activate_watchers(d, count, 5)
             own = dataclasses.replace(d, env={**d.env,
