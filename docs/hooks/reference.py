@@ -766,6 +766,35 @@ def _events_section(docs_dir: Path) -> list[str]:
     return lines
 
 
+def _queues_cpu(data: dict[str, Any]) -> list[str]:
+    """What a message costs each process (CPU seconds per 1,000 messages, whatever the
+    machine's load), and the load average each phase ran at."""
+    phases = {k: r for k, r in data["phases"].items() if "cpu_s_per_1000_messages" in r}
+    if not phases:
+        return []
+    columns = (("triggerer children", "trigger runner"), ("triggerer", "triggerer supervisor"),
+               ("api server", "API server"), ("postgres children", "PostgreSQL"))
+    lines = ["**CPU seconds per 1,000 messages** of each process over each phase (user + "
+             "system time, which the machine's load does not change: a wall-clock figure "
+             "here moves with the other jobs on the machine, this one does not), and the "
+             "machine's load at the phase's end (runnable jobs on its cores, one-minute "
+             "mean). Its last column is what one core could carry at that cost: 1,000 "
+             "messages over the CPU seconds of all the processes together.", "",
+             "| watcher | " + " | ".join(label for _k, label in columns)
+             + " | all | load | messages/s on one core |",
+             "|---|" + "---|" * (len(columns) + 3)]
+    for key, r in phases.items():
+        cpu = r["cpu_s_per_1000_messages"]
+        values = [float(cpu.get(k, 0.0)) + (float(cpu.get("api server children", 0.0))
+                                             if k == "api server" else 0.0)
+                  for k, _label in columns]
+        lines.append(f"| `{key}` | " + " | ".join(f"{v:.3f}" for v in values)
+                     + f" | {sum(values):.3f} | {r['load_average'][0]:.1f} | "
+                     f"{1000 / sum(values) if sum(values) else 0:,.0f} |")
+    lines.append("")
+    return lines
+
+
 def _queues_section(docs_dir: Path) -> list[str]:
     """The message-queue watchers: throughput and latency, and the chaos runs."""
     lines: list[str] = []
@@ -803,6 +832,7 @@ def _queues_section(docs_dir: Path) -> list[str]:
                          f"| {r['latency_p50_s']:.2f} s | {r['latency_p99_s']:.2f} s | "
                          f"{r['db_commits_per_message']:.3f} |")
         lines.append("")
+        lines += _queues_cpu(data)
     chaos_path = docs_dir / "bench-queue-chaos.json"
     if chaos_path.exists():
         chaos = json.loads(chaos_path.read_text())

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import StoreFactory
 from sqlalchemy import select
+from statement_log import StatementLog
 
 from localstate import StateStore
 from localstate._core.conflicts import PolicyMap
@@ -114,6 +115,74 @@ async def test_a_replayed_batch_commits_nothing_twice(
     assert again == ["duplicate"] * 5
     assert inner == ["committed", "duplicate"]
     assert len(await committed_events(central_url)) == 6
+
+
+async def test_owners_sharing_key_names_are_each_de_duplicated_by_their_own_keys(
+    central_url: str,
+) -> None:
+    """The central lookup of known events goes owner by owner: a key another owner holds is
+    no duplicate, and in one batch of several owners each owner's own repeats are."""
+    async with CentralStore.open(central_url) as central:
+        first = [EventRow(1, OWNER, "k1", "1", 0.0), EventRow(2, "trigger:b", "k1", "1", 0.0),
+                 EventRow(3, OWNER, "k2", "2", 0.0)]
+        _out, statuses = await central.write_with_events([], first, PolicyMap("reject"),
+                                                         writer="w")
+        again = [EventRow(4, "trigger:b", "k2", "2", 0.0), EventRow(5, OWNER, "k2", "2", 0.0),
+                 EventRow(6, "trigger:b", "k1", "1", 0.0), EventRow(7, "trigger:c", "k1", "1",
+                                                                     0.0)]
+        _out, later = await central.write_with_events([], again, PolicyMap("reject"),
+                                                      writer="w")
+    assert statuses == ["committed"] * 3
+    assert later == ["committed", "duplicate", "duplicate", "committed"]
+    assert sorted((o, k) for o, k, _s, _e in await committed_events(central_url)) == [
+        ("trigger:b", "k1"), ("trigger:b", "k2"), ("trigger:c", "k1"), (OWNER, "k1"),
+        (OWNER, "k2")]
+
+
+def _plan(conn: Any, statement: str, parameters: Any, backend: str) -> str:
+    """The backend's plan of `statement` (as the driver got it), as text."""
+    explain = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
+    rows = conn.exec_driver_sql(explain + statement, parameters).fetchall()
+    return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+
+async def test_the_known_event_lookup_reads_the_primary_key_not_the_table(
+    open_store: StoreFactory, central_url: str, backend: str,
+) -> None:
+    """A flush's look-up of the events the central DB holds already is answered from the
+    events' primary key (owner, key), not a scan that compares every row with every key of
+    the batch (a cost growing with the table); on PostgreSQL it is one statement with one
+    array of keys (its plan is the index or a hashed scan, by the sizes, and a prepared
+    statement of a fixed shape)."""
+    store = await open_store()
+    await store.emit_many(OWNER, [(f"old/{n}", n) for n in range(3000)], watermark=1)
+    await store.emit_many("trigger:other", [(f"old/{n}", n) for n in range(3000)],
+                          watermark=1)
+    await store.flush()
+    analyze = {"postgresql": "ANALYZE localstate_event", "sqlite": "ANALYZE",
+               "mysql": "ANALYZE TABLE localstate_event"}[backend]
+    async with CentralStore.open(central_url) as central, central.engine.begin() as conn:
+        await conn.exec_driver_sql(analyze)
+    await store.emit_many(OWNER, [(f"new/{n}", n) for n in range(50)], watermark=2)
+    with StatementLog(store).watching() as log:
+        await store.flush()
+    lookups = [(s, p) for s, p in log.statements
+               if s.lstrip().startswith("SELECT") and "FROM localstate_event" in s]
+    assert lookups, [s for s, _p in log.statements]
+    async with CentralStore.open(central_url) as central, central.engine.connect() as conn:
+        for statement, parameters in lookups:
+            plan = await conn.run_sync(_plan, statement, parameters, backend)
+            if backend == "sqlite":
+                assert "SEARCH localstate_event USING COVERING INDEX" in plan, plan
+                assert "SCAN localstate_event" not in plan, plan
+            elif backend == "mysql":
+                assert "PRIMARY" in plan, plan
+                assert " ALL " not in f" {plan} ", plan
+                assert " range " in f" {plan} ", plan  # bounded by the keys
+            else:  # one array: the planner picks the index or a hashed scan by the sizes
+                assert "= ANY" in plan, plan
+    if backend == "postgresql":  # one statement of one array per owner, whatever the batch
+        assert len(lookups) == 1, lookups
 
 
 async def test_a_re_emitted_item_after_a_restart_is_a_duplicate(
