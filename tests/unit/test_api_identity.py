@@ -156,7 +156,7 @@ async def test_the_history_names_the_caller_for_its_events_claims_and_releases(
         assert rows[0].writer not in (None, "file-1")
     r = await client.post("/api/v1/release", headers=bearer(TRIGGERER),
                           json={"owner": "trigger:h", "claimant": "x", "epoch": 0})
-    assert (r.status_code, r.json()["code"]) == (422, "invalid_input")
+    assert (r.status_code, r.json()["error"]) == (422, "invalid_input")
     r = await client.post("/api/v1/release", headers=bearer(TRIGGERER),
                           json={"owner": "dag:h", "claimant": "x", "epoch": 1})
     assert r.status_code == 403  # outside its owners: nothing recorded
