@@ -155,7 +155,7 @@ class LostAnswerProxy:
         request: dict[str, Any] = json.loads(body)
         if not request.get("events"):
             return False
-        fields = list(request["event_fields"])
+        fields = list(request["event_fields"]["EventRow"])  # `field_header(EventRow)`
         owner, key = fields.index("owner"), fields.index("key")
         events = tuple((e[owner], e[key]) for e in request["events"])
         statuses = tuple(json.loads(answer_body)["event_statuses"])
