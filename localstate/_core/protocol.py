@@ -7,9 +7,8 @@ The server (`localstate.api`), the REST client (`localstate.client`) and the API
 * the error table, both directions: the answer (status, code, detail) the server gives for each
   typed error (`answer_for`), and the typed error a client raises for an error answer
   (`error_for`);
-* the wire format of the batched sink endpoints (``/api/v1/flush``, ``/api/v1/read``,
-  ``/api/v1/write``, ``/api/v1/claim``, ``/api/v1/release``): rows, records and outcomes as
-  JSON.
+* the wire format of the batched sink endpoints (``/api/v1/`` ``flush``, ``read``, ``write``,
+  ``claim``, ``release``): rows, records and outcomes as JSON.
 
 No HTTP library is imported here: the server (FastAPI) and the clients (httpx) adapt these to
 their own types, so each end reads the same table.
