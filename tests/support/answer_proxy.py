@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ __all__ = ["FlushAnswer", "LostAnswerProxy"]
 
 _LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
 _CHUNKED = re.compile(rb"(?im)^transfer-encoding:\s*chunked\s*$")
+_GZIP = re.compile(rb"(?im)^content-encoding:\s*gzip\s*$")
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,16 @@ class LostAnswerProxy:
             return False
         if b" 200 " not in answer_head.split(b"\r\n", 1)[0] + b" ":
             return False
+        if _GZIP.search(head):
+            body = gzip.decompress(body)
         request: dict[str, Any] = json.loads(body)
         if not request.get("events"):
             return False
         fields = list(request["event_fields"]["EventRow"])  # `field_header(EventRow)`
         owner, key = fields.index("owner"), fields.index("key")
         events = tuple((e[owner], e[key]) for e in request["events"])
+        if _GZIP.search(answer_head):  # the API server compresses larger answers
+            answer_body = gzip.decompress(answer_body)
         statuses = tuple(json.loads(answer_body)["event_statuses"])
         hold = self._armed and "committed" in statuses
         if hold:
