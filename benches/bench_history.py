@@ -163,11 +163,17 @@ async def churn(url: str, folder: Path, owners: int, flushes: int, max_rows: int
     return row
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command line of this run, without ``--json`` (the page names the file)."""
+    return (f"python benches/bench_history.py --sizes {','.join(map(str, args.sizes))} "
+            f"--event-sizes {','.join(map(str, args.event_sizes))} --rounds {args.rounds}")
+
+
 async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
     central = await CentralStore.open(url)
     await central.close()
     result: dict[str, Any] = {"central": central.url, "machine": machine_info(),
-                              "flush": [], "churn": None}
+                              "command": _command(args), "flush": [], "churn": None}
     for keys in args.sizes:
         result["flush"].append(await on_against_off(url, folder, keys, args.rounds, False,
                                                     args.flush_interval))

@@ -703,7 +703,8 @@ def _history_section(docs_dir: Path) -> list[str]:
     data = json.loads(path.read_text())
     lines = ["## A watcher's history: its cost to a flush", "",
              f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; PostgreSQL on loopback; "
-             "`python benches/bench_history.py --json docs/bench-history.json`. Three stores "
+             f"`{data.get('command', 'python benches/bench_history.py')} --json "
+             "docs/bench-history.json`. Three stores "
              "in one run, taking turns each round: history off, on (the default "
              "`history_watermark_every`, its window counted in one-second flush intervals) and "
              "on for every flush (`history_watermark_every = 0`); throughput over every flush "
@@ -717,7 +718,7 @@ def _history_section(docs_dir: Path) -> list[str]:
                      f"{r['every_vs_off']:.2f}× |")
     c = data.get("churn")
     if c:
-        handed = (f", {c['handovers']:,} handovers (a claim and a release each)"
+        handed = (f", {c['handovers']:,} handovers: a claim and a release each"
                   if c.get("handovers") else "")
         lines += ["", f"**Churn**, same run: {c['owners']:,} owners flushed {c['flushes']:,} "
                   f"times (a third emitting{handed}) with `history_max_rows` {c['max_rows']}: "
