@@ -11,8 +11,10 @@
    ``--flush-interval`` seconds) and on for every flush (``history_watermark_every = 0``),
    taking turns in each round so that drift of the machine weighs on all alike; the
    throughput of each over the whole run, and its ratio to off.
-2. Churn: owners flushing over and over with a small bound (``history_max_rows``): the most
-   rows any owner held after each flush, against the bound.
+2. Churn: owners flushing over and over with a small bound (``history_max_rows``), a third
+   of them emitting, and a twentieth of them handed over at each flush (claimed before their
+   writes, released after the flush: a claim row and a release row each): the most rows any
+   owner held after each flush, against the bound.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -124,7 +127,7 @@ async def on_against_off(url: str, folder: Path, keys: int, rounds: int, events:
 async def churn(url: str, folder: Path, owners: int, flushes: int, max_rows: int
                 ) -> dict[str, Any]:
     """The most history rows any owner held after each of `flushes` flushes."""
-    most, total = 0, 0
+    most, total, handovers = 0, 0, 0
     names = [f"trigger:churn:{i}" for i in range(owners)]
     async with StateStore(cache_path=folder / "churn.db", central_url=url,
                           triggerer_id="churn", flush_interval=3600.0,
@@ -132,12 +135,18 @@ async def churn(url: str, folder: Path, owners: int, flushes: int, max_rows: int
         central = _central(store)
         central.use_history(HistoryPolicy(max_rows=max_rows, watermark_every=0.0))
         for n in range(flushes):
+            moving = [o for i, o in enumerate(names) if (n + i) % 20 == 0]
+            for owner in moving:  # a handover: claimed here, released after the flush
+                await store.claim(owner)
             for i, owner in enumerate(names):
                 if (n + i) % 3 == 0:  # a third of them emit as well
                     await store.emit(owner, n, watermark=n, key=f"{n}")
                 else:
                     await store.set(owner, "watermark", n)
             await store.flush()
+            for owner in moving:
+                assert (await store.release(owner)).recorded
+            handovers += len(moving)
             counts = await central.run_read(
                 select(func.count()).select_from(history).where(
                     history.c.owner.like("trigger:churn:%")).group_by(history.c.owner),
@@ -146,18 +155,25 @@ async def churn(url: str, folder: Path, owners: int, flushes: int, max_rows: int
             total = sum(int(c) for (c,) in counts)
     bound = max_rows + max(1, max_rows // 10)
     row = {"owners": owners, "flushes": flushes, "max_rows": max_rows,
-           "bound_with_slack": bound, "most_rows_held": most, "rows_at_end": total,
-           "within_bound": most <= bound}
-    print(f"churn: {owners} owners x {flushes} flushes, history_max_rows {max_rows}: at most "
-          f"{most} rows per owner (bound {bound}), {total} rows at the end", flush=True)
+           "handovers": handovers, "bound_with_slack": bound, "most_rows_held": most,
+           "rows_at_end": total, "within_bound": most <= bound}
+    print(f"churn: {owners} owners x {flushes} flushes, {handovers} handovers, "
+          f"history_max_rows {max_rows}: at most {most} rows per owner (bound {bound}), "
+          f"{total} rows at the end", flush=True)
     return row
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line of this run, without ``--json`` (the page names the file)."""
+    return (f"python benches/bench_history.py --sizes {','.join(map(str, args.sizes))} "
+            f"--event-sizes {','.join(map(str, args.event_sizes))} --rounds {args.rounds}")
 
 
 async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
     central = await CentralStore.open(url)
     await central.close()
     result: dict[str, Any] = {"central": central.url, "machine": machine_info(),
-                              "flush": [], "churn": None}
+                              "command": _command(args), "flush": [], "churn": None}
     for keys in args.sizes:
         result["flush"].append(await on_against_off(url, folder, keys, args.rounds, False,
                                                     args.flush_interval))
@@ -166,6 +182,7 @@ async def main_async(args: argparse.Namespace, url: str, folder: Path) -> dict[s
                                                     args.flush_interval))
     result["churn"] = await churn(url, folder, args.churn_owners, args.churn_flushes,
                                   args.churn_max_rows)
+    result["load_at_end"] = round(os.getloadavg()[0], 1)
     return result
 
 

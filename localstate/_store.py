@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ from localstate._sync.flush.settle import ConflictInfo, FlushReport
 from localstate._sync.flush.worker import SyncWorker
 from localstate._sync.sinks.airflow_sink import process_sink
 from localstate._sync.sinks.read_through import ReadThrough
-from localstate._sync.sinks.sink import ClaimingSink, Sink, carries_events
+from localstate._sync.sinks.sink import ClaimingSink, ReleaseRecording, Sink, carries_events
 from localstate._sync.sinks.sink_thread import ThreadedSink
 from localstate.errors import (
     CacheLocked,
@@ -107,6 +108,7 @@ from localstate.errors import (
     LocalStateError,
     OwnerLost,
     StoreClosed,
+    reason,
 )
 
 __all__ = ["DEFAULT", "WATERMARK_KEY", "ReleaseReport", "StateStore", "StateVariable",
@@ -143,6 +145,10 @@ class ReleaseReport:
     #: writes refused for good: another writer claimed the owner (`OwnerLost`), at this epoch
     refused: int = 0
     claimed_at_epoch: int | None = None
+    #: the release is in the owner's history in the central DB (with the epoch this store
+    #: held): False when this store held no claim of it, its sink keeps no history, or the
+    #: central DB did not answer within the timeout
+    recorded: bool = False
 
 
 class StateStore:
@@ -679,17 +685,41 @@ class StateStore:
 
         Waits up to `timeout` seconds (default ``central_timeout``) for the flush; what the
         central DB does not hold by then stays, and is flushed as usual.
+
+        When this store holds a claim of `owner`, the release is recorded in the owner's
+        history (its epoch, this store's ``triggerer_id``, the time), in a transaction of its
+        own after the flush, within what is left of `timeout` (`ReleaseReport.recorded`).
         """
         if self._closed:
             raise self._closed_error()
         check_name("owner", owner)
         self._claims.unhold(owner)  # leaving: its writes go out, fenced as any
+        wait = self.settings.central_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
         async with self._gate.call():
             worker = self._mode.worker
-            if worker is None:  # the cache is off: nothing is held
-                return ReleaseReport()
-            wait = self.settings.central_timeout if timeout is None else timeout
-            return await _release_owner(self._table, worker, owner, wait)
+            report = ReleaseReport() if worker is None else (  # cache off: nothing is held
+                await _release_owner(self._table, worker, owner, wait))
+            left = max(0.0, deadline - time.monotonic())
+            return dataclasses.replace(report, recorded=await self._record_release(owner, left))
+
+    async def _record_release(self, owner: str, timeout: float) -> bool:
+        """Record `owner`'s release in its history, at the epoch this store holds; whether it
+        was (none held, or a sink without history: nothing to record)."""
+        epoch = self._claims.epoch_of(owner)
+        sink = self.sink
+        if not epoch or not isinstance(sink, ReleaseRecording):
+            return False
+        cache = self._mode.cache
+        try:
+            return await asyncio.wait_for(sink.record_release(
+                owner, epoch=epoch, claimant=self.triggerer_id,
+                writer=cache.writer_id if cache is not None else None), timeout)
+        except (LocalStateError, asyncio.TimeoutError) as exc:
+            log.warning("the release of owner %r (claim epoch %d) is not in its history "
+                        "(%s within %g s); the owner's writes are flushed all the same",
+                        owner, epoch, reason(exc), timeout)
+            return False
 
     def unflushed(self, keys: Iterable[StateKey] | None = None) -> list[Unflushed]:
         """The keys whose entry is dirty, or whose last flush lost a conflict, in key order

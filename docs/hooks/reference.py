@@ -422,8 +422,16 @@ def _machine(data: dict[str, Any]) -> str:
     built = m.get("localstate")
     if built == "0.1.0":  # every build before 0.2.0 called itself 0.1.0: not a release
         built = "a development build made before 0.2.0 (all of them called themselves 0.1.0)"
-    return (f"{m.get('cpus')} shared cores, Python {m.get('python')}, SQLite {m.get('sqlite')}, "
-            f"SQLAlchemy {m.get('sqlalchemy')}, localstate {built}")
+    memory = f", {m['memory_gb']:g} GB" if m.get("memory_gb") else ""
+    load = ""
+    if m.get("load_at_start") is not None:
+        load = f", load {m['load_at_start']:g}"
+        if data.get("load_at_end") is not None:
+            load += f" to {data['load_at_end']:g}"
+        load += " (1-minute average, at the start and the end of the run)"
+    arch = " x86-64" if "x86_64" in str(m.get("platform", "")) else ""
+    return (f"{m.get('cpus')} shared{arch} cores{memory}, Python {m.get('python')}, SQLite "
+            f"{m.get('sqlite')}, SQLAlchemy {m.get('sqlalchemy')}, localstate {built}{load}")
 
 
 def _f(x: Any, digits: int = 0) -> str:
@@ -695,7 +703,8 @@ def _history_section(docs_dir: Path) -> list[str]:
     data = json.loads(path.read_text())
     lines = ["## A watcher's history: its cost to a flush", "",
              f"*`docs/{path.name}`, {_dated(path)}; {_machine(data)}; PostgreSQL on loopback; "
-             "`python benches/bench_history.py --json docs/bench-history.json`. Three stores "
+             f"`{data.get('command', 'python benches/bench_history.py')} --json "
+             "docs/bench-history.json`. Three stores "
              "in one run, taking turns each round: history off, on (the default "
              "`history_watermark_every`, its window counted in one-second flush intervals) and "
              "on for every flush (`history_watermark_every = 0`); throughput over every flush "
@@ -709,8 +718,11 @@ def _history_section(docs_dir: Path) -> list[str]:
                      f"{r['every_vs_off']:.2f}× |")
     c = data.get("churn")
     if c:
+        handed = (f", {c['handovers']:,} handovers: a claim and a release each"
+                  if c.get("handovers") else "")
         lines += ["", f"**Churn**, same run: {c['owners']:,} owners flushed {c['flushes']:,} "
-                  f"times (a third emitting) with `history_max_rows` {c['max_rows']}: at most "
+                  f"times (a third emitting{handed}) with `history_max_rows` {c['max_rows']}: "
+                  "at most "
                   f"{c['most_rows_held']} rows held by any owner (bound with the trim's tenth: "
                   f"{c['bound_with_slack']}), {c['rows_at_end']:,} rows at the end."]
     lines.append("")

@@ -207,10 +207,24 @@ def machine_info() -> dict[str, Any]:
 
     return {
         "python": sys.version.split()[0], "platform": platform.platform(),
-        "cpus": os.cpu_count(), "sqlite": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(), "memory_gb": _memory_gb(), "sqlite": sqlite3.sqlite_version,
         "localstate": __version__, "sqlalchemy": sqlalchemy.__version__,
         "aiosqlite": aiosqlite.__version__, "orjson": orjson.__version__,
+        # the machine is shared: how loaded it was when the run began (1-minute average)
+        "load_at_start": round(os.getloadavg()[0], 1),
     }
+
+
+def _memory_gb() -> float | None:
+    """The machine's memory in GB (``MemTotal``; None where /proc/meminfo is not)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _fmt(value: float | None, spec: str = ",.0f") -> str:

@@ -7,8 +7,8 @@ The server (`localstate.api`), the REST client (`localstate.client`) and the API
 * the error table, both directions: the answer (status, code, detail) the server gives for each
   typed error (`answer_for`), and the typed error a client raises for an error answer
   (`error_for`);
-* the wire format of the batched sink endpoints (``/api/v1/flush``, ``/api/v1/read``,
-  ``/api/v1/write``, ``/api/v1/claim``): rows, records and outcomes as JSON.
+* the wire format of the batched sink endpoints (``/api/v1/`` ``flush``, ``read``, ``write``,
+  ``claim``, ``release``): rows, records and outcomes as JSON.
 
 No HTTP library is imported here: the server (FastAPI) and the clients (httpx) adapt these to
 their own types, so each end reads the same table.
@@ -83,6 +83,7 @@ __all__ = [
     "MAX_BATCH_BODY",
     "MAX_BATCH_ROWS",
     "READ_PATH",
+    "RELEASE_PATH",
     "ROW_TYPES",
     "STATE_PATH",
     "STATUS_PATH",
@@ -140,6 +141,7 @@ FLUSH_PATH: Final = f"{API_PREFIX}/flush"
 READ_PATH: Final = f"{API_PREFIX}/read"
 WRITE_PATH: Final = f"{API_PREFIX}/write"
 CLAIM_PATH: Final = f"{API_PREFIX}/claim"
+RELEASE_PATH: Final = f"{API_PREFIX}/release"
 
 
 def item_path(owner: str, key: str) -> str:

@@ -42,7 +42,8 @@ def history_summary(s: OwnerSummary) -> HistorySummary:
 
 @router.get(HISTORY_PATH, response_model=HistoryPage,
             responses=error_responses(401, 403, 422, 502, 503),
-            summary="An owner's history: watermarks, events with their outcome, claims")
+            summary="An owner's history: watermarks, events with their outcome, claims, "
+            "releases")
 async def read_history(
     caller: Caller,
     c: Central,
@@ -50,7 +51,7 @@ async def read_history(
     before: Annotated[int | None, Query(ge=1, description="next_before of the page before")
                       ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
-    kind: Annotated[list[Literal["watermark", "event", "claim"]] | None, Query(
+    kind: Annotated[list[Literal["watermark", "event", "claim", "release"]] | None, Query(
         description="only these kinds (repeatable)")] = None,
 ) -> HistoryPage:
     check_name("owner", owner)

@@ -193,11 +193,12 @@ def error_responses(*statuses: int, **described: str) -> dict[int | str, dict[st
 
 class HistoryItem(BaseModel):
     """One row of an owner's history: a watermark a flush committed, an event with its
-    outcome, or a claim."""
+    outcome, a claim or a release."""
 
     id: int = Field(description="its place in the history (pass the last as ?before=)")
-    kind: Literal["watermark", "event", "claim"]
-    at: datetime = Field(description="a watermark's write time; an event's or claim's commit")
+    kind: Literal["watermark", "event", "claim", "release"]
+    at: datetime = Field(description="a watermark's write time; an event's, claim's or "
+                         "release's commit")
     key: str | None = Field(description="the state key, or the event's key")
     value: Any = Field(default=None, description="a watermark's value (null: a deletion)")
     version: int | None = Field(description="a watermark's central version")
@@ -206,8 +207,10 @@ class HistoryItem(BaseModel):
                     "claim epoch is below the owner's), rejected (malformed)")
     asset_event: int | None = Field(description="the Airflow asset event a committed event "
                                     "made")
-    epoch: int | None = Field(description="a claim's epoch; the claim epoch of an event")
-    triggerer: str | None
+    epoch: int | None = Field(description="a claim's epoch, the epoch a release gave up; the "
+                              "claim epoch of an event")
+    triggerer: str | None = Field(description="the triggerer that wrote a watermark, flushed "
+                                  "an event, claimed or released")
     writer: str | None = Field(description="the local cache file whose flush wrote it")
 
 

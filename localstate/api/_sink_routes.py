@@ -4,7 +4,9 @@
   cache file) and the client's conflict policies (its ``conflict_policy`` setting). The whole
   batch goes through the central store's `write_batch` in ONE transaction, with the same fence
   and policies as the SQL sink; the answer is each row's `FlushOutcome` (written, adopted with
-  the central record, or retry).
+  the central record, or retry). With events, each event's status; their history rows name
+  the caller's identity as the triggerer that flushed them (else the ``triggerer`` the body
+  names).
 * ``POST /api/v1/read``: the central records (tombstones included) of a list of keys, or of
   one owner: one query for a batch of read-through misses, or a `load(owner)`. With
   ``"source": "asset_state_store"`` the keys (of ``asset_watcher:<asset name>`` owners) are
@@ -14,6 +16,9 @@
 * ``POST /api/v1/write``: one write in its own transaction (the client's cache-off path): an
   unconditional write, a compare-and-set (409 `version_conflict` when the committed version is
   not the expected one), or a compare-and-delete of the current value.
+* ``POST /api/v1/claim``: bump an owner's claim epoch (a trigger started on the caller).
+* ``POST /api/v1/release``: record in an owner's history that the caller released it at the
+  epoch it held (the trigger left it); the claim itself stands.
 
 Bodies follow `localstate._core.protocol`. Authorization: the bearer token's owner prefixes cover
 every owner a request names and, for the writes, its role is read-write: otherwise 403 and
@@ -235,6 +240,16 @@ def _writer(raw: Any) -> str | None:
     return check_name("writer", raw)
 
 
+def _triggerer(caller: Principal, raw: Any) -> str | None:
+    """The triggerer a flush's events are recorded as flushed by (their history rows): the
+    caller's identity (`recorded_as`), else the triggerer id the request names, if any."""
+    if raw is None:
+        return caller.identity
+    if not isinstance(raw, str):
+        raise WireError("'triggerer' must be the writer's triggerer id (a string) or null")
+    return recorded_as(caller, check_name("triggerer", raw))
+
+
 router = APIRouter(prefix="/api/v1")
 
 
@@ -254,7 +269,8 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
         else:
             body, rows, events, status, named = _parse_flush(raw, caller, ctx)
     except _RefusedForGood as refused:
-        await c.record_rejected(refused.events, caller.writer_tag(_writer(refused.writer)))
+        await c.record_rejected(refused.events, caller.writer_tag(_writer(refused.writer)),
+                                _triggerer(caller, refused.triggerer))
         raise refused.error from None
     del raw  # parsed: the rows hold what the request carried
     writer = caller.writer_tag(_writer(body.get("writer")))
@@ -267,7 +283,9 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
         written, full = encode_outcomes(outcomes, rows)
         return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full})
     # the watermarks, the de-duplication rows and the asset events: one transaction
-    outcomes, statuses = await c.write_with_events(rows, events, policy_map, writer=writer)
+    outcomes, statuses = await c.write_with_events(
+        rows, events, policy_map, writer=writer,
+        triggerer=_triggerer(caller, body.get("triggerer")))
     audit(caller, "POST /api/v1/flush", {*(r.owner for r in rows), *(e.owner for e in events)},
           len(rows), f"{len(events)} events", named)
     written, full = encode_outcomes(outcomes, rows)
@@ -325,7 +343,8 @@ def _parse_flush(raw: bytes | bytearray, caller: Principal, ctx: ServerContext
             _check_events(events, ctx.settings.max_value_bytes)
         except (WireError, ValueTooLarge) as exc:
             if len(events) == 1 and not rows:
-                raise _RefusedForGood(events, exc, body.get("writer")) from exc
+                raise _RefusedForGood(events, exc, body.get("writer"),
+                                      body.get("triggerer")) from exc
             raise
     return body, rows, events, status, named
 
@@ -335,11 +354,13 @@ class _RefusedForGood(Exception):
     down to single events (`SyncWorker.settle_rejected`), so this one is refused for good and
     the route records it in its owner's history before it answers."""
 
-    def __init__(self, events: list[EventRow], error: Exception, writer: Any) -> None:
+    def __init__(self, events: list[EventRow], error: Exception, writer: Any,
+                 triggerer: Any) -> None:
         super().__init__(str(error))
         self.events = events
         self.error = error
         self.writer = writer
+        self.triggerer = triggerer
 
 
 @router.post("/read", summary="The central records of a batch of keys, or of one owner "
@@ -405,6 +426,25 @@ async def claim(request: Request, caller: Caller, c: Writable) -> Response:
     audit(caller, "POST /api/v1/claim", (owner,), 1, f"epoch {epoch}",
           claimed_detail(caller, (named,)))
     return _json({"epoch": epoch})
+
+
+@router.post("/release", summary="Record an owner's release in its history (what a "
+             "triggerer does when a trigger leaves it)", response_class=Response,
+             responses=error_responses(401, 403, 413, 422, 502, 503))
+async def release(request: Request, caller: Caller, c: Writable) -> Response:
+    body = decode_body(await request.body())
+    owner = check_name("owner", body.get("owner"))
+    named = check_name("claimant", body.get("claimant"))
+    epoch = body.get("epoch")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch < MAX_VERSION:
+        raise ApiError(422, "invalid_input", f"epoch: the claim epoch released, from 1 to "
+                       f"{MAX_VERSION - 1}")
+    caller.require_write(owner)
+    recorded = await c.record_release(owner, epoch=epoch, claimant=recorded_as(caller, named),
+                                      writer=caller.writer_tag(_writer(body.get("writer"))))
+    audit(caller, "POST /api/v1/release", (owner,), int(recorded), f"epoch {epoch}",
+          claimed_detail(caller, (named,)))
+    return _json({"recorded": recorded})
 
 
 @router.post("/write", summary="One write in its own transaction: direct, compare-and-set "

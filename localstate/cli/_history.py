@@ -1,5 +1,6 @@
-"""history: an owner's history (watermarks its flushes committed, events with their outcome,
-claims) and its counts at a glance, from the central DB or the API (`open_backend`)."""
+"""history: an owner's history (watermarks its flushes committed, events with their outcome
+and the triggerer that flushed them, claims and releases) and its counts at a glance, from the
+central DB or the API (`open_backend`)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _cells(item: dict[str, Any]) -> tuple[str, ...]:
         what = item["outcome"] + (f" (asset event {item['asset_event']})"
                                   if item.get("asset_event") is not None else "")
     else:
-        what = "claimed"
+        what = "claimed" if kind == "claim" else "released"
     epoch = "" if item.get("epoch") is None else str(item["epoch"])
     return (human_time(item["at"]), kind, item.get("key") or "", what, epoch,
             item.get("triggerer") or "")

@@ -82,6 +82,7 @@ from localstate._sync.central.history import (
     history_query,
     record_claim,
     record_events,
+    record_release,
     record_watermarks,
     rows_of,
     summary,
@@ -540,12 +541,13 @@ class CentralStore:
 
     async def write_with_events(
         self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
-        writer: str | None = None,
+        writer: str | None = None, triggerer: str | None = None,
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """`write_batch` of `rows` and `events` in ONE transaction (`EventSink`): the fenced
         state rows, then each event's claim fence, de-duplication row and, for an asset's
         owner on Airflow's metadata DB, its asset events (`localstate._sync.central.fenced_write`).
-        Airflow's listeners hear of the asset events once the transaction has committed."""
+        Airflow's listeners hear of the asset events once the transaction has committed.
+        `triggerer`: the flushing writer's triggerer id, recorded with the events' history."""
         status, self._fleet_next = self._fleet_next, None
         await self._ready()
         history = self.history.enabled
@@ -554,7 +556,8 @@ class CentralStore:
             outcomes = await self._write_state(conn, rows, policies, writer, status, history,
                                                marks)
             statuses, callbacks = await write_events(
-                conn, events, writer, self.asset_events, self._now_column(), history)
+                conn, events, writer, self.asset_events, self._now_column(), history,
+                triggerer)
         self._count_flush(outcomes)
         self.events_committed += statuses.count("committed")
         if callbacks:  # Airflow's listeners, of the asset events just committed
@@ -585,17 +588,34 @@ class CentralStore:
 
     # -- the owners' history (`localstate._sync.central.history`) ---------------------------------
 
-    async def record_rejected(self, events: Sequence[EventRow], writer: str | None) -> None:
+    async def record_rejected(self, events: Sequence[EventRow], writer: str | None,
+                              triggerer: str | None = None) -> None:
         """Record `events` as ``rejected`` (refused as malformed by the central side, so no
-        flush transaction carries them), in a transaction of their own; nothing when history
-        is off."""
+        flush transaction carries them), in a transaction of their own, flushed by
+        `triggerer`; nothing when history is off."""
         if not events or not self.history.enabled:
             return
         await self._ready()
-        rows = event_rows(events, ["rejected"] * len(events), None, writer, self._now_column())
+        rows = event_rows(events, ["rejected"] * len(events), None, writer, self._now_column(),
+                          triggerer)
         async with self._errors("record rejected events"), self.engine.begin() as conn:
             await record_events(conn, rows)
         self.transactions += 1
+
+    async def record_release(self, owner: str, *, epoch: int, claimant: str,
+                             writer: str | None = None) -> bool:
+        """Record in `owner`'s history that `claimant` (from the local cache file `writer`)
+        released it at `epoch`, in a transaction of its own (`ReleaseRecording`); whether it
+        was (False: history is off). The claim stands: a release only says the owner left
+        that store."""
+        if not self.history.enabled:
+            return False
+        await self._ready()
+        async with self._errors("record a release"), self.engine.begin() as conn:
+            await record_release(conn, owner, epoch, claimant, writer, self._now_column())
+        self.transactions += 1
+        await self._trim_history([owner])
+        return True
 
     async def read_history(self, owner: str, *, before: int | None = None, limit: int = 100,
                            kinds: Sequence[str] = ()) -> list[HistoryRow]:

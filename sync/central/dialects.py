@@ -537,13 +537,15 @@ def claim_many(dialect: str, history: bool) -> TextClause | None:
 #: PostgreSQL: a flush's ``event`` history rows as one JSON array, one statement (SQLAlchemy's
 #: many-row insert of the same rows built and bound a parameter per column per row in Python)
 _EVENT_HISTORY_PG: Final = text(
-    f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", outcome, asset_event, epoch, writer) '
-    "SELECT r->>0, 'event', CAST(:at AS TIMESTAMPTZ), r->>1, r->>2, (r->>3)::bigint, "
-    "(r->>4)::bigint, CAST(:writer AS TEXT) FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r")
+    f'INSERT INTO {HISTORY_TABLE} (owner, kind, at, "key", outcome, asset_event, epoch, '
+    "triggerer, writer) SELECT r->>0, 'event', CAST(:at AS TIMESTAMPTZ), r->>1, r->>2, "
+    "(r->>3)::bigint, (r->>4)::bigint, CAST(:triggerer AS TEXT), CAST(:writer AS TEXT) "
+    "FROM jsonb_array_elements(CAST(:rows AS JSONB)) AS r")
 
 
 def event_history_insert(dialect: str) -> TextClause | None:
     """The one-statement insert of a flush's event history rows (params ``rows``: a JSON
-    array of [owner, key, outcome, asset event id, epoch], ``at``, ``writer``); None where
+    array of [owner, key, outcome, asset event id, epoch], ``at``, ``triggerer``, ``writer``);
+    None where
     the rows go through SQLAlchemy's many-row insert."""
     return _EVENT_HISTORY_PG if dialect == "postgresql" else None

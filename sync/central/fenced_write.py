@@ -447,17 +447,19 @@ async def known_events(conn: AsyncConnection, events: Sequence[EventRow]
 
 async def write_events(
     conn: AsyncConnection, events: Sequence[EventRow], writer: str | None,
-    assets: AssetEvents, now: Any, history: bool = False,
+    assets: AssetEvents, now: Any, history: bool = False, triggerer: str | None = None,
 ) -> tuple[list[EventStatus], list[Callable[[], Any]]]:
     """Write `events` in `conn`'s transaction (see "Events" above); one status per event,
     and the Airflow listener callbacks to run once the transaction committed. `now`: the
     commit time (an aware datetime). `history`: with each event's history row
-    (`localstate._sync.central.history`), one statement for them all."""
+    (`localstate._sync.central.history`), one statement for them all, naming `triggerer`
+    (the flushing writer's triggerer id)."""
     if not events:
         return [], []
     statuses, callbacks, asset_ids = await _write_events(conn, events, writer, assets, now)
     if history:
-        await record_events(conn, event_rows(events, statuses, asset_ids, writer, now))
+        await record_events(conn, event_rows(events, statuses, asset_ids, writer, now,
+                                                 triggerer))
     return statuses, callbacks
 
 

@@ -14,6 +14,11 @@ transaction that did it, so the record and the state never disagree:
   side refused it as malformed; recorded in a transaction of its own, since the flush that
   carried it rolled back).
 * ``claim``: a claim of the owner (its new epoch, the claimant triggerer, its cache file).
+* ``release``: the owner left a store that held its claim (its trigger moved away, was
+  removed or ended): the epoch that store held, its triggerer and cache file. Recorded in a
+  transaction of its own once the release has flushed the owner's writes (a release's one
+  central round trip, as a claim's). A release at an epoch below the latest claim's is a
+  zombie's, after its trigger was taken over.
 
 Bounds. `HistoryPolicy` (settings ``history``, ``history_max_rows``, ``history_max_age``):
 each owner keeps its newest ``max_rows`` rows, none older than ``max_age``. The writer that
@@ -57,13 +62,14 @@ __all__ = [
     "history_query",
     "record_claim",
     "record_events",
+    "record_release",
     "record_watermarks",
     "summary",
     "trim",
 ]
 
-HistoryKind = Literal["watermark", "event", "claim"]
-HISTORY_KINDS: Final[tuple[HistoryKind, ...]] = ("watermark", "event", "claim")
+HistoryKind = Literal["watermark", "event", "claim", "release"]
+HISTORY_KINDS: Final[tuple[HistoryKind, ...]] = ("watermark", "event", "claim", "release")
 #: rows each owner keeps by default
 DEFAULT_MAX_ROWS: Final = 1000
 #: how long a row stays by default: 7 days
@@ -114,7 +120,7 @@ class HistoryRow(NamedTuple):
     id: int
     owner: str
     kind: str
-    #: POSIX time: a watermark's write time, an event's or claim's commit time
+    #: POSIX time: a watermark's write time, an event's, claim's or release's commit time
     at: float
     key: str | None = None
     #: a watermark's value (JSON text; None: a deletion)
@@ -124,7 +130,7 @@ class HistoryRow(NamedTuple):
     outcome: str | None = None
     #: the id of the Airflow asset event a committed event made
     asset_event: int | None = None
-    #: a claim's epoch; an event's claim epoch
+    #: a claim's epoch, the epoch a release gave up; an event's claim epoch
     epoch: int | None = None
     triggerer: str | None = None
     writer: str | None = None
@@ -255,13 +261,14 @@ async def record_watermarks(conn: AsyncConnection, outcomes: Sequence[FlushOutco
 
 
 def event_rows(events: Sequence[EventRow], outcomes: Sequence[str],
-               asset_events: Sequence[int | None] | None, writer: str | None, at: Any
-               ) -> list[dict[str, Any]]:
+               asset_events: Sequence[int | None] | None, writer: str | None, at: Any,
+               triggerer: str | None = None) -> list[dict[str, Any]]:
     """The ``event`` rows of `events` with their `outcomes` (and the asset event each
-    committed one made, if known), committed at `at` (the column's form)."""
+    committed one made, if known), committed at `at` (the column's form), flushed by
+    `triggerer` (the writer's triggerer id, as the flush recorded it)."""
     ids = asset_events if asset_events is not None else [None] * len(events)
     return [{"owner": e.owner, "kind": "event", "at": at, "key": e.key, "outcome": s,
-             "asset_event": a, "epoch": e.epoch, "triggerer": None, "writer": writer}
+             "asset_event": a, "epoch": e.epoch, "triggerer": triggerer, "writer": writer}
             for e, s, a in zip(events, outcomes, ids, strict=True)]
 
 
@@ -274,9 +281,11 @@ async def record_events(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -
         await conn.execute(insert(history), list(rows))
         return
     first = rows[0]
-    if all(r["at"] == first["at"] and r["writer"] == first["writer"] for r in rows):
+    if all(r["at"] == first["at"] and r["writer"] == first["writer"]
+           and r["triggerer"] == first["triggerer"] for r in rows):
         await conn.execute(packed, {
-            "at": first["at"], "writer": first["writer"], "rows": orjson.dumps(
+            "at": first["at"], "writer": first["writer"], "triggerer": first["triggerer"],
+            "rows": orjson.dumps(
                 [(r["owner"], r["key"], r["outcome"], r["asset_event"], r["epoch"])
                  for r in rows]).decode()})
     else:
@@ -288,6 +297,13 @@ async def record_claim(conn: AsyncConnection, owner: str, epoch: int, claimant: 
     """Insert the ``claim`` row of `owner`'s claim at `epoch`."""
     await conn.execute(insert(history).values(
         owner=owner, kind="claim", at=at, epoch=epoch, triggerer=claimant, writer=writer))
+
+
+async def record_release(conn: AsyncConnection, owner: str, epoch: int, releaser: str,
+                         writer: str | None, at: Any) -> None:
+    """Insert the ``release`` row of `owner`, given up at `epoch` by `releaser`."""
+    await conn.execute(insert(history).values(
+        owner=owner, kind="release", at=at, epoch=epoch, triggerer=releaser, writer=writer))
 
 
 # -- bounds ----------------------------------------------------------------------------------

@@ -431,7 +431,8 @@ class SyncWorker:
         try:
             return await wait_awake(
                 sink.write_with_events(self.claims.stamp(rows), stamped, self.policies,
-                                       writer=self.cache.writer_id),
+                                       writer=self.cache.writer_id,
+                                       triggerer=self.table.updated_by),
                 self.flush_timeout)
         except asyncio.TimeoutError:
             raise CentralUnavailable(

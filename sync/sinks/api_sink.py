@@ -40,6 +40,7 @@ from localstate._core.protocol import (
     MAX_BATCH_BODY,
     MAX_BATCH_ROWS,
     READ_PATH,
+    RELEASE_PATH,
     WRITE_PATH,
     WireError,
     decode_body,
@@ -170,13 +171,15 @@ class ApiSink:
 
     async def write_with_events(
         self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
-        writer: str | None = None,
+        writer: str | None = None, triggerer: str | None = None,
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """`write_batch` of `rows` with `events`, in ONE transaction of the server's
         (`EventSink`): a request too large for one body goes as the events with the first
         part of the rows, then the rest of the rows (the events' watermarks are never
-        committed before them)."""
+        committed before them). `triggerer`: this process's triggerer id (a server that
+        knows the caller records the caller's identity instead)."""
         request: dict[str, Any] = {"fields": _DIRTY_HEADER, "writer": writer,
+                                   "triggerer": triggerer,
                                    "policies": policies.spec, "rows": encode_rows(rows),
                                    "event_fields": _EVENT_HEADER,
                                    "events": encode_rows(events)}
@@ -189,7 +192,7 @@ class ApiSink:
             half = len(rows) // 2
             self._fleet_next = status
             first, statuses = await self.write_with_events(rows[:half], events, policies,
-                                                           writer=writer)
+                                                           writer=writer, triggerer=triggerer)
             return [*first, *await self.write_batch(rows[half:], policies, writer=writer)
                     ], statuses
         answer = await self._post(FLUSH_PATH, body)
@@ -266,6 +269,16 @@ class ApiSink:
             raise CentralUnavailable(f"{self.url} answered a claim without its epoch; retried")
         self.transactions += 1
         return epoch
+
+    async def record_release(self, owner: str, *, epoch: int, claimant: str,
+                             writer: str | None = None) -> bool:
+        """Record `owner`'s release at `epoch` in its history through the server
+        (`CentralStore.record_release`, one transaction there); whether it was."""
+        answer = await self._post(RELEASE_PATH, encode_body(
+            {"owner": owner, "epoch": epoch, "claimant": claimant, "writer": writer}))
+        recorded = answer.get("recorded") is True
+        self.transactions += recorded
+        return recorded
 
     def note_fleet(self, status: FleetStatus) -> None:
         """Send `status` with the next flush (`FleetReporting`)."""

@@ -15,7 +15,8 @@ from localstate._core.conflicts import PolicyMap
 from localstate._core.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate._sync.central.fleet import FleetStatus
 
-__all__ = ["ClaimingSink", "EventSink", "FleetReporting", "Sink", "carries_events"]
+__all__ = ["ClaimingSink", "EventSink", "FleetReporting", "ReleaseRecording", "Sink",
+           "carries_events"]
 
 
 class Sink(Protocol):
@@ -83,6 +84,18 @@ class ClaimingSink(Protocol):
 
 
 @runtime_checkable
+class ReleaseRecording(Protocol):
+    """A sink that records owners' releases in their history (`localstate._sync.central.history`):
+    the central store (``sql``) and localstate's app (``api``)."""
+
+    async def record_release(self, owner: str, *, epoch: int, claimant: str,
+                             writer: str | None = None) -> bool:
+        """Record that `claimant` (from the local cache file `writer`) released `owner`, whose
+        claim it held at `epoch`, in one transaction; whether it was (False: the central side
+        keeps no history)."""
+
+
+@runtime_checkable
 class FleetReporting(Protocol):
     """A sink that keeps the fleet table (`localstate._sync.central.fleet`)."""
 
@@ -100,11 +113,12 @@ class EventSink(Protocol):
 
     async def write_with_events(
         self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
-        writer: str | None = None,
+        writer: str | None = None, triggerer: str | None = None,
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """`write_batch` of `rows` and, in the same transaction, `events` in their order: one
         de-duplication row per new (owner, key) and, for an asset's owner, its asset event;
-        an event whose claim epoch is below its owner's is refused. One status per event."""
+        an event whose claim epoch is below its owner's is refused. One status per event.
+        `triggerer`: the writer's triggerer id, for the events' history rows."""
 
 
 def carries_events(sink: Sink) -> bool:

@@ -23,7 +23,13 @@ from localstate._cache.entry import StateKey
 from localstate._core.conflicts import PolicyMap
 from localstate._core.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
 from localstate._sync.central.fleet import FleetStatus
-from localstate._sync.sinks.sink import ClaimingSink, EventSink, FleetReporting, Sink
+from localstate._sync.sinks.sink import (
+    ClaimingSink,
+    EventSink,
+    FleetReporting,
+    ReleaseRecording,
+    Sink,
+)
 from localstate.errors import ConfigError, EventsUnsupported
 
 __all__ = ["ThreadedSink"]
@@ -84,14 +90,14 @@ class ThreadedSink:
 
     async def write_with_events(
         self, rows: Sequence[DirtyRow], events: Sequence[EventRow], policies: PolicyMap, *,
-        writer: str | None = None,
+        writer: str | None = None, triggerer: str | None = None,
     ) -> tuple[list[FlushOutcome], list[EventStatus]]:
         """The wrapped sink's `write_with_events` (`EventSink`); `EventsUnsupported` when it
         has none."""
         if not isinstance(self.inner, EventSink):
             raise EventsUnsupported(f"the sink {self.url} does not commit events")
-        return await self._call(self.inner.write_with_events(rows, events, policies,
-                                                             writer=writer))
+        return await self._call(self.inner.write_with_events(
+            rows, events, policies, writer=writer, triggerer=triggerer))
 
     async def read_many(self, keys: Sequence[StateKey]) -> dict[StateKey, CentralRow]:
         return await self._call(self.inner.read_many(keys))
@@ -128,6 +134,14 @@ class ThreadedSink:
             raise ConfigError(f"the sink {self.url} keeps no claims: it cannot fence writers")
         return await self._call(self.inner.claim(
             owner, claimant=claimant, writer=writer, unless_claimed_since=unless_claimed_since))
+
+    async def record_release(self, owner: str, *, epoch: int, claimant: str,
+                             writer: str | None = None) -> bool:
+        """The wrapped sink's `record_release` (`ReleaseRecording`); False when it has none."""
+        if not isinstance(self.inner, ReleaseRecording):
+            return False
+        return await self._call(self.inner.record_release(owner, epoch=epoch,
+                                                          claimant=claimant, writer=writer))
 
     def note_fleet(self, status: FleetStatus) -> None:
         """The wrapped sink's `note_fleet`, if it keeps a fleet table (a plain assignment

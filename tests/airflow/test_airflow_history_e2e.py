@@ -1,13 +1,19 @@
 """A watcher's history with real Airflow 3.3 processes: ``airflow api-server`` with the plugin,
 two triggerers with ``sink = api`` on PostgreSQL, an emitting watcher whose triggerer is
-SIGKILLed (its cache file's outbox replayed on restart) and stopped as a zombie while the other
-triggerer takes it over (tests/support/events_chaos.py). Read back through ``localstate
-history`` (the CLI, through the API) and the state page inside Airflow (Chromium, a Viewer's login):
+SIGKILLed, stopped as a zombie while the other triggerer takes it over (then resumed: its
+trigger leaves it, a release), and, last, SIGKILLed right after a flush of its committed
+centrally but before the answer reached it (the answer held back on its way by a proxy), then
+restarted: its cache file's outbox sends those events again (tests/support/events_chaos.py,
+tests/support/answer_proxy.py). Read back through ``localstate history`` (the CLI, through the
+API) and the state page inside Airflow (Chromium, a Viewer's login, every page of the timeline):
 
-* every fed item's event is there exactly once as ``committed``; every other event row
-  (a replay's ``duplicate``, a zombie's ``refused``) is of an item also committed;
+* every fed item's event is there exactly once as ``committed``; each event of the lost
+  answer exactly once more as ``duplicate``; every other event row (a zombie's ``refused``)
+  is of an item also committed; each event names the triggerer that flushed it;
 * the watermark advances in order (values and versions never go back);
-* every claim, with its epoch rising, by the triggerers that ran it, at least one takeover.
+* every claim, with its epoch rising, by the triggerers that ran it, at least one takeover;
+  the zombie's release at the epoch it had claimed, by the triggerer that claimed it;
+* the page shows the same rows, outcomes and triggerers as the CLI.
 """
 
 from __future__ import annotations
@@ -83,21 +89,33 @@ def test_a_watchers_kills_replays_and_takeover_show_in_its_history(
                     "data-loaded", OWNER, timeout=60_000)
                 seen["page_events"] = await page.locator("#w-events").inner_text()
                 seen["page_epoch"] = await page.locator("#w-epoch").inner_text()
-                rows = page.locator("#w-rows tr[data-kind=event]")
-                seen["page_outcomes"] = [await rows.nth(i).get_attribute("data-outcome")
-                                         for i in range(await rows.count())]
-                seen["page_keys"] = [await rows.nth(i).locator("td.key").inner_text()
-                                     for i in range(await rows.count())]
+                # every page of the timeline, as an operator pages back with "Older"
+                more = page.locator("#w-more")
+                while await more.is_visible():
+                    shown = await page.locator("#w-rows tr").count()
+                    await more.click()
+                    await expect(page.locator("#w-rows tr")).not_to_have_count(
+                        shown, timeout=60_000)
+                seen["page_rows"] = await page.locator("#w-rows tr").evaluate_all(
+                    """rows => rows.map(r => ({
+                        id: Number(r.dataset.id),
+                        kind: r.dataset.kind, outcome: r.dataset.outcome || null,
+                        key: r.querySelector("td.key").textContent,
+                        epoch: r.querySelector("td.epoch").textContent,
+                        triggerer: r.querySelector("td.triggerer").textContent,
+                        what: r.querySelector("td.what").textContent}))""")
                 assert await page.locator("#rows button.edit").count() == 0  # a Viewer
                 await page.screenshot(path=str(tmp_path / "history-in-airflow.png"),
                                       full_page=True)
             finally:
                 await browser.close()
 
-    s = Schedule(kills=2, zombies=1, api_restarts=0, gap=(2.0, 4.0), health_threshold=6.0,
-                 watchers=1, rate=4.0)
+    s = Schedule(kills=2, zombies=1, api_restarts=0, replays=1, zombie_of="emit_0",
+                 gap=(2.0, 4.0), health_threshold=6.0, watchers=1, rate=4.0)
     o = asyncio.run(run(pg_server, tmp_path, s, env={
-        "AIRFLOW__LOCALSTATE__HISTORY_WATERMARK_EVERY": "0"}, inspect=inspect))
+        "AIRFLOW__LOCALSTATE__HISTORY_WATERMARK_EVERY": "0",
+        # the whole run's rows (its bounds are measured in benches/bench_history.py)
+        "AIRFLOW__LOCALSTATE__HISTORY_MAX_ROWS": "1000000"}, inspect=inspect))
     print("\n" + o.table() + "\n" + "\n".join(o.log))
     assert (o.emit.missing, o.emit.duplicates) == (0, 0), o.table()
     assert "cli" in seen, "the run ended before the watcher had every event"
@@ -112,6 +130,17 @@ def test_a_watchers_kills_replays_and_takeover_show_in_its_history(
     others = [i for i in events if i["outcome"] != "committed"]
     assert {i["outcome"] for i in others} <= {"duplicate", "refused"}
     assert all(i["key"] in committed for i in others)
+    # the lost answer's events: the server found each committed when they came again, and
+    # the history has each once as a duplicate
+    replayed = {key for (owner, key) in o.replayed if owner == OWNER}
+    assert o.replays == 1, o.table()
+    assert replayed, o.table()
+    assert set(o.replayed.values()) == {"duplicate"}, o.replayed
+    duplicates = Counter(i["key"] for i in events if i["outcome"] == "duplicate")
+    assert {k: duplicates[k] for k in replayed} == dict.fromkeys(replayed, 1), duplicates
+    # each event names the triggerer that flushed it
+    assert {i["triggerer"] for i in events} <= {"triggerer-a", "triggerer-b"}
+    assert all(i["triggerer"] for i in events)
     assert all(i["asset_event"] is not None for i in events if i["outcome"] == "committed")
     marks = [i for i in items if i["kind"] == "watermark"]
     assert marks
@@ -126,15 +155,42 @@ def test_a_watchers_kills_replays_and_takeover_show_in_its_history(
     assert epochs == sorted(epochs)
     assert len(set(epochs)) == len(epochs)
     assert {i["triggerer"] for i in claims} == {"triggerer-a", "triggerer-b"}
+    # the zombie's trigger left it once it resumed: a release at the epoch it had claimed,
+    # by the triggerer that claimed it, after that claim
+    claimed_by = {int(i["epoch"]): (i["triggerer"], items.index(i)) for i in claims}
+    releases = [i for i in items if i["kind"] == "release"]
+    assert releases, "no release recorded"
+    for r in releases:
+        by, at = claimed_by[int(r["epoch"])]
+        assert (r["triggerer"], items.index(r) > at) == (by, True), (r, by)
+    assert o.takeovers >= 1, o.table()
     summary = cli["summary"]
     assert isinstance(summary, dict)
     by_outcome = summary["events_last_hour"]
     print(f"history of {OWNER}: {fed} items, {len(events)} event rows {dict(by_outcome)}, "
-          f"{len(marks)} watermark advances, claims {epochs}")
-    # the page shows the same counts and the newest claim's epoch
-    assert seen["page_events"] == " · ".join(
-        f"{by_outcome[k]} {k}" for k in ("committed", "duplicate", "refused", "rejected"))
-    assert seen["page_epoch"] == str(epochs[-1])
-    newest = list(reversed(events))[:len(seen["page_keys"])]  # type: ignore[arg-type]
-    assert seen["page_keys"] == [i["key"] for i in newest]
-    assert seen["page_outcomes"] == [i["outcome"] for i in newest]
+          f"{len(marks)} watermark advances, claims {epochs}, releases "
+          f"{[int(r['epoch']) for r in releases]}, {len(replayed)} events replayed")
+    # the page shows the counts and the newest claim's epoch: the CLI's, or later ones (a
+    # zombie's refused event, a handover, after the CLI read)
+    shown_counts = {k: int(n) for n, k in (part.split() for part in
+                                           str(seen["page_events"]).split(" · "))}
+    assert set(shown_counts) == {"committed", "duplicate", "refused", "rejected"}
+    assert shown_counts["committed"] == by_outcome["committed"] == fed
+    assert all(shown_counts[k] >= by_outcome[k] for k in shown_counts), (shown_counts,
+                                                                          by_outcome)
+    assert int(str(seen["page_epoch"])) >= epochs[-1]
+    # the page's timeline, every page of it, is the CLI's, newest first (up to the CLI's
+    # newest row: the triggerers run on, and a handover may add rows in between)
+    page_rows = seen["page_rows"]
+    assert isinstance(page_rows, list)
+    newest_id = max(int(i["id"]) for i in items)
+    page_rows = [r for r in page_rows if r["id"] <= newest_id]
+    assert [(r["id"], r["kind"], r["key"], r["outcome"], r["epoch"], r["triggerer"])
+            for r in page_rows] == [
+        (i["id"], i["kind"], i["key"] or "", i["outcome"],
+         "" if i["epoch"] is None else str(i["epoch"]), i["triggerer"] or "")
+        for i in reversed(items)]
+    shown = Counter((r["key"], r["outcome"]) for r in page_rows if r["kind"] == "event")
+    assert all(shown[(k, "duplicate")] == 1 for k in replayed)
+    assert sum(1 for r in page_rows if r["kind"] == "release") == len(releases)
+    assert all(r["what"] == "released" for r in page_rows if r["kind"] == "release")

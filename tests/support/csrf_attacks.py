@@ -21,6 +21,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/api/v1/write", {"op": "direct", "owner": OWNER, "key": "wm",
                                "data": "1", "updated_at": 1.0, "updated_by": "evil"}),
     ("POST", "/api/v1/claim", {"owner": OWNER, "claimant": "evil"}),
+    ("POST", "/api/v1/release", {"owner": OWNER, "claimant": "evil", "epoch": 1}),
     ("POST", "/api/v1/read", {"owner": OWNER}),
     ("PATCH", path(OWNER, "wm"), {"value": 1}),
 ]

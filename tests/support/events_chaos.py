@@ -15,7 +15,9 @@ Meanwhile a random schedule of faults runs: SIGKILLs of a triggerer's process gr
 at once, with the same ``triggerer_id``: its cache file, outbox included, is reopened), zombie
 takeovers (the triggerer running the most triggers is stopped with SIGSTOP until the other one
 has taken them all over, past ``[triggerer] triggerer_health_check_threshold``, then resumed
-with SIGCONT while they run elsewhere) and restarts of the API server (SIGKILL). When the
+with SIGCONT while they run elsewhere), restarts of the API server (SIGKILL) and, last, lost
+answers (`_Run.replay`: a flush that committed events loses its answer on the way back, its
+triggerer is SIGKILLed and restarted, and its outbox sends the events again). When the
 feeder stops, Airflow's own ``asset_event`` table is read back: per watcher, the items it has an
 event of, duplicates, items missing and events out of order.
 
@@ -43,6 +45,7 @@ import asyncpg
 import httpx
 from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
+from answer_proxy import LostAnswerProxy
 from e2e_events_trigger import item_path
 
 from localstate._bench.airflow_deployment import activate_watchers, fast_loops, wait_until
@@ -84,6 +87,12 @@ class Schedule:
     #: items per second fed to each watcher's source
     rate: float = 5.0
     seed: int = 37
+    #: lost answers (`_Run.replay`), after every other fault: each triggerer then reaches
+    #: the API server through a `LostAnswerProxy`
+    replays: int = 0
+    #: the asset whose watcher's triggerer a zombie fault stops (None: the triggerer running
+    #: the most triggers)
+    zombie_of: str | None = None
 
 
 @dataclass
@@ -134,6 +143,10 @@ class Outcome:
     kills: int = 0
     zombies: int = 0
     api_restarts: int = 0
+    #: lost answers replayed: each event of the flush whose answer was lost, with the status
+    #: the API server answered when the restarted triggerer sent it again
+    replayed: dict[tuple[str, str], str] = field(default_factory=dict)
+    replays: int = 0
     #: the source faults run (their names)
     source_faults: list[str] = field(default_factory=list)
     #: zombies during which the stopped triggerer's triggers moved to the other one
@@ -159,7 +172,8 @@ class Outcome:
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         lines.append(f"faults: {self.kills} SIGKILLs of a triggerer, {self.zombies} zombies "
                      f"({self.takeovers} with their triggers taken over), {self.api_restarts} "
-                     f"API server restarts; source faults: "
+                     f"API server restarts, {self.replays} lost answers replayed "
+                     f"({len(self.replayed)} events); source faults: "
                      f"{', '.join(self.source_faults) or 'none'}; "
                      f"{self.consumer_runs} consumer DAG runs; "
                      f"{self.seconds:.0f} s")
@@ -185,6 +199,8 @@ class _Run:
         self.fed = 0
         self.api: subprocess.Popen[bytes] | None = None
         self.triggerers: dict[str, _Triggerer] = {}
+        #: each triggerer's way to the API server, when the schedule loses answers
+        self.proxies: dict[str, LostAnswerProxy] = {}
         self.outcome = Outcome()
 
     # -- processes -----------------------------------------------------------------------
@@ -204,9 +220,17 @@ class _Run:
         await wait_until("the API server with localstate", healthy, self.d, 240)
 
     async def start_triggerer(self, name: str) -> None:
+        base = self.d.env["AIRFLOW__API__BASE_URL"]
+        if self.s.replays and name not in self.proxies:
+            upstream = httpx.URL(base)
+            proxy = LostAnswerProxy(str(upstream.host), int(upstream.port or 80))
+            await proxy.start()
+            self.proxies[name] = proxy
+        api_url = (self.proxies[name].url(f"{httpx.URL(base).path.rstrip('/')}/localstate")
+                   if name in self.proxies else f"{base}/localstate")
         env = {
             "AIRFLOW__LOCALSTATE__SINK": "api",
-            "AIRFLOW__LOCALSTATE__API_URL": f"{self.d.env['AIRFLOW__API__BASE_URL']}/localstate",
+            "AIRFLOW__LOCALSTATE__API_URL": api_url,
             "AIRFLOW__LOCALSTATE__API_TOKEN": triggerer_token(name),
             "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL),
             "AIRFLOW__LOCALSTATE__TRIGGERER_ID": name,
@@ -257,20 +281,28 @@ class _Run:
         self.note(f"SIGKILL {t.name}")
 
     async def zombie(self) -> None:
-        """Stop the triggerer running the most triggers until the other one has taken them
-        all over (past the health-check threshold), then let it run on: a zombie."""
+        """Stop the triggerer running the most triggers (or `Schedule.zombie_of`'s watcher)
+        until the other one has taken them all over (past the health-check threshold), then
+        let it run on: a zombie."""
         # after a SIGKILL the triggers stay on the dead triggerer's job until the threshold
         # passes: wait until a running triggerer holds them, so that there is something to
         # take over
+        # (with `zombie_of`: until a running triggerer holds that asset's watcher)
+        watcher = (set() if self.s.zombie_of is None
+                   else set(await self.watcher_triggers(self.s.zombie_of)))
         deadline = time.monotonic() + self.s.health_threshold + 30
         while True:
             held = {t.name: await self.triggers_of(t.job_id) for t in self.triggerers.values()}
             most = max(len(h) for h in held.values())
-            if most > 0 or time.monotonic() > deadline:
+            named = sorted(n for n, h in held.items() if h & watcher)
+            if (named if watcher else most > 0) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
-        t = self.triggerers[self.rng.choice(sorted(n for n, h in held.items()
-                                                   if len(h) == most))]
+        if named:  # the triggerer running that asset's watcher
+            t = self.triggerers[named[0]]
+        else:
+            t = self.triggerers[self.rng.choice(sorted(n for n, h in held.items()
+                                                       if len(h) == most))]
         os.killpg(t.process.pid, signal.SIGSTOP)
         stopped = time.monotonic()
         self.note(f"SIGSTOP {t.name} running {len(held[t.name])} triggers")
@@ -308,6 +340,51 @@ class _Run:
         os.killpg(t.process.pid, signal.SIGCONT)
         self.outcome.zombies += 1
         self.note(f"SIGCONT {t.name}")
+
+    async def watcher_triggers(self, asset: str) -> list[int]:
+        rows = await self.db.fetch(
+            "SELECT w.trigger_id FROM asset_watcher w JOIN asset a ON a.id = w.asset_id "
+            "WHERE a.name = $1", asset)
+        return [r["trigger_id"] for r in rows]
+
+    async def replay(self) -> None:
+        """A flush whose answer is lost after its commit, sent again after a restart: the
+        proxies hold back the answer of the next flush that commits events
+        (`LostAnswerProxy.hold_next`); its triggerer is SIGKILLed and restarted with the same
+        ``triggerer_id``, so its cache file's outbox sends the events again, and the API
+        server finds them committed (``duplicate``). Meanwhile the other triggerers are
+        stopped (SIGSTOP): the killed one's triggers come back to it, and the events go out
+        again from the cache file whose claim stands, not after another triggerer took the
+        owner over (which would refuse them instead)."""
+        for p in self.proxies.values():
+            p.hold_next()
+        waits = {asyncio.ensure_future(p.wait_held()): n for n, p in self.proxies.items()}
+        done, pending = await asyncio.wait(waits, timeout=4 * self.s.health_threshold + 60,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for p in self.proxies.values():
+            p.disarm()
+        for f in pending:
+            f.cancel()
+        assert done, "no flush committed events through the proxies: nothing to replay"
+        name = sorted(waits[f] for f in done)[0]
+        held = await self.proxies[name].wait_held()
+        self.note(f"{name}'s flush of {len(held.events)} events committed, its answer lost")
+        others = [t for n, t in self.triggerers.items() if n != name]
+        for o in others:
+            os.killpg(o.process.pid, signal.SIGSTOP)
+        try:
+            stop(self.triggerers[name].process, signal.SIGKILL)
+            await self.start_triggerer(name)
+            self.note(f"SIGKILL {name}, restarted; the others stopped")
+            statuses = await asyncio.wait_for(self.proxies[name].wait_sent_again(held),
+                                              4 * self.s.health_threshold + 120)
+        finally:
+            for o in others:
+                os.killpg(o.process.pid, signal.SIGCONT)
+        self.outcome.replays += 1
+        self.outcome.replayed.update(statuses)
+        self.note(f"{name} sent them again: {sorted(set(statuses.values()))}; the others "
+                  "resumed")
 
     async def restart_api(self) -> None:
         assert self.api is not None
@@ -480,6 +557,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         faults = (["kill"] * schedule.kills + ["zombie"] * schedule.zombies
                   + ["api"] * schedule.api_restarts + sorted(scenario.source_faults))
         r.rng.shuffle(faults)
+        faults += ["replay"] * schedule.replays  # last: nothing sends their events again
         for i, fault in enumerate(faults):
             await asyncio.sleep(r.rng.uniform(*schedule.gap))
             if fault in scenario.source_faults:
@@ -487,7 +565,8 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
                 r.outcome.source_faults.append(fault)
                 r.note(fault)
             else:
-                await {"kill": r.kill, "zombie": r.zombie, "api": r.restart_api}[fault]()
+                await {"kill": r.kill, "zombie": r.zombie, "api": r.restart_api,
+                       "replay": r.replay}[fault]()
             if progress:
                 print(f"fault {i + 1}/{len(faults)}: {r.outcome.log[-1]}", flush=True)
         await asyncio.sleep(schedule.gap[1])
@@ -540,6 +619,8 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
             stop(t.process)
         if r.api is not None:
             stop(r.api)
+        for proxy in r.proxies.values():
+            await proxy.close()
         await db.close()
     r.outcome.seconds = time.monotonic() - started
     return r.outcome

@@ -529,6 +529,7 @@ async def test_a_control_character_in_a_name_is_the_same_422_on_every_route(
                            "updated_at": 1.0, "updated_by": "w"}
                           for o, k in ((bad, "k"), (good, bad))],
         "/api/v1/claim": [{"owner": bad, "claimant": "c"}],
+        "/api/v1/release": [{"owner": bad, "claimant": "c", "epoch": 1}],
         "/api/v1/read": [{"owner": bad}, {"keys": [[bad, "k"]]}, {"keys": [[good, bad]]}],
         "/api/v1/flush": [{"fields": field_header(DirtyRow), "rows": encode_rows([r])}
                           for r in (row, row._replace(owner=good, key=bad))],
@@ -691,7 +692,7 @@ async def test_health_and_openapi_need_no_token(api: Api) -> None:
                                  "/api/v1/me", "/api/v1/history",
                                  # the batched endpoints of sink = api
                                  "/api/v1/flush", "/api/v1/read", "/api/v1/write",
-                                 "/api/v1/claim"}
+                                 "/api/v1/claim", "/api/v1/release"}
     assert set(doc["paths"]["/api/v1/state/{owner}/{key}"]) == {"get", "put", "delete"}
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert "expected_version" in doc["components"]["schemas"]["PutBody"]["properties"]

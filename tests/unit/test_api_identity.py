@@ -20,7 +20,7 @@ from test_api import client_for
 
 from localstate import Settings
 from localstate._core.conflicts import PolicyMap
-from localstate._core.rows import DirtyRow
+from localstate._core.rows import DirtyRow, EventRow
 from localstate._sync.central.central_store import CentralStore
 from localstate._sync.sinks.api_sink import ApiSink
 from localstate.api import create_app
@@ -126,6 +126,43 @@ async def test_a_token_without_an_identity_records_its_name_not_the_requests(
     assert all(line.startswith("write by 'ops' (unbound)") for line in lines), lines
     assert "request named 'triggerer-a.example.com'" in lines[0]
     assert all("request named 'evil'" in line for line in lines[1:]), lines
+
+
+async def test_the_history_names_the_caller_for_its_events_claims_and_releases(
+        served: tuple[httpx.AsyncClient, CentralStore, httpx.ASGITransport],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An event a flush carries and a release are recorded in the owner's history as the
+    caller's (its bound identity, else its token's name), whatever triggerer the request
+    names; the release with the epoch the request gives and the caller's writer id."""
+    client, central, transport = served
+    caplog.set_level(logging.INFO, logger="localstate.api.audit")
+    for token, owner, who in ((TRIGGERER, "trigger:h", "triggerer-a.example.com"),
+                              (OPS, "dag:h", "ops")):
+        sink = ApiSink("http://localstate.test", token, transport=transport)
+        try:
+            epoch = await sink.claim(owner, claimant="evil", writer="file-1")
+            _, statuses = await sink.write_with_events(
+                [], [EventRow(1, owner, "e1", "{}", time.time(), epoch)], PolicyMap("reject"),
+                writer="file-1", triggerer="evil")
+            assert statuses == ["committed"]
+            assert await sink.record_release(owner, epoch=epoch, claimant="evil",
+                                             writer="file-1")
+        finally:
+            await sink.close()
+        rows = sorted(await central.read_history(owner), key=lambda r: r.id)
+        assert [(r.kind, r.epoch, r.triggerer) for r in rows] == [
+            ("claim", 1, who), ("event", 1, who), ("release", 1, who)]
+        assert len({r.writer for r in rows}) == 1
+        assert rows[0].writer not in (None, "file-1")
+    r = await client.post("/api/v1/release", headers=bearer(TRIGGERER),
+                          json={"owner": "trigger:h", "claimant": "x", "epoch": 0})
+    assert (r.status_code, r.json()["error"]) == (422, "invalid_input")
+    r = await client.post("/api/v1/release", headers=bearer(TRIGGERER),
+                          json={"owner": "dag:h", "claimant": "x", "epoch": 1})
+    assert r.status_code == 403  # outside its owners: nothing recorded
+    assert len(await central.read_history("dag:h", kinds=["release"])) == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "localstate.api.audit"]
+    assert sum("POST /api/v1/release" in line for line in lines) == 2, lines
 
 
 def test_a_token_may_be_bound_to_an_identity() -> None:

@@ -1,7 +1,7 @@
 """Each owner's history (`localstate._sync.central.history`): written in the flush's (or claim's)
-own transaction, one watermark row per key per flush, every event with its outcome, every
-claim with its epoch; bounded per owner; off when the setting says so. Each test runs on
-every central backend."""
+own transaction, one watermark row per key per flush, every event with its outcome and the
+triggerer that flushed it, every claim and release with its epoch; bounded per owner; off when
+the setting says so. Each test runs on every central backend."""
 
 from __future__ import annotations
 
@@ -43,22 +43,31 @@ async def test_a_watchers_emits_replay_zombie_and_claims_are_in_its_history(
     assert await second.claim(OWNER) == 2
     await first.emit(OWNER, {"n": 3}, watermark=3)  # the zombie's: refused
     await first.flush()
+    gone = await first.release(OWNER)  # the zombie's trigger leaves it
+    assert (gone.recorded, gone.refused) == (True, 0)
     await second.emit(OWNER, {"n": 2}, watermark=2, key="2")  # a replay: duplicate
     await second.emit(OWNER, {"n": 3}, watermark=3)
     await second.flush()
+    assert (await second.release(OWNER)).recorded
     async with CentralStore.open(central_url) as central:
         rows = oldest_first(await central.read_history(OWNER))
     seen = [(r.kind, r.key, r.outcome, r.epoch, r.version, r.triggerer) for r in rows
             if r.kind != "watermark"]
     assert seen == [
         ("claim", None, None, 1, None, "first"),
-        ("event", "1", "committed", 1, None, None),
-        ("event", "2", "committed", 1, None, None),
+        ("event", "1", "committed", 1, None, "first"),
+        ("event", "2", "committed", 1, None, "first"),
         ("claim", None, None, 2, None, "second"),
-        ("event", "3", "refused", 1, None, None),
-        ("event", "2", "duplicate", 2, None, None),
-        ("event", "3", "committed", 2, None, None),
+        ("event", "3", "refused", 1, None, "first"),
+        ("release", None, None, 1, None, "first"),
+        ("event", "2", "duplicate", 2, None, "second"),
+        ("event", "3", "committed", 2, None, "second"),
+        ("release", None, None, 2, None, "second"),
     ]
+    # a release names the cache file that held the claim, as the claim does
+    files = {r.epoch: r.writer for r in rows if r.kind == "claim"}
+    assert [(r.epoch, r.writer) for r in rows if r.kind == "release"] == sorted(files.items())
+    assert files[1] != files[2]
     marks = [(r.key, r.value, r.triggerer) for r in rows if r.kind == "watermark"]
     # one row per flush that committed it, in order; the zombie's watermark is not there
     assert marks == [("watermark", "2", "first"), ("watermark", "3", "second")]
@@ -187,6 +196,38 @@ async def test_watermarks_within_the_window_are_coalesced_events_never(
     record = await store.read_committed(OWNER, "watermark")
     assert record is not None
     assert s.last_watermark_at == pytest.approx(record.updated_at.timestamp(), abs=1e-3)
+
+
+async def test_a_release_is_recorded_only_for_an_owner_the_store_claimed(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    store = await open_store(triggerer_id="t1")
+    await store.set(OWNER, "watermark", 1)
+    report = await store.release(OWNER)  # never claimed here: nothing to hand over
+    assert (report.recorded, report.flushed) == (False, 1)
+    await store.claim(OWNER)
+    assert (await store.release(OWNER)).recorded
+    central_of(store).use_history(HistoryPolicy(enabled=False))
+    assert not (await store.release(OWNER)).recorded  # history off: no row
+    async with CentralStore.open(central_url) as central:
+        rows = oldest_first(await central.read_history(OWNER))
+    assert [(r.kind, r.epoch, r.triggerer) for r in rows if r.kind != "watermark"] == [
+        ("claim", 1, "t1"), ("release", 1, "t1")]
+
+
+async def test_a_release_not_recorded_within_its_timeout_is_reported_and_goes_on(
+    open_store: StoreFactory, central_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = await open_store(triggerer_id="t1")
+    await store.claim(OWNER)
+    await store.set(OWNER, "watermark", 1)
+    await store.flush()
+    report = await store.release(OWNER, timeout=0)  # flushed: no time left for the record
+    assert (report.recorded, report.dropped, report.kept) == (False, 1, 0)
+    assert "the release of owner 'trigger:orders' (claim epoch 1) is not in its history" \
+        in caplog.text
+    async with CentralStore.open(central_url) as central:
+        assert await central.read_history(OWNER, kinds=["release"]) == []
 
 
 def test_a_bad_bound_is_refused() -> None:

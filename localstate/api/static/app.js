@@ -218,7 +218,7 @@
     hist.type = "button";
     hist.className = "history";
     hist.textContent = "History";
-    hist.title = "what this owner's watchers did: watermarks, events, claims";
+    hist.title = "what this owner's watchers did: watermarks, events, claims and releases";
     hist.addEventListener("click", () => openWatcher(item.owner));
     actions.appendChild(hist);
     if (canWrite) {
@@ -296,7 +296,7 @@
     tr.dataset.kind = item.kind;
     tr.dataset.id = String(item.id);
     cell(tr, "at", when(item.at));
-    cell(tr, "kind", item.kind === "claim" ? "claim" : item.kind);
+    cell(tr, "kind", item.kind);
     cell(tr, "key", item.key || "");
     const what = cell(tr, "what", "");
     if (item.kind === "event") {
@@ -316,9 +316,10 @@
       code.textContent = `v${item.version} = ${preview(item.value)}`;
       what.appendChild(code);
     } else {
+      // a handover: a claim (the owner taken) or a release (the owner left a triggerer)
       const badge = document.createElement("span");
-      badge.className = "badge claim";
-      badge.textContent = "claimed";
+      badge.className = `badge ${item.kind}`;
+      badge.textContent = item.kind === "claim" ? "claimed" : "released";
       what.appendChild(badge);
     }
     cell(tr, "epoch", item.epoch === null ? "" : String(item.epoch));
