@@ -12,6 +12,14 @@ redeliver (`localstate db prune` keeps them 15 days: SQS's longest retention, an
 That is effectively once, not exactly once: a message redelivered after its key was pruned,
 or by a queue whose retention is longer than that window, would be emitted again.
 
+The loop is a pipeline: a batch's central commit and its delete run while the next batches
+are received (at most `SETTLING_BATCHES` at once; the first one alone, so that its emit claims
+the watched assets once). Waiting for each batch's commit and delete before the next receive
+made a flush round trip and three SQS calls the cost of every batch, one after the other: at a
+few hundred milliseconds a call (moto on a loaded machine, or a far region) the watcher fell
+behind a few messages a second; with real SQS the flush round trip alone capped a watcher at
+a batch per commit.
+
 The watermark counts the messages received (``{"received": n}``); it is not a position.
 """
 
@@ -31,12 +39,14 @@ from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import CentralUnavailable, InvalidInput, reason
 
-__all__ = ["SQS_BATCH", "SqsQueueTrigger"]
+__all__ = ["SETTLING_BATCHES", "SQS_BATCH", "SqsQueueTrigger"]
 
 log = logging.getLogger("localstate.airflow.queues.sqs")
 
 #: the most messages one ReceiveMessage returns
 SQS_BATCH = 10
+#: batches being committed centrally and deleted while the next ones are received
+SETTLING_BATCHES = 4
 
 
 class SqsQueueTrigger(QueueTrigger):
@@ -104,39 +114,72 @@ class SqsQueueTrigger(QueueTrigger):
         received = int((await self.get_watermark(default=None) or {}).get("received", 0))
         async with get_session().create_client("sqs", **kwargs) as client:
             backoff = Backoff(base=0.2, cap=10.0)
-            while True:
-                try:
-                    batch = await self.receive(client)
-                except (BotoCoreError, ClientError) as exc:
-                    # the endpoint out of reach, throttling, ...: nothing was taken
-                    if not backoff.failures:
-                        log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
-                    await asyncio.sleep(backoff.next_delay())
-                    continue
-                if backoff.failures:
-                    log.info("SQS queue %s back after %d tries", self.queue_url,
-                             backoff.failures)
-                    backoff.reset()
-                if not batch:
-                    continue
-                received += len(batch)
-                messages = [self._message(m) for m in batch]
-                try:
-                    await self.emit_batch(messages, watermark={"received": received},
-                                          durability="central")
-                except CentralUnavailable as exc:
-                    # not deleted: SQS shows them again after the visibility timeout, and the
-                    # events, committed or not, are de-duplicated by MessageId
-                    log.warning("%d SQS messages not confirmed by the central DB (%s); they "
-                                "are not deleted and come back", len(batch), reason(exc))
-                    continue
-                try:
-                    await self.delete(client, batch)
-                except (BotoCoreError, ClientError) as exc:
-                    # committed, not deleted: they come back and are de-duplicated
-                    log.warning("could not delete %d SQS messages (%s); they come back and "
-                                "their events are de-duplicated", len(batch), exc)
+            settling: set[asyncio.Task[None]] = set()
+            first = True
+            try:
+                while True:
+                    await self.make_room(settling)
+                    try:
+                        batch = await self.receive(client)
+                    except (BotoCoreError, ClientError) as exc:
+                        # the endpoint out of reach, throttling, ...: nothing was taken
+                        if not backoff.failures:
+                            log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
+                        await asyncio.sleep(backoff.next_delay())
+                        continue
+                    if backoff.failures:
+                        log.info("SQS queue %s back after %d tries", self.queue_url,
+                                 backoff.failures)
+                        backoff.reset()
+                    if not batch:
+                        continue
+                    received += len(batch)
+                    settle = self.settle(client, batch, received)
+                    if first:  # its emit claims the watched assets: once, before any other
+                        await settle
+                        first = False
+                    else:
+                        settling.add(asyncio.create_task(settle))
+            finally:
+                # cancelled (the trigger moved) or failed: what is not deleted comes back
+                # after the visibility timeout, and its events are de-duplicated
+                for task in settling:
+                    task.cancel()
+                await asyncio.gather(*settling, return_exceptions=True)
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
+
+    async def make_room(self, settling: set[asyncio.Task[None]]) -> None:
+        """Drop the settled batches from `settling` (raising what failed one), waiting while
+        `SETTLING_BATCHES` are under way."""
+        while True:
+            for task in [t for t in settling if t.done()]:
+                settling.discard(task)
+                task.result()  # an error no step expects is the trigger's
+            if len(settling) < SETTLING_BATCHES:
+                return
+            await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+
+    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> None:
+        """Emit `batch`'s events, wait until the central DB has committed them, then delete
+        the messages (`received`: the messages received so far, the watermark)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        messages = [self._message(m) for m in batch]
+        try:
+            await self.emit_batch(messages, watermark={"received": received},
+                                  durability="central")
+        except CentralUnavailable as exc:
+            # not deleted: SQS shows them again after the visibility timeout, and the
+            # events, committed or not, are de-duplicated by MessageId
+            log.warning("%d SQS messages not confirmed by the central DB (%s); they are not "
+                        "deleted and come back", len(batch), reason(exc))
+            return
+        try:
+            await self.delete(client, batch)
+        except (BotoCoreError, ClientError) as exc:
+            # committed, not deleted: they come back and are de-duplicated
+            log.warning("could not delete %d SQS messages (%s); they come back and their "
+                        "events are de-duplicated", len(batch), exc)
 
     async def receive(self, client: Any) -> list[dict[str, Any]]:
         """Up to `max_messages`: one long poll, then short ones until one comes back empty
