@@ -148,12 +148,12 @@ class _HeldSettle(SqsQueueTrigger):
         self.batches = 0
         self.received = 0
 
-    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> None:
+    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> bool:
         self.batches += 1
         self.received = received
         if self.batches > 1:
             await self.release.wait()
-        await super().settle(client, batch, received)
+        return await super().settle(client, batch, received)
 
 
 async def test_batches_are_received_while_earlier_ones_settle(

@@ -12,13 +12,13 @@ redeliver (`localstate db prune` keeps them 15 days: SQS's longest retention, an
 That is effectively once, not exactly once: a message redelivered after its key was pruned,
 or by a queue whose retention is longer than that window, would be emitted again.
 
-The loop is a pipeline: a batch's central commit and its delete run while the next batches
-are received (at most `SETTLING_BATCHES` at once; the first one alone, so that its emit claims
-the watched assets once). Waiting for each batch's commit and delete before the next receive
-made a flush round trip and three SQS calls the cost of every batch, one after the other: at a
-few hundred milliseconds a call (moto on a loaded machine, or a far region) the watcher fell
-behind a few messages a second; with real SQS the flush round trip alone capped a watcher at
-a batch per commit.
+The loop is a pipeline: a batch's central commit and its delete run while the next batches are
+received (at most `SETTLING_BATCHES` at once; one at a time until one is committed, so that the
+first emit claims the watched assets once). Waiting for each batch's commit and delete before
+the next receive made a flush round trip and several SQS calls the cost of every batch, one
+after the other: at a few hundred milliseconds a call (moto on a loaded machine, or a far
+region) the watcher fell behind a few messages a second; with real SQS the flush round trip
+alone capped a watcher at a batch per commit.
 
 The watermark counts the messages received (``{"received": n}``); it is not a position.
 """
@@ -114,7 +114,7 @@ class SqsQueueTrigger(QueueTrigger):
         received = int((await self.get_watermark(default=None) or {}).get("received", 0))
         async with get_session().create_client("sqs", **kwargs) as client:
             backoff = Backoff(base=0.2, cap=10.0)
-            settling: set[asyncio.Task[None]] = set()
+            settling: set[asyncio.Task[bool]] = set()
             first = True
             try:
                 while True:
@@ -136,8 +136,7 @@ class SqsQueueTrigger(QueueTrigger):
                     received += len(batch)
                     settle = self.settle(client, batch, received)
                     if first:  # its emit claims the watched assets: once, before any other
-                        await settle
-                        first = False
+                        first = not await settle  # until one batch is committed
                     else:
                         settling.add(asyncio.create_task(settle))
             finally:
@@ -148,7 +147,7 @@ class SqsQueueTrigger(QueueTrigger):
                 await asyncio.gather(*settling, return_exceptions=True)
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
 
-    async def make_room(self, settling: set[asyncio.Task[None]]) -> None:
+    async def make_room(self, settling: set[asyncio.Task[bool]]) -> None:
         """Drop the settled batches from `settling` (raising what failed one), waiting while
         `SETTLING_BATCHES` are under way."""
         while True:
@@ -159,9 +158,10 @@ class SqsQueueTrigger(QueueTrigger):
                 return
             await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
 
-    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> None:
+    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> bool:
         """Emit `batch`'s events, wait until the central DB has committed them, then delete
-        the messages (`received`: the messages received so far, the watermark)."""
+        the messages (`received`: the messages received so far, the watermark). False: the
+        central DB did not confirm the events in time (they are not deleted)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         messages = [self._message(m) for m in batch]
@@ -173,13 +173,14 @@ class SqsQueueTrigger(QueueTrigger):
             # events, committed or not, are de-duplicated by MessageId
             log.warning("%d SQS messages not confirmed by the central DB (%s); they are not "
                         "deleted and come back", len(batch), reason(exc))
-            return
+            return False
         try:
             await self.delete(client, batch)
         except (BotoCoreError, ClientError) as exc:
             # committed, not deleted: they come back and are de-duplicated
             log.warning("could not delete %d SQS messages (%s); they come back and their "
                         "events are de-duplicated", len(batch), exc)
+        return True
 
     async def receive(self, client: Any) -> list[dict[str, Any]]:
         """Up to `max_messages`: one long poll; when it came back full, the rest asked for at
