@@ -157,6 +157,7 @@ def _require_backend(request: pytest.FixtureRequest, backend: str) -> None:
 #: workers, not one long test with the other worker idle. The rest keep their order.
 LONGEST_FIRST = [
     "tests/airflow/test_airflow_events_chaos.py",  # 232-508 s
+    "tests/airflow/test_airflow_queue_chaos.py",  # 477-634 s alone (load 7-23)
     "tests/packaging/test_wheel.py",  # 90-170 (both tests share one build)
     # 36-335 each: the docs' installs, the two with Airflow 280-335
     "tests/packaging/test_docs_install.py",

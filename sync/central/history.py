@@ -321,6 +321,8 @@ class HistoryTrim:
         self._aged_at = clock()
         #: when each owner's watermark was last recorded (`marks_due`)
         self._marked: dict[str, float] = {}
+        #: rows trimmed so far (for stats and tests)
+        self.trimmed = 0
 
     def marks_due(self, owners: Iterable[str]) -> set[str] | None:
         """Which of `owners` get their watermarks recorded by the flush about to be made:
@@ -345,8 +347,6 @@ class HistoryTrim:
         now = self._clock()
         for o in owners:
             self._marked[o] = now
-        #: rows trimmed so far (for stats and tests)
-        self.trimmed = 0
 
     @property
     def _step(self) -> int:

@@ -1,9 +1,12 @@
 """`SqsQueueTrigger` against a real SQS endpoint (moto's server) and a real central DB: one
 event per message keyed ``sqs/<MessageId>``, each deleted only once the central DB holds its
-event, a redelivered message de-duplicated, a refused delete counted and logged."""
+event, a redelivered message de-duplicated, a refused delete counted and logged, and the
+next batches received while earlier ones are committed and deleted (at most
+`SETTLING_BATCHES` at once)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -16,6 +19,7 @@ from queue_watchers import committed_keys, running, wait_for_keys
 
 from localstate._testing.queue_broker import QueueBroker, moto_server
 from localstate.airflow.queues import SqsQueueTrigger
+from localstate.airflow.queues._sqs import SETTLING_BATCHES
 from localstate.errors import InvalidInput
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
@@ -133,3 +137,52 @@ def test_bad_arguments_are_refused(backend: str) -> None:
     classpath, kwargs = SqsQueueTrigger(queue_url="u").serialize()
     assert classpath == "localstate.airflow.queues.SqsQueueTrigger"
     assert SqsQueueTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+class _HeldSettle(SqsQueueTrigger):
+    """Its batches after the first are committed and deleted only once `release` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.release = asyncio.Event()
+        self.batches = 0
+        self.received = 0
+
+    async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> bool:
+        self.batches += 1
+        self.received = received
+        if self.batches > 1:
+            await self.release.wait()
+        return await super().settle(client, batch, received)
+
+
+async def test_batches_are_received_while_earlier_ones_settle(
+        broker: QueueBroker, sqs: Any, open_store: StoreFactory, central_url: str) -> None:
+    """The receive loop does not wait for a batch's central commit and delete: with those
+    held, it goes on receiving, up to `SETTLING_BATCHES` batches under way; released, every
+    message has its one event and is deleted."""
+    batches = SETTLING_BATCHES + 3
+    url, ids = await new_queue(sqs, 10 * batches)
+    store = await open_store(flush_interval=0.2)
+    trigger = _HeldSettle(queue_url=url, aws_conn_id=None, region_name="us-east-1",
+                          endpoint_url=f"http://{broker.address}", wait_seconds=0,
+                          max_messages=10, visibility_timeout=60)
+    owner = trigger.state_owner
+    async with running(trigger, store) as task:
+        for _ in range(600):
+            if trigger.batches > SETTLING_BATCHES:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # room for a receive too many, had the bound not held
+        # the first batch settled alone, then SETTLING_BATCHES held ones: received meanwhile
+        assert trigger.batches == 1 + SETTLING_BATCHES
+        assert trigger.received == 10 * (1 + SETTLING_BATCHES)
+        assert await left_in(sqs, url) == 10 * (batches - 1)  # only the first one deleted
+        trigger.release.set()
+        keys = await wait_for_keys(central_url, owner, 10 * batches, store, task)
+        for _ in range(100):
+            if not await left_in(sqs, url):
+                break
+            await store.flush()
+    assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
+    assert await left_in(sqs, url) == 0

@@ -14,7 +14,7 @@ from sqlalchemy import func, insert, select
 
 from localstate._core.rows import EventRow
 from localstate._sync.central.central_store import CentralStore
-from localstate._sync.central.history import HistoryPolicy, HistoryRow
+from localstate._sync.central.history import HistoryPolicy, HistoryRow, HistoryTrim
 from localstate._sync.central.schema import history
 from localstate.errors import InvalidInput
 
@@ -353,3 +353,16 @@ async def test_db_prune_trims_every_owners_history_to_the_settings_bounds(
     async with CentralStore.open(central_url) as central:
         for owner in (OWNER, "trigger:other"):
             assert [r.value for r in await central.read_history(owner)] == ["9", "8", "7"]
+
+
+def test_the_trim_count_starts_at_zero_and_is_kept_across_recorded_watermarks() -> None:
+    """A trim can come before any watermark was recorded (a claim's flush, say), and a
+    recorded watermark does not reset the count: the count was set in `marked`, so a writer's
+    first trim failed with AttributeError (the API server answered the claim with a 500)."""
+    t = HistoryTrim(HistoryPolicy(max_rows=10))
+    t.added(["a"])
+    t.done(["a"], aged=False, trimmed=3)
+    assert t.trimmed == 3
+    t.marked(["a"])
+    t.done([], aged=True, trimmed=2)
+    assert t.trimmed == 5

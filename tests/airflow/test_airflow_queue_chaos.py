@@ -1,0 +1,60 @@
+"""Every message one asset event from localstate's queue watchers, with real brokers (Tansu for
+Kafka on 3 partitions, ``redis-server``, ``moto_server`` for SQS) and real Airflow 3.3 processes
+(``airflow api-server`` with the plugin, two ``airflow triggerer`` with ``sink = api``, the
+scheduler, PostgreSQL) under SIGKILLs of a triggerer's process group, zombie takeovers, an API
+server restart, a Redis restart and an SQS freeze (tests/support/queue_chaos.py over the events
+chaos harness, tests/support/events_chaos.py). Airflow's own ``MessageQueueTrigger`` watches
+the same brokers under the same faults.
+
+Asserted, for each of localstate's watched assets: every produced message has exactly one
+``asset_event`` (no duplicate, none missing, in order within a Kafka partition and the Redis
+stream). Airflow's own triggers' duplicates and missing messages are measured and printed
+(Airflow promises at least once there, and less for Redis pub/sub); they only have to have run.
+The long variant (100 kills) is benches/bench_queue_chaos.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from events_chaos import Schedule, run
+from queue_chaos import queue_scenario
+
+from localstate._testing.postgres_server import PostgresServer
+
+pytestmark = pytest.mark.postgres
+
+#: each SIGKILL hits every queue at once: all the watchers run in the two triggerers
+KILLS, ZOMBIES, API_RESTARTS = 10, 2, 1
+
+
+def test_each_message_is_one_asset_event_under_kills_zombies_and_broker_restarts(
+        pg_server: PostgresServer, tmp_path: Path) -> None:
+    s = Schedule(kills=KILLS, zombies=ZOMBIES, api_restarts=API_RESTARTS, gap=(1.0, 2.0),
+                 health_threshold=6.0, rate=4.0, seed=46)
+    with queue_scenario(tmp_path) as (scenario, brokers):
+        o = asyncio.run(run(pg_server, tmp_path, s, scenario=scenario))
+    report = o.table() + "\n" + "\n".join(o.log)
+    print("\n" + o.table())
+    assert (o.kills, o.zombies, o.api_restarts) == (KILLS, ZOMBIES, API_RESTARTS), report
+    assert sorted(o.source_faults) == sorted(scenario.source_faults), report
+    assert brokers["redis"].restarts == 1
+    # each zombie's triggers were taken over by the other triggerer while it was stopped
+    assert o.takeovers == ZOMBIES, report
+    emit = {name: f for name, f in o.by_asset.items() if name.startswith("emit_")}
+    assert sorted(emit) == ["emit_kafka_even", "emit_kafka_odd", "emit_redis", "emit_sqs"]
+    for name, f in emit.items():
+        assert f.fed > 0, name
+        assert (f.duplicates, f.missing, f.out_of_order, f.bad_extra) == (0, 0, 0, 0), (
+            f"{name}\n{report}")
+        assert f.events == f.fed, f"{name}\n{report}"
+    # every message of the Kafka topic reached exactly one of the two routed assets
+    assert emit["emit_kafka_even"].fed + emit["emit_kafka_odd"].fed == emit["emit_redis"].fed
+    # the scheduler turned the events into runs of the DAG that consumes the assets
+    assert o.consumer_runs > 0
+    # Airflow's own trigger beside each ran under the same faults and was measured
+    for name in ("plain_kafka", "plain_redis", "plain_sqs"):
+        assert o.by_asset[name].fed == emit["emit_redis"].fed, report
+        assert o.by_asset[name].events > 0, f"{name} has no event\n{report}"
