@@ -47,6 +47,7 @@ from airflow_api_server import new_airflow, triggerer_token
 from airflow_harness import ROOT, Deployment, stop
 from answer_proxy import LostAnswerProxy
 from e2e_events_trigger import item_path
+from process_stacks import dump_stacks, session_locks, stack_dump_env
 
 from localstate._bench.airflow_deployment import activate_watchers, fast_loops, wait_until
 from localstate._testing.postgres_server import PostgresServer
@@ -324,13 +325,17 @@ class _Run:
                 "SELECT t.id, t.triggerer_id, j.latest_heartbeat, j.end_date FROM trigger t "
                 "LEFT JOIN job j ON j.id = t.triggerer_id ORDER BY t.id")
             jobs = {n: x.job_id for n, x in self.triggerers.items()}
-            sessions = await self.db.fetch(
-                "SELECT pid, state, wait_event_type, left(query, 80) AS query FROM "
-                "pg_stat_activity WHERE datname = current_database() AND state <> 'idle' "
-                "AND pid <> pg_backend_pid()")
-            self.note("sessions: " + "; ".join(
-                f"{r['pid']} {r['state']} waits {r['wait_event_type']}: {r['query']}"
-                for r in sessions))
+            # where the triggerers and their sessions are: a takeover is Airflow's (the other
+            # triggerer's supervisor must heartbeat and assign), so show what held it up
+            for line in await session_locks(self.db):
+                self.note(line)
+            for other in self.triggerers.values():
+                if other is not t:
+                    stacks = await asyncio.to_thread(
+                        dump_stacks, other.process.pid, self.d.logs / "stacks")
+                    (self.d.logs / f"stacks-{other.name}-{time.time():.0f}.txt").write_text(
+                        stacks)
+                    self.note(f"{other.name}'s stacks: logs/stacks-{other.name}-*.txt")
             self.note(f"{t.name}'s triggers NOT taken over; jobs {jobs}; triggers "
                       + "; ".join(f"{r['id']}->{r['triggerer_id']} (heartbeat "
                                   f"{r['latest_heartbeat']}, ended {r['end_date']})"
@@ -526,7 +531,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
     dags.mkdir()
     (dags / "events_chaos_dag.py").write_text(scenario.dag)
     d.env.update({
-        "PYTHONPATH": f"{d.env['PYTHONPATH']}:{ROOT / 'tests' / 'support'}",
+        **stack_dump_env(d.logs / "stacks", f"{d.env['PYTHONPATH']}:{ROOT / 'tests' / 'support'}"),
         **scenario.env,
         **fast_loops(dags, health_threshold=schedule.health_threshold, executor="LocalExecutor"),
         **(env or {}),
