@@ -32,17 +32,18 @@ trigger starts running); ``sql`` into localstate's own central table.
 Handovers. When the state opens (the trigger starts on this triggerer), the trigger claims its
 owner (`StateStore.claim`): a new claim epoch, after which the central DB refuses the writes of
 the triggerer it was moved away from, should that one still be running (a zombie). A zombie's
-store raises `OwnerLost`; ``run()`` then ends quietly (the trigger stops). The ``airflow`` sink
+store raises `OwnerLost`; ``run()`` then ends quietly (the trigger stops). A trigger watching
+several assets also claims each asset's owner, at its first emit. The ``airflow`` sink
 keeps no claims: there nothing is claimed and a zombie is not fenced (see the README).
 
 A claim the central DB cannot complete now (down, or slow: every claim is bounded by
-``central_transaction_timeout`` and retried for twice that) never fails the trigger: it runs
-on from its cache, as in an outage, and claims again in the background with backoff, *unless
-another triggerer claimed the owner since this one started it* (the claim is conditional, in
-one transaction): a late claim never takes a trigger back from the triggerer it moved to.
-Meanwhile its writes stay in this store (`StateStore.claim`'s ``hold``): they go out under the
-claim once it is made, never under the previous holder's, which would refuse them while the
-run goes on past them.
+``central_transaction_timeout`` and retried for twice that), the owner's or an asset's, never
+fails the trigger: it runs on from its cache, as in an outage, and claims again in the
+background with backoff, *unless another triggerer claimed the owner since this one first
+tried* (the claim is conditional, in one transaction): a late claim never takes a trigger, or
+an asset, back from the triggerer it moved to. Meanwhile the owner's writes (and events) stay
+in this store (`StateStore.claim`'s ``hold``): they go out under the claim once it is made,
+never under the previous holder's, which would refuse them while the run goes on past them.
 """
 
 from __future__ import annotations
@@ -217,9 +218,10 @@ class StateEnabledTrigger:
     _localstate_accessors: LocalAssetStateStoreAccessors | None = None
     _localstate_store: StateStore | None = None
     _localstate_owner: str | None = None
-    #: the background claim of a trigger whose claim at start could not complete
-    _localstate_claiming: asyncio.Task[None] | None = None
-    _localstate_assets_claimed: bool = False
+    #: the background claims (by owner) of the owners whose claim could not complete
+    _localstate_claiming: dict[str, asyncio.Task[None]] | None = None
+    #: the owners with a claim made, or in flight in the background
+    _localstate_claimed: frozenset[str] = frozenset()
 
     # -- Airflow's attribute, intercepted ------------------------------------------------
 
@@ -283,44 +285,58 @@ class StateEnabledTrigger:
             return self._localstate_store
         self._register_accessors()
         store = await trigger_store()
+        self._localstate_claimed = frozenset()  # claims are the store's: none in this one yet
         if store.can_claim:
-            started = time.time()
-            try:
-                # held: until the claim is made, the writes stay here rather than go out
-                # under the previous holder's claim and be refused (the run would go on past
-                # them)
-                await store.claim(self.state_owner, hold=True)
-            except CentralUnavailable as exc:
-                # local-first: the trigger runs from its cache and claims in the background;
-                # the store's claim FailureLog says so (once per outage, not per trigger)
-                log.debug("could not claim %s (%s); running from the local cache and claiming "
-                          "again in the background", self.state_owner, reason(exc))
-                self._localstate_claiming = asyncio.create_task(
-                    self._claim_later(store, started), name=f"claim {self.state_owner}")
+            await self._claim(store, [self.state_owner])
         self._localstate_store = store
         if shutdown.install(store):  # in Airflow's trigger runner: a graceful stop flushes
             freeze_startup_heap()  # and full collections skip the start-up heap
         return store
 
-    async def _claim_later(self, store: StateStore, started: float) -> None:
-        """Claim the owner once the central DB lets us, unless another triggerer claimed it
-        after `started` (then this trigger's writes raise `OwnerLost` and ``run()`` ends)."""
+    async def _claim(self, store: StateStore, owners: Collection[str]) -> None:
+        """Claim each of `owners` not claimed yet (this trigger's owner when it opens, the
+        watched assets' at the first emit): now, or, where the central DB cannot complete the
+        claim now, in the background (`_claim_later`), never failing the trigger.
+
+        Held (`StateStore.claim`'s ``hold``): until an owner's claim is made, its writes and
+        events stay in this store rather than go out under the previous holder's claim and
+        be refused while the run goes on past them."""
+        for owner in owners:
+            if owner in self._localstate_claimed:
+                continue
+            started = time.time()
+            try:
+                await store.claim(owner, hold=True)
+            except CentralUnavailable as exc:
+                # local-first: the trigger runs from its cache and claims in the background;
+                # the store's claim FailureLog says so (once per outage, not per trigger)
+                log.debug("could not claim %s (%s); running from the local cache and claiming "
+                          "again in the background", owner, reason(exc))
+                if self._localstate_claiming is None:
+                    self._localstate_claiming = {}
+                self._localstate_claiming[owner] = asyncio.create_task(
+                    self._claim_later(store, owner, started), name=f"claim {owner}")
+            self._localstate_claimed |= {owner}
+
+    async def _claim_later(self, store: StateStore, owner: str, started: float) -> None:
+        """Claim `owner` once the central DB lets us, unless another triggerer claimed it
+        after `started`, this trigger's first attempt (then this trigger's writes of it raise
+        `OwnerLost` and ``run()`` ends)."""
         backoff = Backoff(base=1.0, cap=30.0)
         while not store.closed:
             await asyncio.sleep(backoff.next_delay())
             try:
-                epoch = await store.claim(self.state_owner, unless_claimed_since=started)
+                epoch = await store.claim(owner, unless_claimed_since=started)
             except CentralUnavailable:
                 continue
             except OwnerLost as exc:
                 log.warning("%s was claimed by another triggerer meanwhile (epoch %d): this "
-                            "trigger's writes of it are refused", self.state_owner, exc.current)
+                            "trigger's writes of it are refused", owner, exc.current)
                 return
             except LocalStateError as exc:  # closed meanwhile, or a setting changed
-                log.warning("gave up claiming %s: %s", self.state_owner, reason(exc))
+                log.warning("gave up claiming %s: %s", owner, reason(exc))
                 return
-            log.debug("claimed %s (epoch %d) after %d tries", self.state_owner, epoch,
-                     backoff.failures)
+            log.debug("claimed %s (epoch %d) after %d tries", owner, epoch, backoff.failures)
             return
 
     def _open_store(self) -> StateStore:
@@ -400,10 +416,8 @@ class StateEnabledTrigger:
         if owner in assets or not assets:
             return await store.emit(owner, payload, watermark=watermark, key=key,
                                     watermark_key=self.watermark_key, flush=flush)
-        if not self._localstate_assets_claimed and store.can_claim:
-            for asset in assets:  # their events and watermarks are fenced as the owner's are
-                await store.claim(asset)
-            self._localstate_assets_claimed = True
+        if store.can_claim:  # their events and watermarks are fenced as the owner's are
+            await self._claim(store, assets)
         for asset in assets:
             await store.emit(asset, payload, watermark=watermark, key=key,
                              watermark_key=self.watermark_key, flush=flush)
@@ -436,11 +450,8 @@ class StateEnabledTrigger:
                                          watermark_key=self.watermark_key,
                                          durability=durability, flush=flush)
         by_owner = self._route(events, routes, list(assets))
-        if not self._localstate_assets_claimed and store.can_claim:
-            for asset in assets:  # their events and watermarks are fenced as the owner's are
-                if asset != owner:
-                    await store.claim(asset)
-            self._localstate_assets_claimed = True
+        if store.can_claim:  # their events and watermarks are fenced as the owner's are
+            await self._claim(store, assets)
         # each asset's events, staged (in memory) before the owner's watermark: the commit
         # that carries the watermark carries them too, or an earlier one did
         for asset, batch in by_owner.items():
@@ -487,8 +498,8 @@ class StateEnabledTrigger:
         so the next triggerer starts from here, then dropped from this one's memory and cache
         file: `StateStore.release`)."""
         claiming, self._localstate_claiming = self._localstate_claiming, None
-        if claiming is not None:
-            claiming.cancel()
+        for task in (claiming or {}).values():
+            task.cancel()
         store = self._localstate_store
         # after a graceful stop's drain (`localstate.airflow._shutdown`) there is nothing left
         # to flush from the mixin's writes, and the airflow sink's channel is gone

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ from localstate import StateStore
 from localstate._store import StateVariable
 from localstate._sync.central.central_store import CentralStore
 from localstate._sync.sinks.airflow_sink import AirflowSink, process_sink
+from localstate._testing.mysql_server import MysqlServer
 from localstate._testing.postgres_server import PostgresServer
-from localstate.airflow.trigger import StateEnabledTrigger, trigger_owner
+from localstate.airflow.trigger import StateEnabledTrigger, asset_owner, trigger_owner
 from localstate.errors import LocalStateError
 
 
@@ -365,14 +367,19 @@ async def test_a_trigger_started_while_the_central_db_is_down_claims_once_it_is_
 
 
 async def committed_keys(url: str, owner: str) -> list[str]:
+    return [key for key, _epoch in await committed_events(url, owner)]
+
+
+async def committed_events(url: str, owner: str) -> list[tuple[str, int]]:
+    """(key, claim epoch) of each event of `owner` the central DB committed, in order."""
     from sqlalchemy import select
 
     from localstate._sync.central.schema import event
 
     async with CentralStore.open(url) as central:
         e = event.c
-        return [k for (k,) in await central.run_read(
-            select(e.key).where(e.owner == owner).order_by(e.seq), "read events")]
+        return [(k, int(epoch)) for k, epoch in await central.run_read(
+            select(e.key, e.epoch).where(e.owner == owner).order_by(e.seq), "read events")]
 
 
 async def test_an_emitting_trigger_resumes_on_another_triggerer_without_duplicates(
@@ -402,3 +409,60 @@ async def test_an_asset_watchers_emit_on_a_db_without_airflow_is_a_typed_error(
     trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name="orders")])
     with pytest.raises(EventsUnsupported, match="sink = api"):
         await drive(trigger, 1)
+
+
+@pytest.mark.parametrize("call", ["emit", "emit_many"])
+async def test_a_trigger_emitting_to_its_assets_while_the_central_db_is_down_claims_them_later(
+        db_server: PostgresServer | MysqlServer, tmp_path: Path, call: str) -> None:
+    """A trigger watching several assets claims each asset's owner at its first emit. The
+    central DB down then: the emit runs from the local cache (never raises
+    `CentralUnavailable`) and the assets are claimed in the background once it is back. Their
+    events wait in this store meanwhile: the previous holder's claim stands until then, and
+    would refuse them (the events dropped, the trigger gone on past them)."""
+    url = db_server.create_database(f"asset_claims_{uuid.uuid4().hex[:12]}")
+    holder = await StateStore.open(central_url=url, cache_path=tmp_path / "holder.db",
+                                   triggerer_id="holder", flush_interval=3600)
+    late = await use(await StateStore.open(
+        central_url=url, cache_path=tmp_path / "late.db", triggerer_id="late",
+        flush_interval=3600, central_transaction_timeout=0.5, central_timeout=2))
+    owners = [asset_owner("a"), asset_owner("b")]
+    trigger = EmittingTrigger(source="fan-out", last=0)
+    trigger.asset_state_store = AssetStateStoreAccessors(
+        inlets=[Asset(name="a"), Asset(name="b")])
+    try:
+        for owner in owners:  # the triggerer the assets' watcher ran on before, now dead
+            assert await holder.claim(owner) == 1
+        await holder.close()
+        await asyncio.to_thread(db_server.stop)
+        try:
+            await trigger.open_state()
+            if call == "emit":  # each watched asset gets the event
+                await trigger.emit({"n": 1}, watermark=1)
+                expected = {owners[0]: ["1"], owners[1]: ["1"]}
+            else:
+                await trigger.emit_many([("x", {"n": 1}), ("y", {"n": 2})], watermark=2,
+                                        routes=[["a"], ["a", "b"]])
+                expected = {owners[0]: ["x", "y"], owners[1]: ["y"]}
+            assert [late.claim_epoch(owner) for owner in owners] == [0, 0]
+        finally:
+            await asyncio.to_thread(db_server.start)
+        # back: a flush made before the background claims carries none of the assets' events
+        # (held), one made after carries them under the claim
+        await late.flush()
+        for owner in owners:
+            assert (await committed_events(url, owner)) in ([], [
+                (key, 2) for key in expected[owner]])
+        for _ in range(1200):  # the background claims' backoff: 1 s, then up to 2, 4, ...
+            if all(late.claim_epoch(owner) for owner in [*owners, trigger.state_owner]):
+                break
+            await asyncio.sleep(0.05)
+        assert [late.claim_epoch(owner) for owner in owners] == [2, 2]
+        assert late.claim_epoch(trigger.state_owner) == 1
+        await late.flush()
+        for owner in owners:  # each once, under this triggerer's claim
+            assert await committed_events(url, owner) == [(key, 2) for key in expected[owner]]
+        assert late.claims_refused == 0
+    finally:
+        await trigger.cleanup()
+        await late.close()
+        await holder.close()
