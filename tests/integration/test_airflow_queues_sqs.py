@@ -17,6 +17,8 @@ from aiobotocore.session import get_session
 from conftest import StoreFactory
 from queue_watchers import committed_keys, running, wait_for_keys
 
+from localstate import StateVariable
+from localstate._sync.central.central_store import CentralStore
 from localstate._testing.queue_broker import QueueBroker, moto_server
 from localstate.airflow.queues import SqsQueueTrigger
 from localstate.airflow.queues._sqs import SETTLING_BATCHES
@@ -116,6 +118,40 @@ async def test_a_message_delivered_again_has_one_event(
     assert await left_in(sqs, url) == 0
     figures = store.event_figures()[owner]
     assert figures.duplicates >= 1  # the redelivered ones, dropped centrally
+
+
+async def test_a_batch_whose_watermark_the_central_db_refused_comes_back(
+        broker: QueueBroker, sqs: Any, open_store: StoreFactory, central_url: str) -> None:
+    """Another writer moved the watermark on centrally since this store read it (the
+    triggerer this trigger moved from, while this one's claim waited for the central DB; an
+    operator): the central DB keeps its record over the batch's (`WriteRejected`). Its
+    messages are not deleted and the trigger goes on: they come back, each event once."""
+    url, ids = await new_queue(sqs, 10)
+    store = await open_store(flush_interval=0.2)
+    trigger = watcher(broker, url)
+    owner = trigger.state_owner
+    StateVariable.configure(store)
+    try:
+        await trigger.set_watermark({"received": 0})
+        await store.flush()
+        async with CentralStore.open(central_url) as central:  # unfenced, as an operator's
+            await central.write_if_version(owner, "watermark", '{"received":99}', 1,
+                                           updated_by="operator")
+        got = (await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                         VisibilityTimeout=0))["Messages"]
+        assert got
+        assert await trigger.settle(sqs, got, len(got)) is False
+        assert await left_in(sqs, url) == 10  # none deleted
+    finally:
+        StateVariable.configure(None)
+    async with running(trigger, store) as task:
+        keys = await wait_for_keys(central_url, owner, 10, store, task)
+        for _ in range(100):
+            if not await left_in(sqs, url):
+                break
+            await store.flush()
+    assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)  # each once
+    assert await left_in(sqs, url) == 0
 
 
 async def test_a_refused_delete_is_counted_and_the_rest_deleted(

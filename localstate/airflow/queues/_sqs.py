@@ -37,7 +37,7 @@ from localstate._core.backoff import Backoff
 from localstate._sync.central.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._queue_trigger import QueueTrigger
-from localstate.errors import CentralUnavailable, InvalidInput, reason
+from localstate.errors import CentralUnavailable, InvalidInput, WriteRejected, reason
 
 __all__ = ["SETTLING_BATCHES", "SQS_BATCH", "SqsQueueTrigger"]
 
@@ -163,14 +163,21 @@ class SqsQueueTrigger(QueueTrigger):
     async def settle(self, client: Any, batch: list[dict[str, Any]], received: int) -> bool:
         """Emit `batch`'s events, wait until the central DB has committed them, then delete
         the messages (`received`: the messages received so far, the watermark). False: the
-        central DB did not confirm the events in time (they are not deleted)."""
+        central DB did not confirm the events in time (they are not deleted).
+
+        Nor are they when the central DB kept its own watermark over this one (`WriteRejected`:
+        another writer moved it on since this store read it, such as the triggerer this
+        trigger moved from while this one's claim waited for the central DB, or an operator):
+        whether their events went in or not, the messages come back and their events are
+        de-duplicated, and the trigger goes on from the central record. (A triggerer whose
+        claim was taken over gets `OwnerLost` instead: its run ends.)"""
         from botocore.exceptions import BotoCoreError, ClientError
 
         messages = [self._message(m) for m in batch]
         try:
             await self.emit_batch(messages, watermark={"received": received},
                                   durability="central")
-        except CentralUnavailable as exc:
+        except (CentralUnavailable, WriteRejected) as exc:
             # not deleted: SQS shows them again after the visibility timeout, and the
             # events, committed or not, are de-duplicated by MessageId
             log.warning("%d SQS messages not confirmed by the central DB (%s); they are not "
