@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from fastapi import APIRouter, Request, Response
 
@@ -250,6 +250,24 @@ def _triggerer(caller: Principal, raw: Any) -> str | None:
     return recorded_as(caller, check_name("triggerer", raw))
 
 
+class _Claimant(NamedTuple):
+    """Who a claim or a release is about and by: the owner, the claimant the request names,
+    the one recorded (`recorded_as`) and the caller's cache file."""
+
+    owner: str
+    named: str
+    recorded: str
+    writer: str | None
+
+
+def _claimant(body: dict[str, Any], caller: Principal) -> _Claimant:
+    """The owner and claimant of a ``/claim`` or ``/release`` body, checked."""
+    owner = check_name("owner", body.get("owner"))
+    named = check_name("claimant", body.get("claimant"))
+    return _Claimant(owner, named, recorded_as(caller, named),
+                     caller.writer_tag(_writer(body.get("writer"))))
+
+
 router = APIRouter(prefix="/api/v1")
 
 
@@ -407,10 +425,7 @@ async def read(request: Request, caller: Caller, ctx: Context, c: Central) -> Re
              responses=error_responses(401, 403, 413, 422, 502, 503))
 async def claim(request: Request, caller: Caller, c: Writable) -> Response:
     body = decode_body(await request.body())
-    owner = check_name("owner", body.get("owner"))
-    named = check_name("claimant", body.get("claimant"))
-    claimant = recorded_as(caller, named)
-    writer = caller.writer_tag(_writer(body.get("writer")))
+    owner, named, claimant, writer = _claimant(body, caller)
     since = body.get("unless_claimed_since")
     if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)
                               or not math.isfinite(since)):
@@ -433,15 +448,13 @@ async def claim(request: Request, caller: Caller, c: Writable) -> Response:
              responses=error_responses(401, 403, 413, 422, 502, 503))
 async def release(request: Request, caller: Caller, c: Writable) -> Response:
     body = decode_body(await request.body())
-    owner = check_name("owner", body.get("owner"))
-    named = check_name("claimant", body.get("claimant"))
+    owner, named, claimant, writer = _claimant(body, caller)
     epoch = body.get("epoch")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch < MAX_VERSION:
         raise ApiError(422, "invalid_input", f"epoch: the claim epoch released, from 1 to "
                        f"{MAX_VERSION - 1}")
     caller.require_write(owner)
-    recorded = await c.record_release(owner, epoch=epoch, claimant=recorded_as(caller, named),
-                                      writer=caller.writer_tag(_writer(body.get("writer"))))
+    recorded = await c.record_release(owner, epoch=epoch, claimant=claimant, writer=writer)
     audit(caller, "POST /api/v1/release", (owner,), int(recorded), f"epoch {epoch}",
           claimed_detail(caller, (named,)))
     return _json({"recorded": recorded})
