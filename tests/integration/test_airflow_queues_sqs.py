@@ -17,7 +17,7 @@ from aiobotocore.session import get_session
 from conftest import StoreFactory
 from queue_watchers import committed_keys, running, wait_for_keys
 
-from localstate import StateVariable
+from localstate import StateStore, StateVariable
 from localstate._sync.central.central_store import CentralStore
 from localstate._testing.queue_broker import QueueBroker, moto_server
 from localstate.airflow.queues import SqsQueueTrigger
@@ -69,6 +69,19 @@ async def left_in(sqs: Any, url: str) -> int:
         attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
+async def drained(sqs: Any, url: str, central_url: str, owner: str, count: int,
+                  store: StateStore, task: asyncio.Task[None]) -> list[str]:
+    """The keys of `owner`'s committed events once there are `count`, after flushing until
+    the queue is empty (each delete waits for its batch's central commit; at most 100
+    flushes): the running trigger's work done."""
+    keys = await wait_for_keys(central_url, owner, count, store, task)
+    for _ in range(100):
+        if not await left_in(sqs, url):
+            break
+        await store.flush()
+    return keys
+
+
 def watcher(broker: QueueBroker, url: str, **kwargs: Any) -> SqsQueueTrigger:
     return SqsQueueTrigger(queue_url=url, aws_conn_id=None, region_name="us-east-1",
                            endpoint_url=f"http://{broker.address}", wait_seconds=0,
@@ -83,11 +96,7 @@ async def test_each_message_is_one_event_then_deleted(
     owner = trigger.state_owner
     assert store.local_cache is not None
     async with running(trigger, store) as task:
-        keys = await wait_for_keys(central_url, owner, 120, store, task)
-        for _ in range(100):
-            if not await left_in(sqs, url):
-                break
-            await store.flush()
+        keys = await drained(sqs, url, central_url, owner, 120, store, task)
     assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
     assert await left_in(sqs, url) == 0  # every message deleted, after its event committed
     assert trigger.delete_failures == 0
@@ -108,11 +117,7 @@ async def test_a_message_delivered_again_has_one_event(
         # the died-after-commit run: committed centrally, never deleted
         await trigger.emit_batch([trigger._message(m) for m in first["Messages"]],
                                  watermark={"received": 10}, durability="central")
-        keys = await wait_for_keys(central_url, owner, 10, store, task)
-        for _ in range(100):
-            if not await left_in(sqs, url):
-                break
-            await store.flush()
+        keys = await drained(sqs, url, central_url, owner, 10, store, task)
     assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
     assert len(await committed_keys(central_url, owner)) == 10
     assert await left_in(sqs, url) == 0
@@ -145,11 +150,7 @@ async def test_a_batch_whose_watermark_the_central_db_refused_comes_back(
     finally:
         StateVariable.configure(None)
     async with running(trigger, store) as task:
-        keys = await wait_for_keys(central_url, owner, 10, store, task)
-        for _ in range(100):
-            if not await left_in(sqs, url):
-                break
-            await store.flush()
+        keys = await drained(sqs, url, central_url, owner, 10, store, task)
     assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)  # each once
     assert await left_in(sqs, url) == 0
 
@@ -215,10 +216,6 @@ async def test_batches_are_received_while_earlier_ones_settle(
         assert trigger.received == 10 * (1 + SETTLING_BATCHES)
         assert await left_in(sqs, url) == 10 * (batches - 1)  # only the first one deleted
         trigger.release.set()
-        keys = await wait_for_keys(central_url, owner, 10 * batches, store, task)
-        for _ in range(100):
-            if not await left_in(sqs, url):
-                break
-            await store.flush()
+        keys = await drained(sqs, url, central_url, owner, 10 * batches, store, task)
     assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
     assert await left_in(sqs, url) == 0
