@@ -546,6 +546,5 @@ _EVENT_HISTORY_PG: Final = text(
 def event_history_insert(dialect: str) -> TextClause | None:
     """The one-statement insert of a flush's event history rows (params ``rows``: a JSON
     array of [owner, key, outcome, asset event id, epoch], ``at``, ``triggerer``, ``writer``);
-    None where
-    the rows go through SQLAlchemy's many-row insert."""
+    None where the rows go through SQLAlchemy's many-row insert."""
     return _EVENT_HISTORY_PG if dialect == "postgresql" else None
