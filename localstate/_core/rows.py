@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 __all__ = [
-    "CentralRow", "DirtyRow", "EventRow", "EventStatus", "FlushOutcome", "Resolution",
-    "central_row", "posix_time",
+    "HISTORY_KINDS", "CentralRow", "DirtyRow", "EventRow", "EventStatus", "FlushOutcome",
+    "HistoryKind", "Resolution", "central_row", "posix_time",
 ]
 
 
@@ -53,6 +53,12 @@ class EventRow(NamedTuple):
 #: (its key was committed before: nothing written), "refused" (the owner's claim epoch is
 #: higher: a zombie's event, nothing written).
 EventStatus = Literal["committed", "duplicate", "refused"]
+
+#: What a row of an owner's history records (`localstate._sync.central.history`): a watermark
+#: a flush committed, an event with its outcome, a claim or a release. One list for the table,
+#: the REST API's schema and the CLI's ``--kind``.
+HistoryKind = Literal["watermark", "event", "claim", "release"]
+HISTORY_KINDS: tuple[HistoryKind, ...] = get_args(HistoryKind)
 
 
 class CentralRow(NamedTuple):

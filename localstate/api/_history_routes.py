@@ -4,13 +4,14 @@ owner may read its history (a Viewer in Airflow); nothing changes it through the
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time.
-from typing import Annotated, Literal
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Query
 
 from localstate._core.model import check_name, epoch_to_datetime
 from localstate._core.protocol import HISTORY_PATH
+from localstate._core.rows import HistoryKind
 from localstate._sync.central.history import HistoryRow, OwnerSummary
 from localstate.api._context import Caller, Central
 from localstate.api._routes import MAX_PAGE
@@ -51,7 +52,7 @@ async def read_history(
     before: Annotated[int | None, Query(ge=1, description="next_before of the page before")
                       ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
-    kind: Annotated[list[Literal["watermark", "event", "claim", "release"]] | None, Query(
+    kind: Annotated[list[HistoryKind] | None, Query(
         description="only these kinds (repeatable)")] = None,
 ) -> HistoryPage:
     check_name("owner", owner)

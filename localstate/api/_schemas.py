@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from localstate._core.model import MAX_VERSION
+from localstate._core.rows import HistoryKind
 
 __all__ = [
     "ERROR_STATUSES",
@@ -196,7 +197,7 @@ class HistoryItem(BaseModel):
     outcome, a claim or a release."""
 
     id: int = Field(description="its place in the history (pass the last as ?before=)")
-    kind: Literal["watermark", "event", "claim", "release"]
+    kind: HistoryKind
     at: datetime = Field(description="a watermark's write time; an event's, claim's or "
                          "release's commit")
     key: str | None = Field(description="the state key, or the event's key")

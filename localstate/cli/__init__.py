@@ -46,6 +46,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from localstate._core.rows import HISTORY_KINDS
 from localstate._core.version import __version__
 from localstate.cli._arg_types import (
     bench_modes,
@@ -209,11 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     hist = sub.add_parser("history", help="an owner's history: the watermarks its flushes "
                                           "committed, its events with their outcome, its "
-                                          "claims (central DB, or the API)")
+                                          "claims and releases (central DB, or the API)")
     hist.add_argument("owner", metavar="OWNER", help="e.g. asset_watcher:orders")
     hist.add_argument("--limit", type=positive_count, default=50, metavar="N",
                       help="the newest N rows, printed oldest first (default 50)")
-    hist.add_argument("--kind", action="append", choices=["watermark", "event", "claim"],
+    hist.add_argument("--kind", action="append", choices=HISTORY_KINDS,
                       help="only this kind (repeatable)")
     hist.add_argument("--json", action="store_true", help="as JSON, for scripts")
     central_url(hist)

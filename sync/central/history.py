@@ -36,13 +36,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import orjson
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from localstate._core.rows import EventRow, FlushOutcome, posix_time
+from localstate._core.rows import HISTORY_KINDS, EventRow, FlushOutcome, HistoryKind, posix_time
 from localstate._sync.central.dialects import event_history_insert
 from localstate._sync.central.schema import history, state_variable
 from localstate.errors import InvalidInput
@@ -68,8 +68,6 @@ __all__ = [
     "trim",
 ]
 
-HistoryKind = Literal["watermark", "event", "claim", "release"]
-HISTORY_KINDS: Final[tuple[HistoryKind, ...]] = ("watermark", "event", "claim", "release")
 #: rows each owner keeps by default
 DEFAULT_MAX_ROWS: Final = 1000
 #: how long a row stays by default: 7 days

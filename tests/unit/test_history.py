@@ -334,6 +334,14 @@ async def test_the_cli_prints_the_history_as_a_table_and_as_json(
     assert page["summary"]["events_last_hour"]["committed"] == 5
     bad = run("--limit", "0")
     assert bad.returncode == 2
+    # a release is a kind of its own, listed alone with --kind release
+    store = await open_store(triggerer_id="t2", history_watermark_every=0)
+    await store.claim(OWNER)
+    assert (await store.release(OWNER)).recorded
+    released = run("--json", "--kind", "release")
+    assert released.returncode == 0, released.stderr
+    assert [(i["kind"], i["epoch"], i["triggerer"])
+            for i in json.loads(released.stdout)["items"]] == [("release", 2, "t2")]
 
 
 async def test_db_prune_trims_every_owners_history_to_the_settings_bounds(
