@@ -5,8 +5,10 @@ stream trimmed past the watermark as `SourcePositionLost`."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -103,6 +105,39 @@ async def test_a_stream_trimmed_past_the_watermark_stops_the_watcher(
             await task
     assert e.value.source == stream
     assert e.value.position == ids[-1]
+
+
+async def test_a_cancel_redis_py_drops_still_ends_the_watcher(
+        broker: QueueBroker, open_store: StoreFactory, central_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-py writes each command through `asyncio.wait_for` (its socket timeout), and
+    Python 3.11's `wait_for` drops a cancel that lands as the write completes. The write of
+    the watcher's XREAD is made to cancel the watcher at that moment: it must end anyway."""
+    from redis.asyncio.connection import Connection
+
+    stream = f"orders-{uuid.uuid4().hex[:8]}"
+    add(broker, stream, range(1, 11))
+    store = await open_store(flush_interval=0.2)
+    trigger = watcher(broker, stream)
+    target: list[asyncio.Task[None]] = []  # armed: the watcher's task
+    fired: list[bytes] = []
+    send = Connection._send_packed_command
+
+    async def send_then_cancel(self: Connection, command: Any) -> None:
+        await send(self, command)
+        packed = b"".join(bytes(c) for c in command)
+        if target and b"XREAD" in packed:
+            fired.append(packed)
+            target.pop().cancel()  # the write is done; wait_for has not seen it yet
+
+    monkeypatch.setattr(Connection, "_send_packed_command", send_then_cancel)
+    async with running(trigger, store) as task:
+        await wait_for_keys(central_url, trigger.state_owner, 10, store, task)
+        target.append(task)
+        done, _ = await asyncio.wait({task}, timeout=30)  # a bound against a hang, no more
+        assert fired, "the watcher sent no XREAD after it was armed"
+        assert task in done, "the watcher went on polling after its cancel"
+        assert task.cancelled()
 
 
 def test_a_stream_gone_after_entries_were_read_is_a_typed_error(backend: str) -> None:

@@ -27,6 +27,10 @@ async def committed_keys(central_url: str, owner: str) -> list[str]:
             "read events")]
 
 
+#: seconds a cancelled trigger gets to end (a triggerer waits on it the same way)
+CANCEL_BOUND = 30.0
+
+
 @contextlib.asynccontextmanager
 async def running(trigger: BaseEventTrigger, store: StateStore
                   ) -> AsyncIterator[asyncio.Task[None]]:
@@ -44,9 +48,13 @@ async def running(trigger: BaseEventTrigger, store: StateStore
         yield task
     finally:
         task.cancel()
+        # a trigger that outlives its cancel is a failure to report, not a suite that hangs
+        await asyncio.wait({task}, timeout=CANCEL_BOUND)
+        StateVariable.configure(None)
+        if not task.done():
+            raise AssertionError(f"{trigger!r} still runs {CANCEL_BOUND:g} s after its cancel")
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        StateVariable.configure(None)
 
 
 async def wait_for_keys(central_url: str, owner: str, count: int, store: StateStore,

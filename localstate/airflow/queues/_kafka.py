@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate.airflow.queues._message import QueueMessage, text_or_base64
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import ConfigError, InvalidInput, SourcePositionLost
@@ -119,6 +120,7 @@ class KafkaTopicTrigger(QueueTrigger):
                              for p in partitions])
             loop = asyncio.get_running_loop()
             while True:
+                raise_swallowed_cancel()
                 polling = loop.run_in_executor(None, consumer.consume, self.max_messages,
                                                self.poll_timeout)
                 batch = await asyncio.shield(polling)

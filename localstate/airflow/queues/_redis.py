@@ -22,6 +22,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
+from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate.airflow.queues._message import QueueMessage, text_or_base64
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import InvalidInput, SourcePositionLost
@@ -109,6 +110,7 @@ class RedisStreamTrigger(QueueTrigger):
             last_id, read = str(stored["id"]), int(stored["read"])
             backoff = Backoff(base=0.2, cap=10.0)
             while True:
+                raise_swallowed_cancel()  # redis-py's command writes can drop a cancel
                 try:
                     info, entries = await self._snapshot(client, last_id)
                     check_not_trimmed(self.stream, info, last_id, read)

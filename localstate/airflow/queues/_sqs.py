@@ -34,6 +34,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
+from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate._sync.central.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
 from localstate.airflow.queues._queue_trigger import QueueTrigger
@@ -120,6 +121,7 @@ class SqsQueueTrigger(QueueTrigger):
             first = True
             try:
                 while True:
+                    raise_swallowed_cancel()
                     await self.make_room(settling)
                     try:
                         batch = await self.receive(client)
