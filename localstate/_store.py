@@ -660,6 +660,18 @@ class StateStore:
             claims.unhold(owner)
             raise
 
+    def abandon_claim(self, owner: str) -> None:
+        """Stop waiting for a claim of `owner` that `claim` (with ``hold``) could not make: the
+        caller leaves before it is made (a trigger moved to another triggerer during an
+        outage). Once no other caller waits for it, the owner's held writes go out, fenced as
+        any write made without the claim: refused, with their events, if another store
+        claimed the owner since. Unlike `release`, the owner's entries stay (another trigger
+        here may share them: an asset's owner) and no release is recorded."""
+        if self._closed:
+            raise self._closed_error()
+        check_name("owner", owner)
+        self._claims.abandon(owner)
+
     def claim_epoch(self, owner: str) -> int:
         """The claim epoch this store holds on `owner` (0: none)."""
         return self._claims.epoch_of(owner)

@@ -498,9 +498,16 @@ class StateEnabledTrigger:
         so the next triggerer starts from here, then dropped from this one's memory and cache
         file: `StateStore.release`)."""
         claiming, self._localstate_claiming = self._localstate_claiming, None
+        waited = [owner for owner, task in (claiming or {}).items() if not task.done()]
         for task in (claiming or {}).values():
             task.cancel()
         store = self._localstate_store
+        if store is not None and not store.closed:
+            # the watched assets' claims not made yet: their events held here wait for them no
+            # longer, so they go out, fenced (the trigger's own owner: `release`, below)
+            for owner in waited:
+                if owner != self.state_owner:
+                    store.abandon_claim(owner)
         # after a graceful stop's drain (`localstate.airflow._shutdown`) there is nothing left
         # to flush from the mixin's writes, and the airflow sink's channel is gone
         if store is not None and not store.closed and not shutdown.drained():

@@ -21,7 +21,9 @@ back (`hold`): a trigger moved here during an outage runs on from its cache and 
 and until then the previous holder's claim stands, so a flush of its writes would be refused
 and its events dropped while the trigger goes on past them. Held, they stay local (the sync
 worker skips the owners in ``waiting``) until the claim is made, then go out under it; or until
-it is refused (`outclaimed`) or the owner leaves (`unhold`), then go out to be fenced as any.
+it is refused (`outclaimed`), the owner leaves (`unhold`), or every caller that held it gave
+up waiting (`abandon`: a trigger sharing an asset's owner with another may leave first), then
+go out to be fenced as any.
 
 The same wait covers every claim while it is in flight (`ClaimBook.claiming`): the owner's
 writes made meanwhile go out under the claim once it is made. A flush sent under the old
@@ -29,8 +31,8 @@ claim and answered after the new one was recorded could not tell a refusal by an
 writer's claim from one of a write made before this store's own claim.
 
 Invariants: an owner is in ``lost`` only while ``held`` has the epoch that lost it; a new claim
-replaces both. An owner is in ``waiting`` only while a claim of it is in flight, or until a
-claim that could not be made now is made or refused, or it leaves this store.
+replaces both. An owner is in ``waiting`` exactly while a claim of it is in flight or a caller
+holds it (`hold`, until a claim is made or refused, the owner leaves, or the callers abandon).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -71,8 +74,13 @@ class ClaimBook:
         #: for the book's lifetime, changed in place: the store's writes read it directly)
         self.lost: dict[str, int] = {}
         #: owners whose claim waits to be made: their writes stay local until then (`hold`;
-        #: one set for the book's lifetime, changed in place: the sync worker reads it)
+        #: one set for the book's lifetime, changed in place: the sync worker reads it).
+        #: Kept by `_settle` from the two counts below, its only writer
         self.waiting: set[str] = set()
+        #: per owner, the callers waiting for a claim that could not be made (`hold`)
+        self._holds: Counter[str] = Counter()
+        #: per owner, the claims of it in flight (`claiming`)
+        self._in_flight: Counter[str] = Counter()
         #: writes the central DB refused for their epoch (stats, the fault tally)
         self.refused = 0
         #: claims failing through an outage: logged at its start, a minute, its end
@@ -88,12 +96,23 @@ class ClaimBook:
         old = self.held.get(owner)
         self.held[owner] = HeldClaim(epoch, since, old.epoch if old is not None else 0)
         self.lost.pop(owner, None)
-        self.waiting.discard(owner)
+        del self._holds[owner]  # made: every caller waiting for it has its claim
+        self._settle(owner)
 
     def hold(self, owner: str) -> None:
         """`owner`'s claim could not be made now and will be tried again: keep its writes
-        local until it is made or refused (see the module docstring)."""
-        self.waiting.add(owner)
+        local until it is made or refused (see the module docstring). One more caller waits."""
+        self._holds[owner] += 1
+        self._settle(owner)
+
+    def abandon(self, owner: str) -> None:
+        """One caller that held `owner` (`hold`) stops waiting for its claim (it leaves); once
+        none waits, its writes go out to be fenced as any."""
+        if self._holds[owner] > 1:
+            self._holds[owner] -= 1
+        else:
+            del self._holds[owner]
+        self._settle(owner)
 
     @contextlib.contextmanager
     def claiming(self, owner: str) -> Iterator[None]:
@@ -103,19 +122,30 @@ class ClaimBook:
         (`lose` False): the write undone and its events dropped, with no `OwnerLost` for the
         writer going on past them. Made, the claim ends the wait (`took`); failed, the owner
         is left as it was (held or not)."""
-        held = owner in self.waiting
-        self.waiting.add(owner)
+        self._in_flight[owner] += 1
+        self._settle(owner)
         try:
             yield
-        except BaseException:
-            if not held:
-                self.waiting.discard(owner)
-            raise
+        finally:
+            self._in_flight[owner] -= 1
+            self._settle(owner)
 
     def unhold(self, owner: str) -> None:
         """Let `owner`'s writes go out without waiting for a claim (it leaves this store, or
-        cannot be claimed at all)."""
-        self.waiting.discard(owner)
+        cannot be claimed at all), whoever held it; a claim in flight still holds them."""
+        del self._holds[owner]
+        self._settle(owner)
+
+    def _settle(self, owner: str) -> None:
+        """``waiting`` from the counts: `owner` waits while a claim of it is in flight or a
+        caller holds it."""
+        if self._in_flight[owner] <= 0:
+            del self._in_flight[owner]
+            if self._holds[owner] <= 0:
+                del self._holds[owner]
+                self.waiting.discard(owner)
+                return
+        self.waiting.add(owner)
 
     def epoch_of(self, owner: str) -> int:
         """The epoch this store holds on `owner` (0: none)."""
@@ -144,7 +174,8 @@ class ClaimBook:
             log.warning("owner %r was claimed by another writer (epoch %d) while this store "
                         "waited to claim it: its writes here are refused", owner, current)
         self.lost[owner] = current
-        self.waiting.discard(owner)
+        del self._holds[owner]
+        self._settle(owner)
 
     def lose(self, owner: str, epoch: int, current: int) -> bool:
         """A write of `owner` made at `epoch` was refused: the central DB is at `current`.

@@ -466,3 +466,66 @@ async def test_a_trigger_emitting_to_its_assets_while_the_central_db_is_down_cla
         await trigger.cleanup()
         await late.close()
         await holder.close()
+
+
+async def test_a_trigger_leaving_before_its_assets_background_claim_lets_their_events_go(
+        db_server: PostgresServer | MysqlServer, tmp_path: Path) -> None:
+    """The trigger leaves this triggerer (moved while the central DB was down) before its
+    assets' background claims are made. The events it emitted to them meanwhile wait for no
+    claim any more: they go out, fenced as any write made without one, and are refused (the
+    triggerer the trigger moved to claimed the assets and emits them from the committed
+    watermark). Nothing stays pending in this store's outbox, and when the trigger comes back
+    its new claims carry none of them."""
+    url = db_server.create_database(f"left_{uuid.uuid4().hex[:12]}")
+    late = await use(await StateStore.open(
+        central_url=url, cache_path=tmp_path / "late.db", triggerer_id="late",
+        flush_interval=3600, central_transaction_timeout=0.5, central_timeout=2))
+    newer = await StateStore.open(central_url=url, cache_path=tmp_path / "newer.db",
+                                  triggerer_id="newer", flush_interval=3600)
+    owners = [asset_owner("a"), asset_owner("b")]
+
+    def fan_out(last: int) -> EmittingTrigger:
+        trigger = EmittingTrigger(source="fan-out", last=last)
+        trigger.asset_state_store = AssetStateStoreAccessors(
+            inlets=[Asset(name="a"), Asset(name="b")])
+        return trigger
+
+    trigger = fan_out(0)
+    try:
+        for owner in owners:  # the triggerer the assets' watcher ran on before
+            assert await newer.claim(owner) == 1
+        await asyncio.to_thread(db_server.stop)
+        try:
+            await trigger.open_state()
+            await trigger.emit({"n": 1}, watermark=1)  # held: the assets are not claimed
+            assert [late.event_figures()[owner].pending for owner in owners] == [1, 1]
+            await trigger.cleanup()  # moved away, the claims still not made
+        finally:
+            await asyncio.to_thread(db_server.start)
+        # the triggerer it moved to claims the trigger's owner and the assets' and goes on
+        # (its events would need Airflow's metadata DB: only its watermark is written here)
+        for owner in owners:
+            assert await newer.claim(owner) == 2
+        assert await newer.claim(trigger.state_owner) == 1
+        await newer.set(trigger.state_owner, trigger.watermark_key, 1)
+        await newer.flush()
+        await late.flush()
+        figures = late.event_figures()
+        assert [(figures[o].pending, figures[o].committed, figures[o].refused)
+                for o in owners] == [(0, 0, 1), (0, 0, 1)]
+        for owner in owners:
+            assert await committed_events(url, owner) == []
+        # the trigger comes back here: it reads the watermark the other triggerer left, and
+        # its claims of the assets carry none of the events it emitted before it left
+        back = fan_out(2)
+        assert await back.get_watermark(default=0) == 1
+        for owner in owners:
+            assert await late.claim(owner) == 3
+        await late.flush()
+        for owner in owners:
+            assert await committed_events(url, owner) == []
+        assert [late.event_figures()[o].pending for o in owners] == [0, 0]
+        await back.cleanup()
+    finally:
+        await late.close()
+        await newer.close()

@@ -221,6 +221,32 @@ def test_claim_book_stamps_writes_made_before_a_claim_with_the_older_epoch() -> 
     book.check(OWNER)
 
 
+def test_claim_book_holds_an_owner_until_the_last_caller_waiting_for_its_claim_leaves(
+) -> None:
+    """Two triggers here watch one asset; its claim could not be made for either. The first to
+    leave abandons its wait, but the other still waits: the owner's writes stay held. They go
+    out once the last waiter leaves, yet never while a claim of the owner is in flight."""
+    book = ClaimBook()
+    book.hold(OWNER)
+    book.hold(OWNER)
+    book.abandon(OWNER)
+    assert OWNER in book.waiting
+    with book.claiming(OWNER):  # the other trigger's background claim, in flight
+        book.abandon(OWNER)
+        assert OWNER in book.waiting
+    assert OWNER not in book.waiting  # it failed: nobody waits any more
+    book.hold(OWNER)
+    with book.claiming(OWNER):
+        book.took(OWNER, 2, since=100.0)  # made: every waiter has it
+    assert OWNER not in book.waiting
+    book.abandon(OWNER)  # a waiter leaving after the claim was made changes nothing
+    assert OWNER not in book.waiting
+    book.hold(OWNER)
+    book.hold(OWNER)
+    book.unhold(OWNER)  # the owner leaves this store: whoever held it
+    assert OWNER not in book.waiting
+
+
 async def test_a_zombie_store_gets_owner_lost_and_takes_the_new_owners_record(
         open_store: StoreFactory, central: CentralStore,
         caplog: pytest.LogCaptureFixture) -> None:
