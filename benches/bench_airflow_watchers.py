@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 
-from localstate._bench.airflow_deployment import fast_loops
+from localstate._bench.airflow_deployment import fast_loops, localstate_api_healthy, pg_commits
+from localstate._bench.percentile import percentile
 from localstate._testing.postgres_server import PostgresServer
 
 HERE = Path(__file__).resolve().parent
@@ -56,11 +56,6 @@ with DAG(dag_id="watermarks", schedule=assets):
     def nothing() -> None: ...
     nothing()
 '''
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def wait_for(what: str, check: Any, timeout: float) -> Any:
@@ -99,20 +94,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def api_ready(url: str) -> bool:
-    """Whether localstate's app answers through the API server at `url`."""
-    try:
-        async with httpx.AsyncClient(timeout=5) as client:
-            r = await client.get(f"{url}/api/v1/health")
-    except httpx.TransportError:
-        return False
-    return str(r.headers.get("content-type", "")).startswith("application/json")
-
-
-async def commits(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
 
 
 async def central_values(sink: str, db: asyncpg.Connection, state: asyncpg.Connection
@@ -193,7 +174,7 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
 
             async def serving() -> bool:
                 # the first request opens localstate's store there: not the triggerer's cost
-                return await api_ready(api_url)
+                return await localstate_api_healthy(api_url)
 
             await wait_for("localstate in the api-server", serving, 300)
         triggerer = start(env, base / "triggerer.log", "triggerer", "--skip-serve-logs")
@@ -203,9 +184,9 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
             return len(await central_values(sink, db, state)) >= watchers // 2
 
         await wait_for("the watermarks to reach the central store", writing, 600)
-        c0, t0 = await commits(db), time.monotonic()
+        c0, t0 = await pg_commits(db), time.monotonic()
         await asyncio.sleep(seconds / 2)
-        c1, t1 = await commits(db), time.monotonic()
+        c1, t1 = await pg_commits(db), time.monotonic()
 
         async def reported() -> list[dict[str, Any]] | None:
             files = list(results.glob("*.json"))
@@ -238,9 +219,10 @@ async def bench(sink: str, watchers: int, seconds: float, base: Path,
     return {
         "sink": sink, "batched_reads": batched_reads, "watchers": watchers,
         "seconds": seconds, "sets": len(sets), "sink_reads": first.get("sink"),
-        "set_p50_ms": 1000 * pct(sets, 0.5), "set_p99_ms": 1000 * pct(sets, 0.99),
+        "set_p50_ms": 1000 * percentile(sets, 0.5), "set_p99_ms": 1000 * percentile(sets, 0.99),
         "set_max_ms": 1000 * max(sets),
-        "get_p50_s": pct(gets, 0.5), "get_p99_s": pct(gets, 0.99), "get_max_s": max(gets),
+        "get_p50_s": percentile(gets, 0.5), "get_p99_s": percentile(gets, 0.99),
+        "get_max_s": max(gets),
         "flush_lag_p50_s": first["stats"].get("flush_lag_p50_s"),
         "flush_lag_p99_s": first["stats"].get("flush_lag_p99_s"),
         "stats": first["stats"],
@@ -286,15 +268,17 @@ def loop_windows(reports: list[dict[str, Any]], first: dict[str, Any]) -> dict[s
         lags = [lag for at, lag in first["loop_lags"] if (at <= boundary) == startup]
         out[name] = {
             "sets": len(sets), "commits": len(commits),
-            "set_p50_ms": 1000 * pct(sets, 0.5), "set_p99_ms": 1000 * pct(sets, 0.99),
-            "commit_p50_ms": 1000 * pct(commits, 0.5), "commit_p99_ms": 1000 * pct(commits, 0.99),
+            "set_p50_ms": 1000 * percentile(sets, 0.5), "set_p99_ms": 1000 * percentile(sets, 0.99),
+            "commit_p50_ms": 1000 * percentile(commits, 0.5),
+            "commit_p99_ms": 1000 * percentile(commits, 0.99),
             "commit_max_ms": 1000 * max(commits, default=float("nan")),
-            "loop_lag_p50_ms": 1000 * pct(lags, 0.5), "loop_lag_p99_ms": 1000 * pct(lags, 0.99),
+            "loop_lag_p50_ms": 1000 * percentile(lags, 0.5),
+            "loop_lag_p99_ms": 1000 * percentile(lags, 0.99),
             "loop_lag_max_ms": 1000 * max(lags, default=float("nan")),
-            "outside_commit_p50_ms": 1000 * pct(outside, 0.5),
-            "outside_commit_p99_ms": 1000 * pct(outside, 0.99),
+            "outside_commit_p50_ms": 1000 * percentile(outside, 0.5),
+            "outside_commit_p99_ms": 1000 * percentile(outside, 0.99),
             "outside_commit_max_ms": 1000 * max(outside, default=float("nan")),
-            "commits_spanned_p99": pct([float(c) for c in spanned], 0.99),
+            "commits_spanned_p99": percentile([float(c) for c in spanned], 0.99),
             "commits_spanned_max": max(spanned, default=0),
         }
     return out

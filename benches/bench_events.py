@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -42,11 +41,11 @@ from airflow_api_server import MACHINE_TOKEN, new_airflow  # noqa: E402
 from airflow_harness import ROOT  # noqa: E402
 
 from localstate._bench.airflow_deployment import (  # noqa: E402
-    activate_watchers,
     fast_loops,
-    stop,
-    wait_until,
+    pg_commits,
+    running_watchers,
 )
+from localstate._bench.percentile import percentile  # noqa: E402
 from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 
 FLUSH_INTERVAL = 1.0
@@ -65,18 +64,9 @@ with DAG(dag_id="bench_events", schedule=assets, catchup=False):
 '''
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-async def commits(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
-
-
 async def phase(db: asyncpg.Connection, go: Path, label: str, count: int,
                 timeout: float) -> dict[str, Any]:
-    before = await commits(db)
+    before = await pg_commits(db)
     (go / label).touch()
     end = time.monotonic() + timeout
     seen = 0
@@ -89,7 +79,7 @@ async def phase(db: asyncpg.Connection, go: Path, label: str, count: int,
             break
         await asyncio.sleep(0.5)
     print()
-    after = await commits(db)
+    after = await pg_commits(db)
     rows = await db.fetch(
         "SELECT extract(epoch FROM e.timestamp)::float8 AS at, "
         "(e.extra->'payload'->>'t')::float8 AS t, (e.extra->'payload'->>'n')::int AS n "
@@ -99,8 +89,8 @@ async def phase(db: asyncpg.Connection, go: Path, label: str, count: int,
     return {
         "events": len(rows), "expected": count, "distinct": len({r["n"] for r in rows}),
         "seconds": round(span, 3), "events_per_s": round(len(rows) / span, 1) if rows else 0,
-        "latency_p50_s": round(pct(latencies, 0.5), 3),
-        "latency_p99_s": round(pct(latencies, 0.99), 3),
+        "latency_p50_s": round(percentile(latencies, 0.5), 3),
+        "latency_p99_s": round(percentile(latencies, 0.99), 3),
         "latency_max_s": round(max(latencies), 3) if latencies else None,
         "db_commits": after - before,
         "db_commits_per_event": round((after - before) / max(1, len(rows)), 4),
@@ -125,52 +115,13 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             "LOCALSTATE_BENCH_GO": str(go),
             **fast_loops(dags),
         })
-        print("airflow db migrate ...", flush=True)
-        await d.run("db", "migrate", timeout=600)
-        db = await asyncpg.connect(d.airflow_dsn)
-        api = d.start("api-server", "api-server", "--workers", "1")
-        triggerer = None
-        try:
-            import httpx
-
-            async def healthy() -> bool:
-                try:
-                    async with httpx.AsyncClient(timeout=5) as c:
-                        r = await c.get(f"{d.env['AIRFLOW__API__BASE_URL']}"
-                                        "/localstate/api/v1/health")
-                except httpx.TransportError:
-                    return False
-                return str(r.headers.get("content-type", "")).startswith("application/json")
-
-            await wait_until("the API server", healthy, d, 240)
-
-            async def count(table: str) -> int:
-                return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
-
-            print("registering the watchers ...", flush=True)
-            await activate_watchers(d, count, len(phases))
-            own = dataclasses.replace(d, env={**d.env,
-                "AIRFLOW__LOCALSTATE__SINK": "api",
-                "AIRFLOW__LOCALSTATE__API_URL": f"{d.env['AIRFLOW__API__BASE_URL']}/localstate",
-                "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
-                "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL)})
-            triggerer = own.start("triggerer", "triggerer", "--skip-serve-logs")
-
-            async def running() -> bool:
-                return int(await db.fetchval(
-                    "SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")) >= len(phases)
-
-            await wait_until("the triggers running", running, d, 180)
+        async with running_watchers(d, len(phases), token=MACHINE_TOKEN,
+                                    flush_interval=FLUSH_INTERVAL) as running:
             await asyncio.sleep(3)
             results: dict[str, Any] = {}
             for label, _, n, _ in phases:
                 print(f"phase {label}: {n} events", flush=True)
-                results[label] = await phase(db, go, label, n, args.timeout)
-        finally:
-            if triggerer is not None:
-                stop(triggerer)
-            stop(api)
-            await db.close()
+                results[label] = await phase(running.db, go, label, n, args.timeout)
     finally:
         server.close()
     return results

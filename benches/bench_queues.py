@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import platform
@@ -61,11 +60,11 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
 
 from localstate._bench.airflow_deployment import (  # noqa: E402
-    activate_watchers,
     fast_loops,
-    stop,
-    wait_until,
+    pg_commits,
+    running_watchers,
 )
+from localstate._bench.percentile import percentile  # noqa: E402
 from localstate._bench.report import machine_info  # noqa: E402
 from localstate._testing.postgres_server import PostgresServer  # noqa: E402
 from localstate._testing.queue_broker import moto_server, redis_server, tansu  # noqa: E402
@@ -109,15 +108,6 @@ ROWS = {
            "((e.extra->'payload'->>'body')::jsonb->>'t')::float8",
 }
 ROWS["kafka_paced"] = ROWS["kafka"]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-async def commits(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -180,7 +170,7 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
         "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")
     if statements:
         await db.execute("SELECT pg_stat_statements_reset()")
-    before = await commits(db)
+    before = await pg_commits(db)
     cpu_before = tree_cpu(roots)
     profiler.start(label)
     started = time.time()
@@ -198,7 +188,7 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
     print()
     profiler.stop()
     cpu_after = tree_cpu(roots)
-    after = await commits(db)
+    after = await pg_commits(db)
     rows = await db.fetch(
         f"SELECT extract(epoch FROM e.timestamp)::float8 AS at, {ROWS[label]} "
         "FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = $1", label)
@@ -215,8 +205,8 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
         "messages": count, "events": len(rows), "distinct": len({r[1] for r in rows}),
         "seconds": round(span, 3),
         "messages_per_s": round(len(rows) / span, 1) if rows else 0,
-        "latency_p50_s": round(pct(latencies, 0.5), 3),
-        "latency_p99_s": round(pct(latencies, 0.99), 3),
+        "latency_p50_s": round(percentile(latencies, 0.5), 3),
+        "latency_p99_s": round(percentile(latencies, 0.99), 3),
         "db_commits": after - before,
         "db_commits_per_message": round((after - before) / max(1, len(rows)), 4),
         "cpu_s_per_1000_messages": {
@@ -260,44 +250,11 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws),
             **fast_loops(dags),
         })
-        print("airflow db migrate ...", flush=True)
-        await d.run("db", "migrate", timeout=600)
-        db = await asyncpg.connect(d.airflow_dsn)
-        api = d.start("api-server", "api-server", "--workers", "1")
-        triggerer = None
-        try:
-            import httpx
-
-            async def healthy() -> bool:
-                try:
-                    async with httpx.AsyncClient(timeout=5) as c:
-                        r = await c.get(f"{d.env['AIRFLOW__API__BASE_URL']}"
-                                        "/localstate/api/v1/health")
-                except httpx.TransportError:
-                    return False
-                return str(r.headers.get("content-type", "")).startswith("application/json")
-
-            await wait_until("the API server", healthy, d, 240)
-
-            async def count(table: str) -> int:
-                return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
-
+        async with running_watchers(d, 5, token=MACHINE_TOKEN,
+                                    flush_interval=FLUSH_INTERVAL) as running:
+            db = running.db
             if server.has_pg_stat_statements:
                 await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            print("registering the watchers ...", flush=True)
-            await activate_watchers(d, count, 5)
-            own = dataclasses.replace(d, env={**d.env,
-                "AIRFLOW__LOCALSTATE__SINK": "api",
-                "AIRFLOW__LOCALSTATE__API_URL": f"{d.env['AIRFLOW__API__BASE_URL']}/localstate",
-                "AIRFLOW__LOCALSTATE__API_TOKEN": MACHINE_TOKEN,
-                "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(FLUSH_INTERVAL)})
-            triggerer = own.start("triggerer", "triggerer", "--skip-serve-logs")
-
-            async def running() -> bool:
-                return int(await db.fetchval(
-                    "SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")) >= 5
-
-            await wait_until("the triggers running", running, d, 180)
             await asyncio.sleep(5)
             producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
 
@@ -335,7 +292,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                         for i in range(start, min(start + 10, args.sqs_messages + 1))])
 
             pid_file = server.data_dir / "postmaster.pid"
-            roots = {"triggerer": triggerer.pid, "api server": api.pid,
+            roots = {"triggerer": running.triggerer.pid, "api server": running.api_server.pid,
                      "postgres": int(pid_file.read_text().split()[0])}
             profiler = Profiler(args.profile, roots)
             results: dict[str, Any] = {}
@@ -351,11 +308,6 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 print(f"phase {label}: {n} messages", flush=True)
                 results[label] = await phase(db, label, n, produce, args.timeout, roots,
                                              profiler)
-        finally:
-            if triggerer is not None:
-                stop(triggerer)
-            stop(api)
-            await db.close()
     finally:
         for broker in (kafka, rds, moto):
             broker.kill()

@@ -22,16 +22,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from localstate._core.config import default_triggerer_id
 from localstate.errors import LocalStateError
 
-__all__ = ["AIRFLOW", "Deployment", "DeploymentError", "activate_watchers", "airflow_command",
-           "fast_loops", "new_deployment", "stop", "wait_until"]
+__all__ = ["AIRFLOW", "Deployment", "DeploymentError", "RunningWatchers", "activate_watchers",
+           "airflow_command", "fast_loops", "localstate_api_healthy", "new_deployment",
+           "pg_commits", "running_watchers", "stop", "wait_until", "with_api_sink"]
 
 #: the ``airflow`` command of this interpreter's environment
 AIRFLOW = Path(sys.executable).with_name("airflow")
@@ -190,3 +191,86 @@ async def activate_watchers(deployment: Deployment, count: Callable[[str], Await
     finally:
         for proc in procs:
             stop(proc)
+
+
+async def localstate_api_healthy(url: str) -> bool:
+    """Whether localstate's app answers at `url` (the API server's ``…/localstate``): its
+    health check returns JSON, not Airflow's page for an unknown path."""
+    import httpx  # the ``client`` extra: only the benchmarks that start an API server need it
+
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            r = await client.get(f"{url}/api/v1/health")
+    except httpx.TransportError:
+        return False
+    return str(r.headers.get("content-type", "")).startswith("application/json")
+
+
+def with_api_sink(deployment: Deployment, token: str, flush_interval: float) -> Deployment:
+    """`deployment` whose processes flush through localstate's plugin in its API server
+    (``sink = api``, with `token`) every `flush_interval` seconds: a triggerer's settings."""
+    return replace(deployment, env={
+        **deployment.env,
+        "AIRFLOW__LOCALSTATE__SINK": "api",
+        "AIRFLOW__LOCALSTATE__API_URL": f"{deployment.env['AIRFLOW__API__BASE_URL']}/localstate",
+        "AIRFLOW__LOCALSTATE__API_TOKEN": token,
+        "AIRFLOW__LOCALSTATE__FLUSH_INTERVAL": str(flush_interval)})
+
+
+async def pg_commits(db: Any) -> int:
+    """Transactions committed so far in the whole PostgreSQL server of `db` (an asyncpg
+    connection): a phase's cost is the difference around it, whoever made them."""
+    return int(await db.fetchval("SELECT sum(xact_commit) FROM pg_stat_database"))
+
+
+@dataclass
+class RunningWatchers:
+    """What `running_watchers` yields: the deployment's processes and a connection."""
+
+    #: an asyncpg connection to the metadata DB
+    db: Any
+    api_server: subprocess.Popen[bytes]
+    triggerer: subprocess.Popen[bytes]
+
+
+@contextlib.asynccontextmanager
+async def running_watchers(deployment: Deployment, watchers: int, *, token: str,
+                           flush_interval: float) -> AsyncIterator[RunningWatchers]:
+    """The asset-event benchmarks' deployment: ``airflow db migrate``, the API server with
+    localstate's plugin answering, the DAGs' `watchers` asset watchers registered and active
+    (`activate_watchers`), then ONE triggerer flushing through the API server
+    (`with_api_sink`, `token`, `flush_interval`) running every watcher's trigger. Both
+    processes are stopped on exit."""
+    import asyncpg  # the postgres extra
+
+    print("airflow db migrate ...", flush=True)
+    await deployment.run("db", "migrate", timeout=600)
+    db = await asyncpg.connect(deployment.airflow_dsn)
+    api = deployment.start("api-server", "api-server", "--workers", "1")
+    triggerer = None
+    try:
+        async def healthy() -> bool:
+            return await localstate_api_healthy(
+                f"{deployment.env['AIRFLOW__API__BASE_URL']}/localstate")
+
+        await wait_until("the API server", healthy, deployment, 240)
+
+        async def count(table: str) -> int:
+            return int(await db.fetchval(f"SELECT count(*) FROM {table}"))
+
+        print("registering the watchers ...", flush=True)
+        await activate_watchers(deployment, count, watchers)
+        triggerer = with_api_sink(deployment, token, flush_interval).start(
+            "triggerer", "triggerer", "--skip-serve-logs")
+
+        async def running() -> bool:
+            return int(await db.fetchval(
+                "SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")) >= watchers
+
+        await wait_until("the triggers running", running, deployment, 180)
+        yield RunningWatchers(db, api, triggerer)
+    finally:
+        if triggerer is not None:
+            stop(triggerer)
+        stop(api)
+        await db.close()

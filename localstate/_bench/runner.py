@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import event
 
 from localstate._bench.child_process import rss_bytes
+from localstate._bench.percentile import percentile
 from localstate._bench.progress import Progress
 from localstate._store import StateStore
 
@@ -90,10 +91,8 @@ def rss_mb() -> float:
 
 
 def _pct(samples: array[float] | list[float], q: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+    """`percentile` of `samples` (seconds) in milliseconds; None when there are none."""
+    return percentile(samples, q) * 1000.0 if samples else None
 
 
 SetFn = Callable[[str, str, int], Awaitable[Any]]
