@@ -270,7 +270,7 @@ async def test_the_connections_form_shows_url_and_token_in_chromium(
         server: ApiServer, tmp_path: Path) -> None:
     """Admin → Connections → Add, type ``localstate``: the API URL and Token fields show, the
     fields it does not use do not."""
-    from browser import ARGS, CHROMIUM
+    from browser import ARGS, CHROMIUM, log_in_to_airflow
     from playwright.async_api import async_playwright, expect
 
     admin = {"Authorization": f"Bearer {server.login('admin')}"}
@@ -284,10 +284,7 @@ async def test_the_connections_form_shows_url_and_token_in_chromium(
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-            await page.goto(server.url + "/", timeout=120_000)
-            await page.locator("input[name=username]").fill("admin")
-            await page.locator("input[name=password]").fill("admin-pw")
-            await page.get_by_role("button", name="Sign in").click()
+            await log_in_to_airflow(page, server.url)
             await page.goto(server.url + "/connections", timeout=120_000)
             await page.get_by_role("button", name="Add Connection").click(timeout=120_000)
             form = page.get_by_role("dialog")

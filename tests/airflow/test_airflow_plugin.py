@@ -37,6 +37,7 @@ from airflow_api_server import (
     new_airflow,
 )
 from airflow_harness import AIRFLOW, Deployment
+from browser import log_in_to_airflow
 from dict_accessor import DictAccessor
 from raw_http import answer_while_sending
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -557,11 +558,7 @@ async def test_the_state_page_in_airflows_ui_in_chromium(
                 page = await browser.new_page(viewport={"width": 1400, "height": 900})
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
-                await page.goto(server.url + "/", timeout=120_000)
-                # SimpleAuthManager's login page
-                await page.locator("input[name=username]").fill("admin")
-                await page.locator("input[name=password]").fill("admin-pw")
-                await page.get_by_role("button", name="Sign in").click()
+                await log_in_to_airflow(page, server.url)
                 # Airflow's navigation: Browse, then our entry
                 await page.get_by_role("button", name="Browse").click(timeout=120_000)
                 await page.get_by_role("menuitem", name="State variables").click()
@@ -851,11 +848,7 @@ async def _attacks_write_nothing(page: Any, server: ApiServer, db: asyncpg.Conne
 async def _logged_in(browser: Any, server: ApiServer) -> Any:
     """A page logged in to Airflow's UI as Admin (the ``_token`` cookie its login page sets)."""
     page = await browser.new_page()
-    await page.goto(server.url + "/", timeout=120_000)
-    await page.locator("input[name=username]").fill("admin")
-    await page.locator("input[name=password]").fill("admin-pw")
-    await page.get_by_role("button", name="Sign in").click()
-    await page.get_by_role("button", name="Browse").wait_for(timeout=120_000)
+    await log_in_to_airflow(page, server.url)
     cookies = {c["name"] for c in await page.context.cookies(server.url)}
     assert "_token" in cookies  # logged in: the cookie an attack would ride on
     return page

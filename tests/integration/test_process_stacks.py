@@ -11,12 +11,19 @@ from pathlib import Path
 
 from process_stacks import dump_stacks, stack_dump_env
 
+# "ready" once the main thread's frame is at its sleep (line 11), told by the other thread: a
+# "ready" printed by the main thread itself comes a moment before it gets there, and a signal
+# landing in that moment shows it still on the print's line
 BLOCKED = """
-import threading, time
+import sys, threading, time
+main, deadline = threading.get_ident(), time.monotonic() + 60
 def parked_worker():
+    while sys._current_frames()[main].f_lineno != 11 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    print("ready", flush=True)
     threading.Event().wait()
+
 threading.Thread(target=parked_worker, daemon=True).start()
-print("ready", flush=True)
 time.sleep(600)
 """
 
@@ -33,7 +40,7 @@ def test_a_blocked_process_and_its_threads_show_where_they_wait(tmp_path: Path) 
         assert proc.poll() is None  # the signal did not end it
         assert f"--- pid {proc.pid}" in stacks
         assert "parked_worker" in stacks  # the other thread
-        assert 'File "<string>", line 7' in stacks  # the main thread, in its sleep
+        assert 'File "<string>", line 11' in stacks  # the main thread, in its sleep
     finally:
         proc.kill()
         proc.wait()
