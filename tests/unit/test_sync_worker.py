@@ -204,6 +204,29 @@ async def test_max_batch_dirty_keys_start_a_flush_without_waiting_for_the_interv
     assert store.stats().dirty_keys == 0
 
 
+async def test_refresh_clean_takes_the_newer_central_rows_of_clean_keys_only(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """The step a file opened without its clean-close mark runs before its first flush: a
+    clean key takes a newer central row; a dirty key is the flush's, and a key the central DB
+    holds at the file's version stays as it is."""
+    store = await open_store()
+    worker = worker_of(store)
+    for key in ("behind", "dirty", "same"):
+        await store.set(OWNER, key, 1)
+    await store.flush()
+    await store.set(OWNER, "dirty", 2)  # not flushed
+    async with central_reader(central_url) as central:  # the central DB moves on meanwhile
+        for key, value in (("behind", "5"), ("dirty", "7")):
+            await central.write_direct(OWNER, key, value, updated_at=time.time(),
+                                       updated_by="elsewhere")
+    assert await worker.refresh_clean() == 1
+    assert [await store.get(OWNER, k) for k in ("behind", "dirty", "same")] == [5, 2, 1]
+    record = await store.record(OWNER, "behind")
+    assert record is not None
+    assert (record.flush_state, record.central_version) == (FlushState.FLUSHED, 2)
+
+
 async def test_a_key_written_during_its_flush_stays_dirty_and_goes_out_next(
     open_store: StoreFactory, central_url: str,
 ) -> None:
