@@ -59,9 +59,11 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("AIRFLOW_CONFIG") or airflow_home(env) / "airflow.cfg")
 
 
-def default_triggerer_id() -> str:
-    """The host name, made safe for a file name: stable across restarts of the triggerer."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "triggerer"
+def default_triggerer_id(hostname: str | None = None) -> str:
+    """The host name (`hostname`, else this host's), made safe for a file name: stable across
+    restarts of the triggerer (a StatefulSet's pod: its name)."""
+    host = socket.gethostname() if hostname is None else hostname
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "triggerer"
 
 
 #: what a row takes in a body besides its value: three names of up to 250 characters (4 bytes

@@ -1,27 +1,33 @@
-"""The Kubernetes deployment (``deploy/kubernetes/``): the Secrets and the workloads the values
-file describes are valid Kubernetes objects, and the settings each component gets are the ones
-localstate accepts, in the right component only.
+"""The Kubernetes deployment (``deploy/kubernetes/``): the values file passes the official
+Airflow Helm chart's schema, the Secrets and the workloads the values file describes are valid
+Kubernetes objects, and the settings each component gets are the ones localstate accepts, in
+the right component only.
 
-The workloads are built here as the official Airflow Helm chart places these values (a
-component's ``env``, ``resources`` and image; the triggerer a StatefulSet whose persistent
-volume is mounted at the logs folder; the API server a Deployment of ``replicas`` pods; the
-Celery workers a StatefulSet with the tasks' connection) and
-validated against the Kubernetes schema (kubernetes-validate, offline, strict: an unknown
-field fails). The chart itself is not rendered: ``helm`` is in neither PyPI nor Debian 12.
+The chart's own files are in ``tests/data/airflow-chart-1.21.0/`` (its README says from where):
+the values file is validated with its ``values.schema.json`` (``jsonschema``), and the
+workloads are built here as its templates place these values (a component's ``env`` through
+the ``container_extra_envs`` helper, whose text is checked to be the one mirrored; the
+triggerer a StatefulSet whose persistent volume is mounted at the logs folder; the API server
+a Deployment of ``replicas`` pods; the Celery workers a StatefulSet with the tasks'
+connection), then validated against the Kubernetes schema (kubernetes-validate, offline,
+strict: an unknown field fails). The chart itself is not rendered: ``helm`` is in neither PyPI
+nor Debian 12.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from localstate._core.config import Settings
+from localstate._core.config import Settings, default_triggerer_id
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -30,6 +36,34 @@ KUBERNETES = "1.31.0"
 RELEASE = "airflow"
 #: where the chart mounts a triggerer's own volume (its logs folder, under airflowHome)
 TRIGGERER_VOLUME = "/opt/airflow/logs"
+#: the chart's files the tests read (README.md there: source, commit, version)
+CHART = ROOT / "tests" / "data" / "airflow-chart-1.21.0"
+#: the chart's `container_extra_envs` helper (templates/_helpers.yaml), which renders a
+#: component's `env`: a value, else a secretKeyRef, else a configMapKeyRef, nothing else.
+#: `chart_env` mirrors it; a test checks the vendored helper is still this text
+EXTRA_ENVS_HELPER = """\
+{{- define "container_extra_envs" -}}
+  {{- $ := index . 0 -}}
+  {{- $env := index . 1 -}}
+  {{- range $i, $config := $env }}
+  - name: {{ $config.name }}
+    {{- if $config.value }}
+    value: {{ $config.value | quote }}
+    {{- else if $config.valueFrom }}
+    valueFrom:
+      {{- if $config.valueFrom.secretKeyRef }}
+      secretKeyRef:
+        name: {{ $config.valueFrom.secretKeyRef.name }}
+        key: {{ $config.valueFrom.secretKeyRef.key }}
+      {{- else if $config.valueFrom.configMapKeyRef }}
+      configMapKeyRef:
+        name: {{ $config.valueFrom.configMapKeyRef.name }}
+        key: {{ $config.valueFrom.configMapKeyRef.key }}
+      {{- end }}
+    {{- end }}
+  {{- end }}
+{{- end }}
+"""
 
 
 def values() -> dict[str, Any]:
@@ -43,6 +77,40 @@ def secrets() -> dict[str, dict[str, str]]:
     return {d["metadata"]["name"]: d["stringData"] for d in docs}
 
 
+def chart_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(
+        gzip.decompress((CHART / "values.schema.json.gz").read_bytes()))
+    return schema
+
+
+def schema_errors(v: dict[str, Any]) -> list[str]:
+    """Where and why the chart's schema refuses `v` (what `helm install` stops on)."""
+    schema = chart_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+                  for e in validator.iter_errors(v))
+
+
+def chart_env(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the chart's `container_extra_envs` renders of a component's `env`."""
+    out: list[dict[str, Any]] = []
+    for config in env:
+        item: dict[str, Any] = {"name": config["name"]}
+        source = config.get("valueFrom") or {}
+        if config.get("value"):
+            item["value"] = str(config["value"])
+        elif source.get("secretKeyRef"):
+            ref = source["secretKeyRef"]
+            item["valueFrom"] = {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}
+        elif source.get("configMapKeyRef"):
+            ref = source["configMapKeyRef"]
+            item["valueFrom"] = {"configMapKeyRef": {"name": ref["name"], "key": ref["key"]}}
+        elif source:
+            item["valueFrom"] = None  # rendered as `valueFrom:` with nothing under it
+        out.append(item)
+    return out
+
+
 def image(v: dict[str, Any]) -> str:
     return f"{v['images']['airflow']['repository']}:{v['images']['airflow']['tag']}"
 
@@ -50,7 +118,7 @@ def image(v: dict[str, Any]) -> str:
 def container(name: str, v: dict[str, Any], component: dict[str, Any],
               mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "image": image(v), "args": ["bash", "-c", f"exec airflow {name}"],
-            "env": component["env"], "resources": component["resources"],
+            "env": chart_env(component["env"]), "resources": component["resources"],
             "volumeMounts": mounts}
 
 
@@ -98,30 +166,97 @@ def worker_statefulset(v: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def environment(env: list[dict[str, Any]], pod: str) -> dict[str, str]:
-    """The environment a pod named `pod` gets from `env`: Secret references read from
-    secrets.yaml (a reference to a Secret or key it lacks fails), the pod's name from its
-    field reference."""
+def environment(env: list[dict[str, Any]]) -> dict[str, str]:
+    """The environment a pod gets from `env` as the chart renders it: Secret references read
+    from secrets.yaml (a reference to a Secret or key it lacks fails; any other source is
+    refused: the chart renders no other)."""
     data = secrets()
     out = {}
-    for item in env:
-        source = item.get("valueFrom")
-        if source is None:
+    for item in chart_env(env):
+        source = item.get("valueFrom", {})
+        if "value" in item:
             out[item["name"]] = item["value"]
-        elif "secretKeyRef" in source:
+        else:
+            assert source and "secretKeyRef" in source, f"{item['name']}: rendered as {item}"
             ref = source["secretKeyRef"]
             assert ref["name"] in data, f"{item['name']}: no Secret {ref['name']!r}"
             assert ref["key"] in data[ref["name"]], f"{item['name']}: no key {ref['key']!r}"
             out[item["name"]] = data[ref["name"]][ref["key"]]
-        else:
-            assert source == {"fieldRef": {"fieldPath": "metadata.name"}}, item
-            out[item["name"]] = pod
     return out
 
 
-def settings_of(env: list[dict[str, Any]], pod: str, tmp_path: Path) -> Settings:
+def settings_of(env: list[dict[str, Any]], tmp_path: Path) -> Settings:
     (tmp_path / "airflow.cfg").write_text("")
-    return Settings.resolve(environ=environment(env, pod), config_file=tmp_path / "airflow.cfg")
+    return Settings.resolve(environ=environment(env), config_file=tmp_path / "airflow.cfg")
+
+
+def test_the_values_file_passes_the_charts_schema() -> None:
+    """What `helm upgrade --install` checks first: the chart's values.schema.json."""
+    assert schema_errors(values()) == []
+    # every top-level key is one the chart knows (its schema lets unknown ones pass, and
+    # the chart ignores them: a misspelt section would be dropped without a word)
+    assert set(values()) <= set(chart_schema()["properties"])
+
+
+@pytest.mark.parametrize(("section", "entry", "refused_at"), [
+    # the pod's name from a field reference: the chart takes only these two sources
+    ("triggerer", {"env": [{"name": "AIRFLOW__LOCALSTATE__TRIGGERER_ID",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+     "triggerer.env.0.valueFrom"),
+    # a key the chart does not know, where its schema says additionalProperties: false
+    ("triggerer", {"persistance": {"enabled": True}}, "triggerer"),
+    ("apiServer", {"tokens": "x"}, "apiServer"),
+])
+def test_the_schema_check_refuses_what_the_chart_refuses(
+    section: str, entry: dict[str, Any], refused_at: str,
+) -> None:
+    broken = values()
+    broken[section] = {**broken[section], **entry}
+    errors = schema_errors(broken)
+    assert len(errors) == 1 and errors[0].startswith(refused_at + ":"), errors
+
+
+def test_the_chart_renders_a_components_env_as_mirrored_here() -> None:
+    """`chart_env` is the chart's helper: the vendored helper is the text mirrored, and the
+    triggerer's and API server's templates render their `env` through it."""
+    helpers = (CHART / "_helpers.yaml").read_text()
+    start = helpers.index('{{- define "container_extra_envs" -}}')
+    assert helpers[start:start + len(EXTRA_ENVS_HELPER)] == EXTRA_ENVS_HELPER
+    for template, section in (("triggerer-deployment.yaml", "triggerer"),
+                              ("api-server-deployment.yaml", "apiServer")):
+        text = (CHART / template).read_text()
+        assert f'include "container_extra_envs" (list . .Values.{section}.env)' in text
+    # a field reference would be rendered as an empty valueFrom: Kubernetes refuses the pod
+    assert chart_env([{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "a"}}}]) == [
+        {"name": "X", "valueFrom": None}]
+
+
+def test_the_triggerers_id_is_its_pods_name_with_nothing_set() -> None:
+    """The chart's triggerer StatefulSet sets no `hostname`, so each pod's host name is its
+    name (airflow-triggerer-0, ...), which is localstate's default triggerer_id: stable across
+    restarts of the pod, unique in the fleet."""
+    template = (CHART / "triggerer-deployment.yaml").read_text()
+    assert "kind: {{ if $persistence }}StatefulSet{{ else }}Deployment{{ end }}" in template
+    assert not re.search(r"^\s*hostname:", template, re.M)
+    assert values()["triggerer"]["persistence"]["enabled"] is True
+    env = environment(values()["triggerer"]["env"])
+    assert "AIRFLOW__LOCALSTATE__TRIGGERER_ID" not in env
+    for n in range(values()["triggerer"]["replicas"]):
+        assert default_triggerer_id(f"{RELEASE}-triggerer-{n}") == f"{RELEASE}-triggerer-{n}"
+
+
+def test_the_triggerers_cache_is_on_its_own_volume() -> None:
+    """The chart mounts the triggerer's volume (a volumeClaimTemplate named logs, with
+    persistence on) at airflowHome/logs; the values put the cache under it."""
+    template = (CHART / "triggerer-deployment.yaml").read_text()
+    assert "volumeClaimTemplates:\n    - apiVersion: v1\n      kind: PersistentVolumeClaim\n" \
+        "      metadata:\n        name: logs" in template
+    assert '- name: logs\n              mountPath: {{ template "airflow_logs" . }}' in template
+    helpers = (CHART / "_helpers.yaml").read_text()
+    assert '{{- printf "%s/logs" .Values.airflowHome | quote }}' in helpers
+    home = values().get("airflowHome", "/opt/airflow")
+    assert f"{home}/logs" == TRIGGERER_VOLUME
+    assert not values().get("logs", {}).get("persistence", {}).get("enabled", False)
 
 
 @pytest.mark.parametrize("build", [triggerer_statefulset, api_server_deployment,
@@ -149,15 +284,14 @@ def test_the_triggerers_reach_state_through_the_api_server_with_their_token(
     tmp_path: Path,
 ) -> None:
     v = values()
-    pod = f"{RELEASE}-triggerer-1"
-    s = settings_of(v["triggerer"]["env"], pod, tmp_path)
+    s = settings_of(v["triggerer"]["env"], tmp_path)
     assert s.sink == "api"
     assert s.api_url == f"http://{RELEASE}-api-server:8080/localstate"
-    assert s.resolved_triggerer_id == pod
+    assert s.triggerer_id is None  # the host name: the pod's name
     assert s.resolved_cache_dir.is_relative_to(TRIGGERER_VOLUME)
     assert s.statsd_host == f"{RELEASE}-statsd"
     # the API server takes that token, read-write, for the owners the triggers use
-    server = settings_of(v["apiServer"]["env"], f"{RELEASE}-api-server-0", tmp_path)
+    server = settings_of(v["apiServer"]["env"], tmp_path)
     [token] = [t for t in server.api_tokens if t.secret == s.api_token]
     assert token.role == "read-write"
     assert "asset_watcher:" in token.owners
@@ -171,11 +305,11 @@ def test_the_tasks_reach_state_through_their_dags_connection(tmp_path: Path) -> 
     from localstate.airflow.hook import LocalStateHook
 
     v = values()
-    env = environment(v["workers"]["env"], f"{RELEASE}-worker-0")
+    env = environment(v["workers"]["env"])
     conn = json.loads(env["AIRFLOW_CONN_LOCALSTATE_DEFAULT"])
     assert conn["conn_type"] == "localstate"
     assert conn["host"] == f"http://{RELEASE}-api-server:8080/localstate"
-    server = settings_of(v["apiServer"]["env"], f"{RELEASE}-api-server-0", tmp_path)
+    server = settings_of(v["apiServer"]["env"], tmp_path)
     [token] = [t for t in server.api_tokens if t.secret == conn["password"]]
     assert token.role == "read-write"
     assert token.allows(LocalStateHook.task_owner("etl", "load"))
