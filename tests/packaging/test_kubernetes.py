@@ -177,7 +177,8 @@ def environment(env: list[dict[str, Any]]) -> dict[str, str]:
         if "value" in item:
             out[item["name"]] = item["value"]
         else:
-            assert source and "secretKeyRef" in source, f"{item['name']}: rendered as {item}"
+            assert source, f"{item['name']}: rendered as {item}"
+            assert "secretKeyRef" in source, f"{item['name']}: rendered as {item}"
             ref = source["secretKeyRef"]
             assert ref["name"] in data, f"{item['name']}: no Secret {ref['name']!r}"
             assert ref["key"] in data[ref["name"]], f"{item['name']}: no key {ref['key']!r}"
@@ -213,7 +214,8 @@ def test_the_schema_check_refuses_what_the_chart_refuses(
     broken = values()
     broken[section] = {**broken[section], **entry}
     errors = schema_errors(broken)
-    assert len(errors) == 1 and errors[0].startswith(refused_at + ":"), errors
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(refused_at + ":"), errors
 
 
 def test_the_chart_renders_a_components_env_as_mirrored_here() -> None:
