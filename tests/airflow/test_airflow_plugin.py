@@ -48,8 +48,8 @@ from localstate._core.codec import encode
 from localstate._core.config import max_batch_body
 from localstate._core.conflicts import PolicyMap
 from localstate._core.protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
-from localstate._core.triggerer_credential import derive
 from localstate._core.rows import CentralRow, DirtyRow
+from localstate._core.triggerer_credential import derive
 from localstate._sync.central.asset_mirror import AssetMirror
 from localstate._sync.central.central_store import CentralStore
 from localstate._sync.central.schema import LATEST_VERSION, MIGRATIONS
@@ -57,8 +57,8 @@ from localstate._sync.sinks.airflow_sink import AirflowSink, process_sink
 from localstate._sync.sinks.api_sink import ApiSink
 from localstate._testing.postgres_server import PostgresServer
 from localstate.airflow._migrations import revision_id
-from localstate.errors import AccessDenied
 from localstate.airflow._serving import central_url_of, open_app
+from localstate.errors import AccessDenied
 
 pytestmark = pytest.mark.postgres
 
