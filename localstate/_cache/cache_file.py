@@ -57,9 +57,22 @@ from localstate.errors import (
 )
 
 __all__ = [
-    "APPLICATION_ID", "KEPT", "OUTBOX", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "connect",
-    "PRIVATE_FILE", "PRIVATE_FOLDER", "create_private", "file_in_the_way", "fsync_folder",
-    "make_folder", "prepare", "translate", "worker_thread",
+    "APPLICATION_ID",
+    "KEPT",
+    "OUTBOX",
+    "PRIVATE_FILE",
+    "PRIVATE_FOLDER",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "UPSERT",
+    "connect",
+    "create_private",
+    "file_in_the_way",
+    "fsync_folder",
+    "make_folder",
+    "prepare",
+    "translate",
+    "worker_thread",
     "wrap_errors",
 ]
 

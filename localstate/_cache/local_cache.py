@@ -32,8 +32,8 @@ from localstate._cache.cache_compaction import Compactor, file_bytes
 from localstate._cache.cache_file import (
     UPSERT,
     connect,
-    file_in_the_way,
     create_private,
+    file_in_the_way,
     fsync_folder,
     make_folder,
     prepare,
