@@ -132,6 +132,7 @@ class Settings:
     sink: str = DEFAULTS["sink"]
     central_thread: bool = DEFAULTS["central_thread"]
     api_url: str | None = DEFAULTS["api_url"]
+    api_ca_bundle: Path | None = DEFAULTS["api_ca_bundle"]
     api_token: str | None = DEFAULTS["api_token"]
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
@@ -293,6 +294,9 @@ def _api_from_connection(values: dict[str, Any], sources: dict[str, str]) -> Non
         if values["api_token"] is None and found.token is not None:
             values["api_token"] = SPECS["api_token"].parse(found.token)
             sources["api_token"] = source
+        if values["api_ca_bundle"] is None and found.ca_bundle is not None:
+            values["api_ca_bundle"] = SPECS["api_ca_bundle"].parse(found.ca_bundle)
+            sources["api_ca_bundle"] = source
     except ValueError as exc:
         raise ConfigError(f"{source} does not name the localstate API: {exc}") from None
     sources["api_url"] = source

@@ -445,6 +445,10 @@ SPECS: Final[dict[str, Spec]] = {
                     "plugin: http://airflow-api-server:8080/localstate); with sink = airflow: "
                     "Airflow's API server with the plugin, where cache misses of asset watchers "
                     "are read in one request per batch (writes still go through the accessors)"),
+    "api_ca_bundle": Spec(_optional_path, None, "a PEM file of the certificate authorities "
+                          "trusted for an https:// api_url (the CA of the API server's "
+                          "certificate); none: the system's. Certificates are always "
+                          "verified"),
     "api_token": Spec(_optional_token, None, "the bearer token sent to api_url: with sink = "
                       "api a read-write token of the server's api_tokens whose owner prefixes "
                       "cover this process's owners; with sink = airflow a read token covering "

@@ -246,7 +246,7 @@ BAD_VALUES = [
     ("retention", "trigger:*", "owner-glob=age"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
-FREE_FORM = {"cache_dir", "cache_path", "central_url"}
+FREE_FORM = {"cache_dir", "cache_path", "central_url", "api_ca_bundle"}
 
 
 def test_every_setting_with_a_format_has_bad_values_listed() -> None:
