@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +29,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from localstate_cli import localstate_command
 
 from localstate._core.config import Settings, default_triggerer_id
+from localstate._core.triggerer_credential import derive
+from localstate.api._auth import Authorizer
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -115,24 +121,50 @@ def image(v: dict[str, Any]) -> str:
     return f"{v['images']['airflow']['repository']}:{v['images']['airflow']['tag']}"
 
 
+def mounts(v: dict[str, Any], component: dict[str, Any],
+           own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A component's main container's mounts as the chart places them: its
+    `extraVolumeMounts`, the top-level `volumeMounts` (every Airflow container), its own."""
+    return [*component.get("extraVolumeMounts", []), *v.get("volumeMounts", []), *own]
+
+
 def container(name: str, v: dict[str, Any], component: dict[str, Any],
-              mounts: list[dict[str, Any]]) -> dict[str, Any]:
+              own_mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "image": image(v), "args": ["bash", "-c", f"exec airflow {name}"],
             "env": chart_env(component["env"]), "resources": component["resources"],
-            "volumeMounts": mounts}
+            "volumeMounts": mounts(v, component, own_mounts)}
+
+
+def templated(v: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`tpl` of the extra containers: the one template the values use, the image's."""
+    text = json.dumps(items).replace('{{ template \\"airflow_image\\" . }}', image(v))
+    assert "{{" not in text, text
+    rendered: list[dict[str, Any]] = json.loads(text)
+    return rendered
+
+
+def pod_spec(v: dict[str, Any], component: dict[str, Any],
+             main: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [main]}
+    if component.get("extraInitContainers"):
+        spec["initContainers"] = templated(v, component["extraInitContainers"])
+    volumes = [*v.get("volumes", []), *component.get("extraVolumes", [])]
+    if volumes:
+        spec["volumes"] = volumes
+    return spec
 
 
 def triggerer_statefulset(v: dict[str, Any]) -> dict[str, Any]:
     t = v["triggerer"]
     labels = {"component": "triggerer", "release": RELEASE}
+    main = container("triggerer", v, t, [{"name": "logs", "mountPath": TRIGGERER_VOLUME}])
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": f"{RELEASE}-triggerer", "labels": labels},
         "spec": {
             "serviceName": f"{RELEASE}-triggerer", "replicas": t["replicas"],
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container(
-                "triggerer", v, t, [{"name": "logs", "mountPath": TRIGGERER_VOLUME}])]}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec(v, t, main)},
             "volumeClaimTemplates": [{
                 "metadata": {"name": "logs"},
                 "spec": {"accessModes": ["ReadWriteOnce"],
@@ -144,12 +176,15 @@ def triggerer_statefulset(v: dict[str, Any]) -> dict[str, Any]:
 def api_server_deployment(v: dict[str, Any]) -> dict[str, Any]:
     a = v["apiServer"]
     labels = {"component": "api-server", "release": RELEASE}
+    main = container("api-server", v, a, [])
+    main["ports"] = [{"name": "api-server", "containerPort": 8080}]
+    main["readinessProbe"] = {"httpGet": {"path": "/api/v2/monitor/health", "port": 8080,
+                                          "scheme": a["readinessProbe"]["scheme"]}}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": f"{RELEASE}-api-server", "labels": labels},
         "spec": {"replicas": a["replicas"], "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
-                     container("api-server", v, a, [])]}}},
+                 "template": {"metadata": {"labels": labels}, "spec": pod_spec(v, a, main)}},
     }
 
 
@@ -161,9 +196,65 @@ def worker_statefulset(v: dict[str, Any]) -> dict[str, Any]:
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": f"{RELEASE}-worker", "labels": labels},
         "spec": {"serviceName": f"{RELEASE}-worker", "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
-                     container("worker", v, w, [])]}}},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": pod_spec(v, w, container("worker", v, w, []))}},
     }
+
+
+class Pod:
+    """One pod of a component, its files emulated under `root`: each Secret volume it
+    mounts holds the Secret's keys from secrets.yaml (the CA's from `ca`), each emptyDir
+    starts empty; its init containers have run (their `localstate credential`, with the
+    pod's name as its host name), and `settings` resolves its main container's."""
+
+    def __init__(self, v: dict[str, Any], section: str, name: str, root: Path) -> None:
+        self.v, self.component, self.name, self.root = v, v[section], name, root
+        volumes = {vol["name"]: vol for vol in pod_spec(v, self.component, {})
+                   .get("volumes", [])}
+        data = {**secrets(), "airflow-api-server-tls": {
+            "ca.crt": "-----BEGIN CERTIFICATE-----\n(the cluster CA)\n", "tls.crt": "",
+            "tls.key": ""}}
+        for vol_name, vol in volumes.items():
+            folder = self.host_path(vol_name)
+            folder.mkdir(parents=True, exist_ok=True)
+            if "secret" in vol:
+                found = data[vol["secret"]["secretName"]]
+                items = vol["secret"].get("items") or [{"key": k, "path": k} for k in found]
+                for item in items:
+                    (folder / item["path"]).write_text(found[item["key"]])
+        self.init_containers = templated(v, self.component.get("extraInitContainers", []))
+        for init in self.init_containers:
+            self.run_init(init)
+
+    def host_path(self, volume: str) -> Path:
+        return self.root / "volumes" / volume
+
+    def mapped(self, text: str, volume_mounts: list[dict[str, Any]]) -> str:
+        """`text` with each mount path turned into where this test keeps that volume."""
+        for m in sorted(volume_mounts, key=lambda m: -len(m["mountPath"])):
+            text = text.replace(m["mountPath"], str(self.host_path(m["name"])))
+        return text
+
+    def run_init(self, init: dict[str, Any]) -> None:
+        command = init["args"]
+        assert command[:2] == ["bash", "-c"], command
+        argv = shlex.split(command[2].removeprefix("exec "))
+        assert argv[:2] == ["localstate", "credential"], argv
+        argv = [self.mapped(a, init["volumeMounts"]) for a in argv]
+        done = subprocess.run([localstate_command(), *argv[1:], "--triggerer-id", self.name],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "AIRFLOW_HOME": str(self.root / "home")})
+        assert done.returncode == 0, done.stderr
+
+    def environment(self) -> dict[str, str]:
+        main_mounts = mounts(self.v, self.component, [])
+        return {k: self.mapped(val, main_mounts) for k, val in
+                environment(self.component["env"]).items()}
+
+    def settings(self) -> Settings:
+        cfg = self.root / "airflow.cfg"
+        cfg.write_text("")
+        return Settings.resolve(environ=self.environment(), config_file=cfg)
 
 
 def environment(env: list[dict[str, Any]]) -> dict[str, str]:
@@ -282,35 +373,57 @@ def test_an_invalid_object_fails_the_validation() -> None:
         kubernetes_validate.validate(broken, KUBERNETES, strict=True)
 
 
-def test_the_triggerers_reach_state_through_the_api_server_with_their_token(
+def test_each_triggerer_reaches_state_over_https_with_its_own_credential(
     tmp_path: Path,
 ) -> None:
+    """Two pods of the triggerers' StatefulSet, their init containers run: each resolves
+    sink = api over https with the cluster's CA and the credential made for its own name
+    (through AIRFLOW__LOCALSTATE__API_TOKEN_CMD); the API server takes each as that
+    triggerer only, read-write, for the owners the triggers use."""
     v = values()
-    s = settings_of(v["triggerer"]["env"], tmp_path)
-    assert s.sink == "api"
-    assert s.api_url == f"http://{RELEASE}-api-server:8080/localstate"
-    assert s.triggerer_id is None  # the host name: the pod's name
-    assert s.resolved_cache_dir.is_relative_to(TRIGGERER_VOLUME)
-    assert s.statsd_host == f"{RELEASE}-statsd"
-    # the API server takes that token, read-write, for the owners the triggers use
-    server = settings_of(v["apiServer"]["env"], tmp_path)
-    [token] = [t for t in server.api_tokens if t.secret == s.api_token]
-    assert token.role == "read-write"
-    assert "asset_watcher:" in token.owners
+    server = Pod(v, "apiServer", f"{RELEASE}-api-server-0", tmp_path / "api").settings()
+    authorizer = Authorizer(server.api_tokens)
+    credentials = set()
+    for n in range(v["triggerer"]["replicas"]):
+        name = f"{RELEASE}-triggerer-{n}"
+        pod = Pod(v, "triggerer", name, tmp_path / name)
+        s = pod.settings()
+        assert s.sink == "api"
+        assert s.api_url == f"https://{RELEASE}-api-server:8080/localstate"
+        assert s.sources["api_token"] == ("environment AIRFLOW__LOCALSTATE__API_TOKEN_CMD "
+                                          "(command)")
+        assert s.api_ca_bundle is not None
+        assert s.api_ca_bundle.read_text().startswith("-----BEGIN CERTIFICATE-----")
+        assert s.triggerer_id is None  # the host name: the pod's name
+        assert s.resolved_cache_dir.is_relative_to(TRIGGERER_VOLUME)
+        assert s.statsd_host == f"{RELEASE}-statsd"
+        assert s.api_token == derive(secrets()["localstate-triggerer-key"]["key"], name)
+        caller = authorizer.authenticate(f"Bearer {s.api_token}")
+        assert (caller.identity, caller.bound, caller.can_write) == (name, True, True)
+        assert caller.may_read("asset_watcher:orders")
+        assert not caller.may_read("dag:etl/load")
+        credentials.add(s.api_token)
+    assert len(credentials) == v["triggerer"]["replicas"]
 
 
 def test_the_tasks_reach_state_through_their_dags_connection(tmp_path: Path) -> None:
-    """The workers' `localstate` connection points at the API server's service with a token
-    the API server takes, read-write and limited to one DAG's owners and the watcher it
-    reads: the docs' task (`dag:etl/load`) may write, a triggerer's owners and another DAG's
-    are refused."""
+    """The workers' `localstate` connection points at the API server's service over https,
+    with the cluster's CA and a token the API server takes, read-write and limited to one
+    DAG's owners and the watcher it reads: the docs' task (`dag:etl/load`) may write, a
+    triggerer's owners and another DAG's are refused."""
+    from localstate._core.api_connection import endpoint
     from localstate.airflow.hook import LocalStateHook
 
     v = values()
     env = environment(v["workers"]["env"])
     conn = json.loads(env["AIRFLOW_CONN_LOCALSTATE_DEFAULT"])
     assert conn["conn_type"] == "localstate"
-    assert conn["host"] == f"http://{RELEASE}-api-server:8080/localstate"
+    found = endpoint("localstate_default", conn["host"], password=conn["password"],
+                     extra=conn["extra"])
+    assert found.url == f"https://{RELEASE}-api-server:8080/localstate"
+    assert found.ca_bundle is not None
+    assert any(found.ca_bundle.startswith(m["mountPath"] + "/")
+               for m in v["volumeMounts"])  # the CA every Airflow container mounts
     server = settings_of(v["apiServer"]["env"], tmp_path)
     [token] = [t for t in server.api_tokens if t.secret == conn["password"]]
     assert token.role == "read-write"
@@ -321,16 +434,29 @@ def test_the_tasks_reach_state_through_their_dags_connection(tmp_path: Path) -> 
     assert not any(k.startswith("AIRFLOW__LOCALSTATE__") for k in env)  # no sink, no token
 
 
-def test_tokens_are_only_in_the_component_that_uses_them() -> None:
-    """The API server's tokens in its pods only, the triggerers' token in theirs only, and
-    no token in anything the chart shares between components (config, env, secret)."""
+def test_keys_and_tokens_are_only_in_the_component_that_uses_them() -> None:
+    """The API server's tokens in its pods only; the triggerers' key in their init
+    container only (its volume is mounted nowhere else: not in the triggerer's container,
+    not in the chart's own init container or log groomer, which get extraVolumeMounts);
+    the tasks' connection in the workers only; nothing of localstate in what the chart
+    shares between components but the CA certificate."""
     v = values()
     text_of = {section: json.dumps(v.get(section)) for section in v}
     for secret, component in (("localstate-api-tokens", "apiServer"),
-                              ("localstate-triggerer-token", "triggerer"),
+                              ("localstate-triggerer-key", "triggerer"),
                               ("localstate-task-connection", "workers")):
         holders = [section for section, text in text_of.items() if secret in text]
         assert holders == [component], (secret, holders)
+    [key_volume] = [vol["name"] for vol in v["triggerer"]["extraVolumes"]
+                    if vol.get("secret", {}).get("secretName") == "localstate-triggerer-key"]
+    holders = [c["name"] for c in v["triggerer"]["extraInitContainers"]
+               if any(m["name"] == key_volume for m in c["volumeMounts"])]
+    assert holders == ["localstate-credential"]
+    assert key_volume not in json.dumps(v["triggerer"]["extraVolumeMounts"])
+    assert key_volume not in json.dumps(v.get("volumeMounts", []))
+    # the certificate's Secret: its key only in the API server; elsewhere its CA alone
+    [shared] = [vol for vol in v["volumes"] if "secret" in vol]
+    assert shared["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     for data in secrets().values():
         for value in data.values():
             for token in re.findall(r"REPLACE-[\w-]+", value):
