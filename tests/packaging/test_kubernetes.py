@@ -16,6 +16,7 @@ nor Debian 12.
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import json
 import os
@@ -487,6 +488,51 @@ def test_the_image_is_the_airflow_the_values_name_and_localstate_supports() -> N
     assert '"apache-airflow==${AIRFLOW_VERSION}"' in dockerfile  # Airflow stays as it is
     # what the components need: the plugin (airflow, api), the triggerers' API sink (client),
     # the central DB's driver (postgres)
-    extras = re.search(r"localstate-\*\.whl\)\[([a-z,]+)\]", dockerfile)
+    extras = re.search(r'"\$\{wheel\}\[([a-z,]+)\]"', dockerfile)
     assert extras is not None
     assert set(extras[1].split(",")) == {"airflow", "api", "client", "postgres"}
+
+
+def in_context(path: str, ignore: str) -> bool:
+    """Whether `docker build .` sends the file `path` under the .dockerignore `ignore` (its
+    patterns as Docker reads them: the last that matches the path or a folder of it
+    decides, ! admits)."""
+    sent = True
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    for line in (raw.strip() for raw in ignore.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        admit, pattern = line.startswith("!"), line.removeprefix("!")
+        if any(fnmatch.fnmatchcase(prefix, pattern) for prefix in prefixes):
+            sent = admit
+    return sent
+
+
+def test_the_image_installs_one_named_wheel_with_airflows_constraints() -> None:
+    """One wheel, named by a build argument (no glob that two wheels would break); Airflow's
+    constraints for the image's Airflow and Python; the build context holds only the wheels
+    and the constraints file (never a .venv, caches or local state)."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    found = re.search(r"^ARG AIRFLOW_IMAGE=apache/airflow:(\d+\.\d+\.\d+)-python(\d+\.\d+)",
+                      dockerfile, re.M)
+    assert found is not None
+    airflow, python = found[1], found[2]
+    assert f"ARG AIRFLOW_CONSTRAINTS=https://raw.githubusercontent.com/apache/airflow/" \
+        f"constraints-{airflow}/constraints-{python}.txt" in dockerfile
+    assert '--constraint "${AIRFLOW_CONSTRAINTS}"' in dockerfile
+    assert "*" not in "".join(re.findall(r"^COPY .*$", dockerfile, re.M))
+    [copy] = re.findall(r"^COPY --chown=airflow:root (.*) /tmp/localstate-build/$", dockerfile,
+                        re.M)
+    wheel_arg, constraints = copy.split()
+    assert wheel_arg == "${LOCALSTATE_WHEEL}"
+    pins = (ROOT / constraints).read_text()
+    assert f"\napache-airflow=={airflow}\n" in pins
+    assert f"on Python {python}" in pins.splitlines()[0]
+    ignore = (ROOT / ".dockerignore").read_text()
+    assert in_context(constraints, ignore)
+    assert in_context("dist/localstate-1.0.0-py3-none-any.whl", ignore)
+    for kept_out in (".venv/bin/python", ".git/config", "localstate/__init__.py",
+                     "dist/localstate-1.0.0.tar.gz", "airflow.cfg", "cache/t.db",
+                     "tests/data/airflow-chart-1.21.0/values.yaml.gz", "deploy/kubernetes/x"):
+        assert not in_context(kept_out, ignore), kept_out
