@@ -16,6 +16,7 @@ nor Debian 12.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import gzip
 import json
@@ -536,3 +537,209 @@ def test_the_image_installs_one_named_wheel_with_airflows_constraints() -> None:
                      "dist/localstate-1.0.0.tar.gz", "airflow.cfg", "cache/t.db",
                      "tests/data/airflow-chart-1.21.0/values.yaml.gz", "deploy/kubernetes/x"):
         assert not in_context(kept_out, ignore), kept_out
+
+
+# -- the hardening page's checklist, over the example ------------------------------------------
+
+HARDENING = ROOT / "docs" / "operations" / "hardening.md"
+
+
+class Example:
+    """The example deployment as its pods see it: two triggerers (init containers run), an
+    API server, a worker's connection; their settings resolved."""
+
+    def __init__(self, root: Path) -> None:
+        self.v = values()
+        self.root = root
+        self.server = Pod(self.v, "apiServer", f"{RELEASE}-api-server-0",
+                          root / "api").settings()
+        self.triggerers = {
+            name: Pod(self.v, "triggerer", name, root / name).settings()
+            for name in (f"{RELEASE}-triggerer-{n}"
+                         for n in range(self.v["triggerer"]["replicas"]))}
+        self.connection = json.loads(
+            environment(self.v["workers"]["env"])["AIRFLOW_CONN_LOCALSTATE_DEFAULT"])
+
+    def tokens(self) -> list[Any]:
+        return list(self.server.api_tokens)
+
+
+def _random_bits(e: Example) -> None:
+    text = (DEPLOY / "secrets.yaml").read_text()
+    assert "secrets.token_urlsafe(32)" in text  # the page's generator, named where they go
+    for t in e.tokens():  # placeholders to replace, none usable as it stands
+        assert t.secret.startswith("REPLACE-"), t.name
+
+
+def _own_credential(e: Example) -> None:
+    authorizer = Authorizer(e.server.api_tokens)
+    for name, s in e.triggerers.items():
+        caller = authorizer.authenticate(f"Bearer {s.api_token}")
+        assert (caller.identity, caller.bound) == (name, True)
+    assert len({s.api_token for s in e.triggerers.values()}) == len(e.triggerers)
+    # the key is mounted in the init container only (test_keys_and_tokens_... checks where)
+    assert all(t.per_triggerer for t in e.tokens() if "trigger:" in t.owners and t.can_write)
+
+
+def _dag_tokens(e: Example) -> None:
+    dag_tokens = [t for t in e.tokens() if any(o.startswith("dag:") for o in t.owners)
+                  and t.can_write]
+    assert dag_tokens
+    for t in dag_tokens:
+        for owner in t.owners:
+            assert re.fullmatch(r"dag:[^/]+/|asset_watcher:.+", owner), (t.name, owner)
+
+
+def _read_tokens(e: Example) -> None:
+    [dashboards] = [t for t in e.tokens() if t.name == "dashboards"]
+    assert dashboards.role == "read"
+
+
+def _no_star(e: Example) -> None:
+    assert all("" not in t.owners for t in e.tokens())
+
+
+def _from_a_secret(e: Example) -> None:
+    for section in ("apiServer", "triggerer", "workers"):
+        for item in e.v[section]["env"]:
+            if item["name"] in ("AIRFLOW__LOCALSTATE__API_TOKEN",
+                                "AIRFLOW__LOCALSTATE__API_TOKENS",
+                                "AIRFLOW_CONN_LOCALSTATE_DEFAULT"):
+                assert "secretKeyRef" in item["valueFrom"], item
+    assert e.server.sources["api_tokens"].startswith("environment ")
+    for s in e.triggerers.values():
+        assert s.sources["api_token"].endswith("_CMD (command)")
+    assert "localstate" not in json.dumps(e.v.get("config", {}))
+
+
+def _password_field(e: Example) -> None:
+    assert e.connection["password"].startswith("REPLACE-")
+    assert e.connection["password"] not in json.dumps(
+        {k: v for k, v in e.connection.items() if k != "password"})
+
+
+def _https(e: Example) -> None:
+    for s in e.triggerers.values():
+        assert s.api_url is not None
+        assert s.api_url.startswith("https://")
+        assert s.api_ca_bundle is not None
+    assert e.connection["host"].startswith("https://")
+    assert e.connection["extra"]["ca_bundle"]
+    assert e.v["config"]["core"]["execution_api_server_url"].startswith("https://")
+
+
+def _api_open(e: Example) -> None:
+    assert e.server.api_open is False
+
+
+def _trusted_origins(e: Example) -> None:
+    assert e.server.api_trusted_origins == ()
+
+
+def _fleet_details(e: Example) -> None:
+    assert e.server.api_fleet_details is False
+
+
+def _request_bounds(e: Example) -> None:
+    # the defaults: the largest flush a triggerer sends (its max_batch) and no more
+    assert e.server.sources["api_max_request_bytes"] == "default"
+    assert e.server.sources["api_max_batch_rows"] == "default"
+    assert all(s.max_batch <= e.server.api_max_batch_rows for s in e.triggerers.values())
+
+
+def _no_serve(e: Example) -> None:
+    assert "localstate serve" not in (DEPLOY / "values.yaml").read_text()
+
+
+def _local_disk(e: Example) -> None:
+    # a ReadWriteOnce claim of the cluster's default storage class: a block volume, not NFS
+    [claim] = triggerer_statefulset(e.v)["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert "storageClassName" not in e.v["triggerer"]["persistence"]
+
+
+def _private_cache(e: Example) -> None:
+    """A triggerer's cache opened where its settings put it (the volume under this test's
+    folder, with the usual umask): the folder 0700, the files 0600."""
+    from localstate._cache.local_cache import LocalCache
+
+    name, s = next(iter(e.triggerers.items()))
+    volume = e.root / "triggerer-volume"
+    path = Path(str(s.resolved_cache_path).replace(TRIGGERER_VOLUME, str(volume)))
+    old = os.umask(0o022)
+    try:
+        cache = asyncio.run(LocalCache.open(path, owner_id=name))
+        asyncio.run(cache.close())
+    finally:
+        os.umask(old)
+    assert oct(path.parent.stat().st_mode & 0o777) == oct(0o700)
+    for f in path.parent.iterdir():
+        assert oct(f.stat().st_mode & 0o777) == oct(0o600), f
+
+
+def _persistent_and_stable(e: Example) -> None:
+    assert e.v["triggerer"]["persistence"]["enabled"] is True
+    for s in e.triggerers.values():
+        assert s.triggerer_id is None  # the host name: the StatefulSet pod's name
+        assert s.resolved_cache_dir.is_relative_to(TRIGGERER_VOLUME)
+
+
+def _local_sync(e: Example) -> None:
+    assert all(s.local_sync == "full" for s in e.triggerers.values())
+
+
+def _airflows_user(e: Example) -> None:
+    assert e.server.central_url is None  # Airflow's sql_alchemy_conn, its user
+    assert "CENTRAL_URL" not in (DEPLOY / "values.yaml").read_text()
+
+
+def _upgrade_schema(e: Example) -> None:
+    assert e.server.upgrade_schema is False
+
+
+def _statsd(e: Example) -> None:
+    assert e.v["statsd"]["enabled"] is True
+    assert all(s.statsd_host == f"{RELEASE}-statsd" for s in e.triggerers.values())
+
+
+#: each line of the checklist (by its opening words): its check over the example, or why it
+#: is not a property of the example's files
+CHECKLIST: dict[str, Any] = {
+    "Every token has 256 random bits": _random_bits,
+    "Each triggerer has its own credential": _own_credential,
+    "Each DAG that keeps state has its own token": _dag_tokens,
+    "Dashboards and read-only tools get `read` tokens": _read_tokens,
+    "No token has the `*` prefix": _no_star,
+    "Tokens come from a secret": _from_a_secret,
+    "Connections of type `localstate` keep the token in the password field": _password_field,
+    "`api_url` and the connections' hosts use `https://`": _https,
+    "`api_open` stays `false`": _api_open,
+    "`api_trusted_origins` lists only": _trusted_origins,
+    "`api_fleet_details` stays `false`": _fleet_details,
+    "`api_max_request_bytes` and `api_max_batch_rows` fit": _request_bounds,
+    "`localstate serve`, if you run it": _no_serve,
+    "`cache_dir` is on a local disk": _local_disk,
+    "`cache_dir` is readable and writable by the Airflow user only": _private_cache,
+    "In containers, `cache_dir` is on a persistent volume": _persistent_and_stable,
+    "`local_sync` stays `full`": _local_sync,
+    "localstate uses Airflow's own database user": _airflows_user,
+    "`upgrade_schema = False` in production": _upgrade_schema,
+    "The metadata DB's backups include": "the operator's backups, not the example's files",
+    "The `localstate.api.audit` logger goes to your log store": "the cluster's log shipping",
+    "Metrics go to StatsD or OpenTelemetry": _statsd,
+    "`localstate status --fleet` is in your runbook": "a runbook, not the example's files",
+}
+
+
+def test_the_hardening_checklist_holds_for_the_example(tmp_path: Path) -> None:
+    """Every line of the hardening page's checklist has its check here (or the reason it is
+    not a property of deploy/kubernetes/), and each check holds for the example."""
+    checklist = HARDENING.read_text().split("## Rotating", 1)[0]
+    lines = [line[2:] for line in checklist.splitlines() if line.startswith("- ")]
+    matched = {line: [k for k in CHECKLIST if line.startswith(k)] for line in lines}
+    assert all(len(m) == 1 for m in matched.values()), matched
+    assert sorted(k for m in matched.values() for k in m) == sorted(CHECKLIST)
+    example = Example(tmp_path)
+    for check in CHECKLIST.values():
+        if callable(check):
+            check(example)
