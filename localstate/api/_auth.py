@@ -24,7 +24,7 @@ triggerer presents the credential derived from it and its triggerer_id
 (`localstate._core.triggerer_credential`), a token bound to that id with the entry's role and
 owners. Its flushes may carry claim epochs only of the claims it made: a row or event at an
 owner's current epoch claimed by another triggerer, or above it, is refused with 403
-(the flush route's `own_claims`), so one triggerer's credential cannot flush another's owners.
+(`localstate.api._sink_routes`), so one triggerer's credential cannot flush another's owners.
 
 Tokens are compared in constant time: the candidate's SHA-256 digest against every configured
 token's digest with `hmac.compare_digest`, all of them each time, so neither the length of a
