@@ -12,6 +12,12 @@ a Deployment of ``replicas`` pods; the Celery workers a StatefulSet with the tas
 connection), then validated against the Kubernetes schema (kubernetes-validate, offline,
 strict: an unknown field fails). The chart itself is not rendered: ``helm`` is in neither PyPI
 nor Debian 12.
+
+A pod's files are emulated (`Pod`): its Secret volumes hold secrets.yaml's keys, its init
+containers run (the triggerers' ``localstate credential``), and its settings are resolved as
+localstate resolves them there. The hardening page's checklist runs over that example
+(`CHECKLIST`), and the image's Dockerfile and build context are checked against the constraints
+and the one wheel it installs.
 """
 
 from __future__ import annotations
