@@ -76,7 +76,9 @@ def test_the_provider_declares_the_type_and_its_form() -> None:
     assert conn["hook-class-name"] == "localstate.airflow.hook.LocalStateHook"
     behaviour = conn["ui-field-behaviour"]
     assert behaviour["relabeling"] == {"host": "API URL", "password": "Token"}
-    assert set(behaviour["hidden-fields"]) == {"schema", "port", "login", "extra"}
+    assert set(behaviour["hidden-fields"]) == {"schema", "port", "login"}
+    # the extra a connection over https with a private CA needs
+    assert "ca_bundle" in behaviour["placeholders"]["extra"]
 
 
 # -- the hook on a real server ----------------------------------------------------------------
