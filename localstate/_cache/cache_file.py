@@ -4,6 +4,8 @@ Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = 
 
     CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
         -- 'writer_id': a random id given to the file when it is created (see `writer_id`)
+        -- 'closed': present while no process has the file open, written by a clean close
+        --   (`mark_closed`), taken away by the next open (`take_closed_mark`)
 
     CREATE TABLE state (
         owner          TEXT    NOT NULL,
@@ -24,6 +26,13 @@ Schema (``PRAGMA user_version`` = `SCHEMA_VERSION`, ``PRAGMA application_id`` = 
         created_at REAL    NOT NULL       -- POSIX seconds
     );
 
+The ``closed`` mark. A flush does not wait for the local commit of what it carries, so a
+process that dies between the two leaves the central DB ahead of the file: a key the file holds
+clean at version 1 may be at version 2 centrally, a write of this file's chain that never
+reached the file. Only a close that commits everything in memory, then writes the mark, rules
+that out; a file opened without the mark (a crash, a kill, a release that kept none) has its
+clean rows checked against the central DB by the sync worker (`SyncWorker.refresh_clean`).
+
 `prepare` refuses a file that is not a localstate cache (`application_id`) or has a newer schema
 (`user_version`), never wiping either; it creates or migrates the schema in one transaction.
 `wrap_errors` turns an sqlite3 error into localstate's, naming the file and what to do.
@@ -39,6 +48,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,7 +80,9 @@ __all__ = [
     "file_in_the_way",
     "fsync_folder",
     "make_folder",
+    "mark_closed",
     "prepare",
+    "take_closed_mark",
     "translate",
     "worker_thread",
     "wrap_errors",
@@ -233,6 +245,26 @@ async def prepare(conn: aiosqlite.Connection, path: Path, local_sync: str,
         if await convert_existing(conn):  # a file made before auto_vacuum, once
             log.info("the local cache %s now gives free pages back (auto_vacuum)", path)
         return str(await _scalar(conn, "SELECT value FROM meta WHERE name = 'writer_id'"))
+
+async def take_closed_mark(conn: aiosqlite.Connection, path: Path) -> bool:
+    """Whether the file's last process closed it cleanly (the ``closed`` mark); the mark is
+    gone once this returns, committed, so a crash from now on finds none."""
+    with wrap_errors(path, "open"):
+        closed = await _scalar(conn, "SELECT count(*) FROM meta WHERE name = 'closed'")
+        if closed:
+            await conn.execute("DELETE FROM meta WHERE name = 'closed'")
+            await conn.commit()
+    return bool(closed)
+
+
+async def mark_closed(conn: aiosqlite.Connection, path: Path) -> None:
+    """Write the ``closed`` mark: call it only once the file holds everything the closing
+    process had in memory (nothing staged, the last commit through)."""
+    with wrap_errors(path, "close"):
+        await conn.execute("INSERT OR REPLACE INTO meta VALUES ('closed', ?)",
+                           (repr(time.time()),))
+        await conn.commit()
+
 
 async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
     async with conn.execute(sql) as cursor:

@@ -36,7 +36,9 @@ from localstate._cache.cache_file import (
     file_in_the_way,
     fsync_folder,
     make_folder,
+    mark_closed,
     prepare,
+    take_closed_mark,
     wrap_errors,
 )
 from localstate._cache.entry import NOT_DECODED, Entry, StateKey
@@ -103,6 +105,10 @@ class LocalCache:
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
         self._writer_id: str | None = None
+        #: whether the file's last process closed it cleanly (its ``closed`` mark, see
+        #: `localstate._cache.cache_file`): if not, the central DB may hold writes of this
+        #: file's chain its clean rows lack, which the sync worker checks for
+        self.closed_cleanly = False
         #: gives free pages back to the filesystem (see `localstate._cache.cache_compaction`)
         self.compactor = Compactor(path)
         # figures for stats()
@@ -160,6 +166,7 @@ class LocalCache:
             self._conn = await connect(self.path)
             self._writer_id = await prepare(self._conn, self.path, self.local_sync,
                                             self._new_writer_id)
+            self.closed_cleanly = await take_closed_mark(self._conn, self.path)
             if new_file:
                 # The file's name is durable only once its folder is fsynced. SQLite does that
                 # when it first syncs a new journal or WAL, unless built without it
@@ -204,6 +211,7 @@ class LocalCache:
             await self._writer
             self._writer = None
         if self._conn is not None:
+            await self._mark_closed_if_complete()
             await self._conn.close()
             self._conn = None
         if not keep_lock:
@@ -424,6 +432,8 @@ class LocalCache:
                 dropped, self._dropped_events = self._dropped_events, []
                 if staged or events or dropped:
                     error = await self._commit_batch(staged, events, dropped)
+                if error is None:
+                    await self._mark_closed_if_complete()
                 await self._conn.close()
         except Exception as exc:  # the loop is ending: report it, never raise
             error = exc
@@ -448,6 +458,18 @@ class LocalCache:
                 "flushes those the central DB lacks; close the store (`await store.close()`, "
                 "`async with`, or `with` for a BlockingStateStore)", ResourceWarning,
                 stacklevel=1)
+
+    async def _mark_closed_if_complete(self) -> None:
+        """Close cleanly: the ``closed`` mark, once the file holds everything staged (a last
+        commit that failed leaves it out, and the next open checks the clean rows)."""
+        if self._staged or self._staged_events or self._dropped_events or (
+                self.last_error is not None):
+            return
+        try:
+            await mark_closed(self._require(), self.path)
+        except CacheError as exc:
+            log.warning("%s; the next open of the file checks its rows against the central "
+                        "DB", exc)
 
     async def _commit_batch(self, staged: dict[StateKey, Entry], events: list[EventRow],
                             dropped: list[int]) -> CacheError | None:

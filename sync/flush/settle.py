@@ -55,6 +55,9 @@ class FlushReport:
     transactions: int = 0
     #: events emitted with watermarks that the flush carried (`StateStore.emit`)
     events: int = 0
+    #: clean keys that took a newer central row first (`SyncWorker.refresh_clean`: the first
+    #: flush of a file that was not closed cleanly)
+    refreshed: int = 0
     duration: float = 0.0
     #: keys still dirty when it finished (written meanwhile, or left to retry)
     still_dirty: int = 0

@@ -10,6 +10,10 @@ a flush runs its three steps, each a method tests call directly:
 3. `mark_clean` records what the central DB now holds. A key whose local version moved during
    the flush stays dirty (with its new base) and goes out in the next flush.
 
+Before its first flush, a worker whose cache file was not closed cleanly (a crash, a kill)
+runs `refresh_clean`: a flush does not wait for the local commit of what it carries, so the
+central DB may hold a later write of a key the file holds clean; the newer central row is taken.
+
 One flush runs at a time (`flush()` waits for the one in flight, then runs its own). When the
 central DB fails, the worker backs off (capped exponential, with jitter) and keeps the dirty set
 where it is: in the local cache, so memory stays bounded by the number of distinct keys.
@@ -148,6 +152,9 @@ class SyncWorker:
         self._last_start: float | None = None
         self._last_rows = 0
         self.rows_per_s = 0.0
+        #: the file was not closed cleanly: its clean rows are checked against the central
+        #: DB before the first flush (`refresh_clean`)
+        self.refresh_pending = not cache.closed_cleanly
         #: settles the outcomes off the common path; owns the conflicted keys
         self._settler = Settler(table=table, waiters=self._waiters, claims=self.claims,
                                 policies=policies, lags=self.lags, on_conflict=on_conflict)
@@ -282,7 +289,7 @@ class SyncWorker:
             if self._stop.is_set():
                 return
             self._kick.clear()
-            if not self.table.dirty and not len(self.outbox):
+            if not self.table.dirty and not len(self.outbox) and not self.refresh_pending:
                 continue
             try:
                 await self.flush()
@@ -306,6 +313,9 @@ class SyncWorker:
             report = FlushReport(started_at=time.time())
             self._note_fleet(report.started_at)
             try:
+                if self.refresh_pending:
+                    report.refreshed = await self.refresh_clean()
+                    self.refresh_pending = False
                 # No wait for the local commit first: under load that costs a whole round of
                 # the writer. A version flushed here and then lost locally in a crash comes
                 # back from the central DB as this cache file's own later write, which the flush
@@ -387,6 +397,36 @@ class SyncWorker:
             self.sink.note_fleet(FleetStatus(
                 table.updated_by, host, pid, now, max(0, len(table.dirty) - self.max_batch),
                 table.oldest_dirty(), self.rows_per_s, self.interval))
+
+    async def refresh_clean(self) -> int:
+        """Step 0, once, before the first flush of a file that was not closed cleanly: read
+        the central rows of the keys the file holds clean and take those newer than the file's
+        (`EntryTable.adopt`: a clean entry takes a newer row; one written meanwhile is the
+        flush's). Those are writes a flush carried to the central DB before their local commit,
+        which a crash then kept from the file. Returns how many rows were taken."""
+        table = self.table
+        clean = [k for k, e in table.entries.items() if not e.dirty]
+        taken = 0
+        for start in range(0, len(clean), self.max_batch):
+            chunk = clean[start:start + self.max_batch]
+            since = {owner: table.read_epoch(owner) for owner in {k[0] for k in chunk}}
+            try:
+                rows = await wait_awake(self.sink.read_many(chunk), self.flush_timeout)
+            except asyncio.TimeoutError:
+                raise CentralUnavailable(
+                    f"the central DB {self.sink.url} did not answer a read of {len(chunk)} "
+                    f"rows within {self.flush_timeout:g} s (flush_timeout); the check of the "
+                    "cache file's clean rows is retried before the next flush") from None
+            for k, row in rows.items():
+                e = table.entries.get(k)
+                if e is not None and not e.dirty and row.version > e.version:
+                    table.adopt(k, row, since[k[0]])
+                    taken += 1
+        if taken:
+            log.info("%d keys of %s were behind the central DB, which holds later writes of "
+                     "theirs that the file missed (it was not closed cleanly); took them",
+                     taken, self.cache.path)
+        return taken
 
     def collect_dirty(self, keys: Sequence[StateKey] | None = None) -> list[DirtyRow]:
         """Step 1: a snapshot of the dirty entries among `keys` (default: all dirty keys)."""

@@ -33,10 +33,14 @@ import central_history
 import pytest
 from crash_harness import CRASH_WRITER, CrashChecker, WriterOptions, WriterZygote, crash_seed
 from fault_tally import FaultTally
+from flush_before_commit_writer import OWNER as INFLIGHT_OWNER
+from flush_before_commit_writer import killed_after_the_flush
 
+from localstate import StateStore
 from localstate._cache.cache_file import APPLICATION_ID, SCHEMA_VERSION
 from localstate._cache.entry import Entry
 from localstate._cache.local_cache import LocalCache
+from localstate._sync.central.central_store import CentralStore
 
 # rounds per durability mode and central backend: 2 x (10 + 10 + 5) = 50 kills per run
 ROUNDS = {"local": 10, "central": 10, "memory": 5}
@@ -136,3 +140,36 @@ async def test_first_open_killed_at_any_statement_leaves_a_cache_that_opens(
             assert conn.execute("SELECT value FROM state WHERE key = 'next'").fetchone() == (
                 "2",
             ), n
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["dirty", "clean"])
+async def test_a_write_flushed_before_its_local_commit_is_taken_at_the_next_open(
+        central_url: str, tmp_path: Path, marked: bool) -> None:
+    """A flush carries ``k`` = 2 to the central DB before the local commit of that write, and
+    the process is SIGKILLed in between (`flush_before_commit_writer`): the file holds the
+    acknowledged 1, dirty or (``clean``) with its earlier flush's mark-clean committed. The
+    next store on the file takes the central 2 at its first flush: the store and the central
+    DB agree. Before the file's ``closed`` mark, a clean row stayed at 1 for good while the
+    central DB held 2."""
+    cache = str(tmp_path / "cache.db")
+    killed_after_the_flush(central_url, cache, marked=marked)
+    with contextlib.closing(sqlite3.connect(cache)) as conn:
+        assert conn.execute("SELECT value, version, synced_version FROM state WHERE key = 'k'"
+                            ).fetchone() == ("1", 1, 1 if marked else 0)
+        assert conn.execute("SELECT count(*) FROM meta WHERE name = 'closed'").fetchone() == (0,)
+    store = await StateStore.open(central_url=central_url, cache_path=cache,
+                                  triggerer_id="triggerer-old", flush_interval=3600.0)
+    try:
+        assert await store.get(INFLIGHT_OWNER, "k") == 1  # the file's, until the first flush
+        report = await store.flush()
+        assert (report.refreshed, report.conflicts) == (1 if marked else 0, 0)
+        assert await store.get(INFLIGHT_OWNER, "k") == 2
+    finally:
+        await store.close()
+    async with CentralStore.open(central_url) as central:
+        assert (await central.read_many([(INFLIGHT_OWNER, "k")]))[
+            (INFLIGHT_OWNER, "k")].data == "2"
+    with contextlib.closing(sqlite3.connect(cache)) as conn:  # closed cleanly this time
+        assert conn.execute("SELECT count(*) FROM meta WHERE name = 'closed'").fetchone() == (1,)
+        assert conn.execute("SELECT value, version, synced_version FROM state WHERE key = 'k'"
+                            ).fetchone() == ("2", 2, 2)

@@ -8,10 +8,15 @@ request, from its entry to its response, across the greenlets SQLAlchemy runs it
 flush reads as one handler calling the central store: those files stay within `MAX_FILES`.
 The files the request runs before the handler (the middlewares, the caller's token, the
 server's context) are printed beside them.
+
+The count sees only the request's own work: the garbage collector, which runs finalizers of
+any object of the process (an earlier test's store, say) inside whatever frame allocates when
+it triggers, is run before the window and kept off during it.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Iterator
@@ -91,12 +96,19 @@ def files_run(request: set[str], handler: set[str], endpoint: CodeType) -> Itera
         if entered and _runs_under(frame, entered[0]):
             handler.add(found)
 
+    # Other objects' finalizers run wherever a collection triggers: collect now, and not
+    # again until the window closes, so that what is recorded is the request's own work.
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
         yield
     finally:
         sys.setprofile(previous)
+        if collecting:
+            gc.enable()
 
 
 class Profiled:
@@ -119,8 +131,8 @@ class Profiled:
             await self.app(scope, receive, send)
 
 
-async def test_a_server_side_flush_runs_through_at_most_ten_files(
-        central_url: str, tmp_path: Path) -> None:
+async def _one_profiled_flush(central_url: str, tmp_path: Path) -> Profiled:
+    """One real ``sink = api`` flush served by the real app, profiled (`Profiled`)."""
     settings = Settings.resolve({"central_url": central_url, "api_tokens": TOKENS,
                                  "cache_path": str(tmp_path / "server.db")})
     async with CentralStore.open(central_url) as central:
@@ -151,6 +163,12 @@ async def test_a_server_side_flush_runs_through_at_most_ten_files(
         assert {r.updated_by for r in committed.values()} == {"token 1"}
         assert [r.triggerer for r in await central.read_fleet()] == ["triggerer-a"]
     assert profiled.flushes == 1
+    return profiled
+
+
+async def test_a_server_side_flush_runs_through_at_most_ten_files(
+        central_url: str, tmp_path: Path) -> None:
+    profiled = await _one_profiled_flush(central_url, tmp_path)
     files = sorted(profiled.handler)
     middle = sorted(profiled.request - profiled.handler)
     print(f"\none server-side flush: {len(files)} project files from the route handler's entry "
@@ -161,3 +179,26 @@ async def test_a_server_side_flush_runs_through_at_most_ten_files(
     assert len(files) <= MAX_FILES, (
         f"one server-side flush runs through {len(files)} project files (at most "
         f"{MAX_FILES}):\n  " + "\n  ".join(files))
+
+
+async def test_no_collection_runs_inside_the_window(central_url: str, tmp_path: Path) -> None:
+    """With the collector due at every allocation (threshold 1) around one profiled flush, no
+    collection starts while the window is open: a collection runs finalizers of any object
+    of the process (on a loaded machine an earlier test's store was counted so, its
+    `__del__` run inside the handler), and it runs before the window instead."""
+    during: list[int] = []
+
+    def on_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and sys.getprofile() is not None:  # the window's profile is on
+            during.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(on_collection)
+    gc.set_threshold(1, 1_000_000, 1_000_000)
+    try:
+        profiled = await _one_profiled_flush(central_url, tmp_path)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(on_collection)
+    assert profiled.flushes == 1
+    assert during == []
