@@ -904,7 +904,7 @@ async def _asset_state_reader(s: Settings, api_url: str) -> Sink:
         # a server that hangs delays a batch of misses by at most 10 s; then they are read
         # through the accessors
         return ApiSink(api_url, s.api_token, timeout=min(s.central_timeout, 10.0),
-                       read_source=ASSET_STATE_SOURCE)
+                       read_source=ASSET_STATE_SOURCE, ca_bundle=s.api_ca_bundle)
 
     return (await ThreadedSink.open(reader, name="localstate-asset-reads") if s.central_thread
             else await reader())

@@ -47,6 +47,7 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
@@ -64,6 +65,7 @@ from localstate._core.protocol import (
     error_for,
     item_path,
 )
+from localstate._core.tls import verification, verification_hint
 from localstate.errors import (
     CentralUnavailable,
     InvalidInput,
@@ -126,8 +128,8 @@ def _record(item: Mapping[str, Any]) -> Record:
 
 def _unreachable(base_url: httpx.URL, exc: httpx.TransportError) -> CentralUnavailable:
     return CentralUnavailable(
-        f"the localstate API at {base_url} did not answer ({type(exc).__name__}: {exc}); "
-        "is `localstate serve` running there?"
+        f"the localstate API at {base_url} did not answer ({type(exc).__name__}: {exc})"
+        + (verification_hint(exc) or "; is `localstate serve` running there?")
     )
 
 
@@ -161,9 +163,12 @@ class StateClient:
     """A blocking client of the localstate REST API (thread-safe, as httpx.Client is)."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 ca_bundle: str | Path | None = None) -> None:
+        """`ca_bundle`: a PEM file of the CAs trusted for an https:// `base_url` (None: the
+        system's); the certificate is always verified."""
         self._http = httpx.Client(base_url=base_url, headers=_headers(token), timeout=timeout,
-                                  transport=transport)
+                                  transport=transport, verify=verification(ca_bundle))
         self._checked = False
 
     def _request(self, method: str, path: str, *, absent_ok: bool = False,
@@ -252,9 +257,11 @@ class AsyncStateClient:
     """The same calls as `StateClient`, awaited (on httpx.AsyncClient)."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 ca_bundle: str | Path | None = None) -> None:
         self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(token),
-                                       timeout=timeout, transport=transport)
+                                       timeout=timeout, transport=transport,
+                                       verify=verification(ca_bundle))
         self._checked = False
 
     async def _request(self, method: str, path: str, *, absent_ok: bool = False,

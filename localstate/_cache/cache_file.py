@@ -67,9 +67,25 @@ from localstate.errors import (
 )
 
 __all__ = [
-    "APPLICATION_ID", "KEPT", "OUTBOX", "SCHEMA", "SCHEMA_VERSION", "UPSERT", "connect",
-    "file_in_the_way", "fsync_folder", "make_folder", "mark_closed", "prepare",
-    "take_closed_mark", "translate", "worker_thread", "wrap_errors",
+    "APPLICATION_ID",
+    "KEPT",
+    "OUTBOX",
+    "PRIVATE_FILE",
+    "PRIVATE_FOLDER",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "UPSERT",
+    "connect",
+    "create_private",
+    "file_in_the_way",
+    "fsync_folder",
+    "make_folder",
+    "mark_closed",
+    "prepare",
+    "take_closed_mark",
+    "translate",
+    "worker_thread",
+    "wrap_errors",
 ]
 
 log = logging.getLogger("localstate.cache_file")
@@ -112,6 +128,10 @@ KEPT: Final = (
 )
 # Below this many free bytes a filesystem counts as full (an I/O error there is ENOSPC).
 NEARLY_FULL: Final = 64 * 1024
+#: the modes of the cache folder localstate makes and of the files in it: the Airflow user's
+#: only (the values the state holds are its business), less what the process's umask takes
+PRIVATE_FOLDER: Final = 0o700
+PRIVATE_FILE: Final = 0o600
 
 
 async def connect(path: Path) -> aiosqlite.Connection:
@@ -303,11 +323,26 @@ def translate(exc: sqlite3.Error, doing: str, file: Path) -> CacheError:
 
 def make_folder(folder: Path) -> None:
     """``mkdir -p folder``, durably: a new folder's name is only durable once its parent is
-    fsynced, and a power loss would take an unsynced folder, and the cache in it, away."""
+    fsynced, and a power loss would take an unsynced folder, and the cache in it, away.
+
+    The folder itself, when made here, is private: mode 0700 (less what the umask takes);
+    the parents it needs get the process's default, and a folder that exists is left as
+    it is (its owner chose its mode)."""
     missing = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
     for created in reversed(missing):
         fsync_folder(created.parent)
+
+
+def create_private(path: Path) -> None:
+    """Create the empty file `path` with mode 0600 (less what the umask takes), unless it
+    exists: SQLite then opens it as a new database, and gives its WAL and shared-memory
+    files the same mode, where it would make them 0644."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+    except FileExistsError:
+        return
+    os.close(fd)
 
 
 def fsync_folder(folder: Path) -> None:

@@ -32,6 +32,7 @@ from localstate._cache.cache_compaction import Compactor, file_bytes
 from localstate._cache.cache_file import (
     UPSERT,
     connect,
+    create_private,
     file_in_the_way,
     fsync_folder,
     make_folder,
@@ -154,6 +155,14 @@ class LocalCache:
         self._lock.acquire()
         try:
             new_file = not self.path.exists()
+            if new_file:
+                try:
+                    await asyncio.to_thread(create_private, self.path)
+                except OSError as exc:
+                    raise CachePathNotWritable(
+                        f"cannot create the local cache {self.path}: {exc.strerror}; make "
+                        "its folder writable, or set cache_dir (or cache_path) to a "
+                        "writable folder", path=str(self.path)) from exc
             self._conn = await connect(self.path)
             self._writer_id = await prepare(self._conn, self.path, self.local_sync,
                                             self._new_writer_id)

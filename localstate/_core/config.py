@@ -3,12 +3,23 @@
 Each setting is resolved in this order, the first that has it wins:
 
 1. an explicit argument (``StateStore.open(flush_interval=0.5)``);
-2. the environment, ``AIRFLOW__LOCALSTATE__<NAME>`` (as Airflow reads its own settings);
+2. the environment, ``AIRFLOW__LOCALSTATE__<NAME>`` (as Airflow reads its own settings), then,
+   for the secret settings (``api_token``, ``api_tokens``), ``AIRFLOW__LOCALSTATE__<NAME>_CMD``
+   (a command whose output is the value) and ``AIRFLOW__LOCALSTATE__<NAME>_SECRET`` (a key of
+   Airflow's configured secrets backend), in Airflow's order;
 3. the ``[localstate]`` section of ``airflow.cfg``: through Airflow's own ``conf`` when this
-   process has already loaded it (so ``_cmd``/``_secret`` options and Airflow's interpolation
-   apply), else parsed from ``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg``
-   (``$AIRFLOW_HOME`` defaults to ``~/airflow`` as in Airflow);
+   process has already loaded it (so Airflow's interpolation applies), else parsed from
+   ``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg`` (``$AIRFLOW_HOME`` defaults to
+   ``~/airflow`` as in Airflow); then ``<name>_cmd`` and ``<name>_secret`` there, for the
+   secret settings;
 4. the default.
+
+The ``_cmd``/``_secret`` forms are read here, not only through Airflow's ``conf``, so they
+work in every process that reads settings: the ``localstate`` command too. A command runs
+without a shell (split as Airflow's ``run_command`` splits it); a ``_secret`` asks the secrets
+backend of Airflow's ``[secrets] backend`` (Airflow is imported for it). Another setting in
+either form is refused: they are for secrets, as Airflow allows them only for its sensitive
+options.
 
 Each setting is declared once, in `localstate._core.setting_specs` (parser, default, description);
 this module resolves them. Nothing is read at import: `Settings.resolve()` reads the sources when
@@ -22,7 +33,9 @@ import configparser
 import dataclasses
 import os
 import re
+import shlex
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +60,10 @@ __all__ = ["Settings", "airflow_home", "config_file_path", "default_triggerer_id
 
 _ENV_PREFIX: Final = "AIRFLOW__LOCALSTATE__"
 _SECTION: Final = "localstate"
+#: the indirect forms of a secret setting (suffix of its option or variable), in Airflow's order
+_INDIRECT: Final = ("_cmd", "_secret")
+#: seconds a _cmd command may take
+_CMD_TIMEOUT: Final = 60.0
 
 def airflow_home(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
@@ -59,9 +76,11 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("AIRFLOW_CONFIG") or airflow_home(env) / "airflow.cfg")
 
 
-def default_triggerer_id() -> str:
-    """The host name, made safe for a file name: stable across restarts of the triggerer."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "triggerer"
+def default_triggerer_id(hostname: str | None = None) -> str:
+    """The host name (`hostname`, else this host's), made safe for a file name: stable across
+    restarts of the triggerer (a StatefulSet's pod: its name)."""
+    host = socket.gethostname() if hostname is None else hostname
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "triggerer"
 
 
 #: what a row takes in a body besides its value: three names of up to 250 characters (4 bytes
@@ -113,6 +132,7 @@ class Settings:
     sink: str = DEFAULTS["sink"]
     central_thread: bool = DEFAULTS["central_thread"]
     api_url: str | None = DEFAULTS["api_url"]
+    api_ca_bundle: Path | None = DEFAULTS["api_ca_bundle"]
     api_token: str | None = DEFAULTS["api_token"]
     api_tokens: tuple[ApiToken, ...] = DEFAULTS["api_tokens"]
     api_open: bool = DEFAULTS["api_open"]
@@ -163,15 +183,25 @@ class Settings:
         cfg = {**(_airflow_conf_section(cfg_path) or {}), **file_cfg}
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
+        _refuse_indirect_forms(env, cfg, cfg_path)
         for name, spec in SPECS.items():
             env_name = _ENV_PREFIX + name.upper()
+            env_form = next((env_name + s.upper() for s in _INDIRECT
+                             if spec.secret and env_name + s.upper() in env), None)
+            cfg_form = next((name + s for s in _INDIRECT if spec.secret and name + s in cfg),
+                            None)
             if name in explicit:
                 raw, source = explicit[name], "argument"
             elif env_name in env:
                 raw, source = env[env_name], f"environment {env_name}"
+            elif env_form is not None:
+                raw, source = _indirect(env[env_form], env_form, f"environment {env_form}")
             elif name in cfg:
                 where = str(cfg_path) if name in file_cfg else f"Airflow's conf ({cfg_path})"
                 raw, source = cfg[name], f"{where} [{_SECTION}] {name}"
+            elif cfg_form is not None:
+                raw, source = _indirect(cfg[cfg_form], cfg_form,
+                                        f"{cfg_path} [{_SECTION}] {cfg_form}")
             else:
                 values[name] = spec.default
                 sources[name] = "default"
@@ -264,9 +294,77 @@ def _api_from_connection(values: dict[str, Any], sources: dict[str, str]) -> Non
         if values["api_token"] is None and found.token is not None:
             values["api_token"] = SPECS["api_token"].parse(found.token)
             sources["api_token"] = source
+        if values["api_ca_bundle"] is None and found.ca_bundle is not None:
+            values["api_ca_bundle"] = SPECS["api_ca_bundle"].parse(found.ca_bundle)
+            sources["api_ca_bundle"] = source
     except ValueError as exc:
         raise ConfigError(f"{source} does not name the localstate API: {exc}") from None
     sources["api_url"] = source
+
+
+def _refuse_indirect_forms(env: Mapping[str, str], cfg: Mapping[str, str],
+                           cfg_path: Path) -> None:
+    """A `_cmd`/`_secret` form of a setting that is not secret: refused, naming the ones
+    that take it (a silently ignored form would leave the default in force)."""
+    secret = sorted(n for n, s in SPECS.items() if s.secret)
+    for name, spec in SPECS.items():
+        if spec.secret:
+            continue
+        for suffix in _INDIRECT:
+            for where, found in ((f"environment {_ENV_PREFIX}{(name + suffix).upper()}",
+                                  _ENV_PREFIX + (name + suffix).upper() in env),
+                                 (f"{cfg_path} [{_SECTION}] {name}{suffix}",
+                                  name + suffix in cfg)):
+                if found:
+                    raise ConfigError(
+                        f"{where}: only the secret settings ({', '.join(secret)}) take the "
+                        f"{suffix} form; set {name} itself")
+
+
+def _indirect(given: str, form: str, source: str) -> tuple[str, str]:
+    """The value a ``_cmd`` (a command's output) or ``_secret`` (a key of Airflow's secrets
+    backend) form gives, and its source as `localstate config` shows it."""
+    if form.lower().endswith("_cmd"):
+        return _command_output(given, source), f"{source} (command)"
+    value, backend = _secrets_backend_value(given, source)
+    return value, f"{source} ({backend} {given!r})"
+
+
+def _command_output(command: str, source: str) -> str:
+    try:
+        done = subprocess.run(shlex.split(command), capture_output=True, timeout=_CMD_TIMEOUT,
+                              check=False)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"{source}: cannot run {command!r} ({exc}); fix the command "
+                          "(it runs without a shell)") from None
+    if done.returncode != 0:
+        # its output is not shown: it may be the secret
+        stderr = done.stderr.decode(errors="replace").strip()[-500:]
+        raise ConfigError(f"{source}: {command!r} exited with {done.returncode}"
+                          f"{f' ({stderr})' if stderr else ''}; fix the command")
+    return done.stdout.decode(errors="replace").rstrip("\r\n")
+
+
+def _secrets_backend_value(key: str, source: str) -> tuple[str, str]:
+    """The value of config `key` in Airflow's configured secrets backend, and its class."""
+    try:
+        from airflow.configuration import get_custom_secret_backend
+    except ImportError:
+        raise ConfigError(f"{source}: reading a _secret needs Airflow (its [secrets] backend); "
+                          "install apache-airflow, or use the _cmd form") from None
+    try:
+        backend = get_custom_secret_backend()
+        value = None if backend is None else backend.get_config(key)
+    except Exception as exc:  # a backend's own errors (a vault down, a file unreadable)
+        raise ConfigError(f"{source}: Airflow's secrets backend cannot give {key!r} "
+                          f"({type(exc).__name__}: {exc})") from None
+    if backend is None:
+        raise ConfigError(f"{source}: no secrets backend is configured in Airflow "
+                          "([secrets] backend); configure one, or use the _cmd form")
+    if value is None:
+        raise ConfigError(f"{source}: Airflow's secrets backend "
+                          f"({type(backend).__name__}) has no config {key!r}; add it there")
+    return value, type(backend).__name__
 
 
 def _shown(spec: Spec, raw: Any) -> str:

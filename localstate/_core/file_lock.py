@@ -49,7 +49,8 @@ class CacheFileLock:
         if self._fd is not None:
             return
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # private as the cache file beside it (less what the umask takes)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise CachePathNotWritable(
                 f"cannot create the lock file {self.lock_path} of the local cache "

@@ -57,6 +57,9 @@ class ApiToken:
     #: who writes with this token: recorded as updated_by (and the claimant) of its writes
     #: whatever the request says; "" means the token's name
     identity: str = ""
+    #: `secret` is a key, not a token: each triggerer presents the credential derived from it
+    #: and its own triggerer_id (`localstate._core.triggerer_credential`), bound to that id
+    per_triggerer: bool = False
 
     @property
     def can_write(self) -> bool:
@@ -328,7 +331,8 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
         for n, item in enumerate(items, 1):
             label = f"token {n}"
             if isinstance(item, Mapping):
-                unknown = set(item) - {"token", "role", "owners", "name", "identity"}
+                unknown = set(item) - {"token", "role", "owners", "name", "identity",
+                                       "per_triggerer"}
                 if unknown:
                     raise ValueError(f"{label}: unknown field(s) {sorted(unknown)}")
                 given = item.get("name")
@@ -337,7 +341,13 @@ def _api_tokens(raw: Any) -> tuple[ApiToken, ...]:
                 token = _api_token(item.get("token"), item.get("role"), item.get("owners"),
                                    name, label)
                 identity = _api_token_identity(item.get("identity"), label)
-                parsed.append(replace(token, identity=identity) if identity else token)
+                per_triggerer = item.get("per_triggerer", False)
+                if not isinstance(per_triggerer, bool):
+                    raise ValueError(f"{label}: per_triggerer must be true or false")
+                if per_triggerer and identity:
+                    raise ValueError(f"{label}: a per_triggerer key binds each credential to "
+                                     "its own triggerer id; drop its identity")
+                parsed.append(replace(token, identity=identity, per_triggerer=per_triggerer))
             elif isinstance(item, str):
                 secret, sep1, rest = item.partition(":")
                 role, sep2, owners = rest.partition(":")
@@ -435,14 +445,21 @@ SPECS: Final[dict[str, Spec]] = {
                     "plugin: http://airflow-api-server:8080/localstate); with sink = airflow: "
                     "Airflow's API server with the plugin, where cache misses of asset watchers "
                     "are read in one request per batch (writes still go through the accessors)"),
+    "api_ca_bundle": Spec(_optional_path, None, "a PEM file of the certificate authorities "
+                          "trusted for an https:// api_url (the CA of the API server's "
+                          "certificate); none: the system's. Certificates are always "
+                          "verified"),
     "api_token": Spec(_optional_token, None, "the bearer token sent to api_url: with sink = "
                       "api a read-write token of the server's api_tokens whose owner prefixes "
                       "cover this process's owners; with sink = airflow a read token covering "
                       "asset_watcher: owners", secret=True),
     "api_tokens": Spec(_api_tokens, (), "REST API bearer tokens: TOKEN:ROLE:PREFIX|PREFIX, ... "
                         "(ROLE read or read-write; PREFIX an owner prefix, * for all) or a JSON "
-                        "list of {token, role, owners, name, identity}; none: `localstate serve` "
-                        "generates one (see api_open)", secret=True),
+                        "list of {token, role, owners, name, identity, per_triggerer} "
+                        "(per_triggerer: token is a key, and each triggerer presents the "
+                        "credential `localstate credential` derives from it and its "
+                        "triggerer_id); "
+                        "none: `localstate serve` generates one (see api_open)", secret=True),
     "api_open": Spec(_bool, False, "with no api_tokens, serve the API with no token at all "
                       "(loopback only); off: `localstate serve` generates a token, kept in "
                       "$AIRFLOW_HOME/localstate/api-token (mode 0600)"),

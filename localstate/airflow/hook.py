@@ -72,18 +72,19 @@ class LocalStateHook(BaseHook):
         """The API's URL and token, from the connection."""
         conn = self.get_connection(self.localstate_conn_id)
         return endpoint(self.localstate_conn_id, conn.host, port=conn.port,
-                        schema=conn.schema, password=conn.password)
+                        schema=conn.schema, password=conn.password, extra=conn.extra_dejson)
 
     async def aendpoint(self) -> Endpoint:
         conn = await self.aget_connection(self.localstate_conn_id)
         return endpoint(self.localstate_conn_id, conn.host, port=conn.port,
-                        schema=conn.schema, password=conn.password)
+                        schema=conn.schema, password=conn.password, extra=conn.extra_dejson)
 
     def get_conn(self) -> StateClient:
         """The blocking client on the connection's API (opened once per hook)."""
         if self._client is None:
             found = self.endpoint()
-            self._client = StateClient(found.url, token=found.token, timeout=self.timeout)
+            self._client = StateClient(found.url, token=found.token, timeout=self.timeout,
+                                       ca_bundle=found.ca_bundle)
         return self._client
 
     async def aget_conn(self) -> AsyncStateClient:
@@ -95,7 +96,8 @@ class LocalStateHook(BaseHook):
             # opened on another loop: httpx cannot close its pool from this one
             self._async = None
         found = await self.aendpoint()
-        client = AsyncStateClient(found.url, token=found.token, timeout=self.timeout)
+        client = AsyncStateClient(found.url, token=found.token, timeout=self.timeout,
+                                  ca_bundle=found.ca_bundle)
         self._async = (loop, client)
         return client
 

@@ -45,17 +45,20 @@ def _option(default: Any, description: str, secret: bool) -> dict[str, Any]:
     return option
 
 
-#: the Connections form of a ``localstate`` connection: the API's URL and a token, nothing else
+#: the Connections form of a ``localstate`` connection: the API's URL, a token and the extra
+#: (``ca_bundle``: the CA of an https:// URL signed by a private CA)
 _CONNECTION_TYPE: dict[str, Any] = {
     "connection-type": CONN_TYPE,
     "hook-class-name": "localstate.airflow.hook.LocalStateHook",
     "hook-name": "localstate",
     "ui-field-behaviour": {
-        "hidden-fields": ["schema", "port", "login", "extra"],
+        # extra stays: its ca_bundle (the CA of an https:// API URL), see api_connection
+        "hidden-fields": ["schema", "port", "login"],
         "relabeling": {"host": "API URL", "password": "Token"},
         "placeholders": {
             "host": "http://airflow-api-server:8080/localstate",
             "password": "a token from [localstate] api_tokens",
+            "extra": '{"ca_bundle": "/etc/airflow-ca/ca.crt"}',
         },
     },
 }

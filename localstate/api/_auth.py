@@ -19,6 +19,13 @@ whether its token is bound to an identity, the route, the owners (the first ten,
 more) and the row count, then what else the route notes (the name the request gave itself when
 it is not the one recorded, an epoch, an operation).
 
+An entry with ``"per_triggerer": true`` holds a key, never accepted as a token itself: each
+triggerer presents the credential derived from it and its triggerer_id
+(`localstate._core.triggerer_credential`), a token bound to that id with the entry's role and
+owners. Its flushes may carry claim epochs only of the claims it made: a row or event at an
+owner's current epoch claimed by another triggerer, or above it, is refused with 403
+(`localstate.api._sink_routes`), so one triggerer's credential cannot flush another's owners.
+
 Tokens are compared in constant time: the candidate's SHA-256 digest against every configured
 token's digest with `hmac.compare_digest`, all of them each time, so neither the length of a
 token nor which one matched shows in the time taken. Tokens are never logged: messages name a
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from localstate._core.setting_specs import ApiToken
+from localstate._core.triggerer_credential import PREFIX, credential_triggerer, derive
 from localstate.api._errors import ApiError
 
 __all__ = ["Authorizer", "Principal", "audit", "claimed_detail", "owner_scope", "recorded_as",
@@ -154,22 +162,43 @@ class Authorizer:
                           bound=bool(t.identity),
                           admin=t.can_write and _minimal(t.owners) == ("",)),
             )
-            for n, t in enumerate(tokens, 1)
+            for n, t in enumerate(tokens, 1) if not t.per_triggerer
         ]
+        #: the per_triggerer entries: (key, label, role, owners)
+        self._keys = [(t.secret, t.name or f"token {n}", t.can_write, _minimal(t.owners))
+                      for n, t in enumerate(tokens, 1) if t.per_triggerer]
 
     @property
     def required(self) -> bool:
-        return bool(self._known)
+        return bool(self._known or self._keys)
+
+    def _triggerer_principal(self, credentials: str) -> Principal | None:
+        """The principal of a per-triggerer credential derived from one of the keys."""
+        triggerer_id = credential_triggerer(credentials) if self._keys else None
+        if triggerer_id is None:
+            return None
+        given = credentials.encode("ascii")
+        found: Principal | None = None
+        for key, label, can_write, owners in self._keys:  # every one: constant time
+            if hmac.compare_digest(given, derive(key, triggerer_id).encode("ascii")):
+                found = Principal(name=f"{label} {triggerer_id!r}", can_write=can_write,
+                                  owners=owners, identity=triggerer_id, bound=True,
+                                  admin=can_write and owners == ("",))
+        return found
 
     def token_principal(self, authorization: str | None) -> Principal | None:
         """The principal of a configured bearer token in `authorization`; None when the header
         names none (no 401: the caller may know the request by other means)."""
-        if not self._known or authorization is None:
+        if not self.required or authorization is None:
             return None
         scheme, _, credentials = authorization.strip().partition(" ")
         credentials = credentials.strip()
         if scheme.lower() != "bearer" or not credentials:
             return None
+        if credentials.startswith(PREFIX) and credentials.isascii():
+            derived = self._triggerer_principal(credentials)
+            if derived is not None:
+                return derived
         candidate = hashlib.sha256(credentials.encode("utf-8", "surrogateescape")).digest()
         found: Principal | None = None
         for known in self._known:  # every one, matched or not: constant time
@@ -187,7 +216,7 @@ class Authorizer:
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The principal of an ``Authorization`` header value (401 when it names none)."""
-        if not self._known:
+        if not self.required:
             return OPEN
         if authorization is None or not authorization.strip():
             raise unauthorized("this API needs a bearer token: send "

@@ -52,6 +52,7 @@ from localstate._core.protocol import (
     field_header,
 )
 from localstate._core.rows import CentralRow, DirtyRow, EventRow, FlushOutcome
+from localstate._sync.central.central_store import CentralStore
 from localstate._sync.central.fleet import FleetStatus
 from localstate._sync.sinks.asset_states import read_asset_states
 from localstate.api._auth import Principal, audit, claimed_detail, recorded_as
@@ -293,6 +294,8 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
     del raw  # parsed: the rows hold what the request carried
     writer = caller.writer_tag(_writer(body.get("writer")))
     policy_map = _policies(body.get("policies", "reject"))
+    if caller.bound:
+        await _require_own_claims(c, caller, rows, events or ())
     if status is not None:  # no await until write_batch takes it: this batch's own
         c.note_fleet(status)
     if events is None:  # a flush without events (any client)
@@ -309,6 +312,31 @@ async def flush(request: Request, caller: Caller, ctx: Context, c: Writable) -> 
     written, full = encode_outcomes(outcomes, rows)
     return _json({"fields": _OUTCOME_HEADER, "written": written, "outcomes": full,
                   "event_statuses": statuses})
+
+
+async def _require_own_claims(c: CentralStore, caller: Principal,
+                              rows: Sequence[DirtyRow], events: Sequence[EventRow]) -> None:
+    """A bound caller (one triggerer's credential) flushes an owner at a claim epoch only if
+    it made that claim: a row or event at the owner's current epoch claimed by another, or
+    above any epoch the owner had, is 403 and nothing is written. Below the current epoch is
+    a claim it lost: the fence refuses those rows as it always does."""
+    epochs: dict[str, int] = {}
+    for owner, epoch in [*((r.owner, r.epoch) for r in rows),
+                         *((e.owner, e.epoch) for e in events)]:
+        if epoch > 0:
+            epochs[owner] = max(epoch, epochs.get(owner, 0))
+    if not epochs:
+        return
+    claims = await c.read_claims(list(epochs))
+    for owner, epoch in sorted(epochs.items()):
+        current, claimant = claims.get(owner, (0, ""))
+        if owner in claims and (epoch > current
+                                or (epoch == current and claimant != caller.identity)):
+            raise ApiError(403, "forbidden",
+                           f"{caller.name} may not flush owner {owner!r} at claim epoch "
+                           f"{epoch}: the owner's claim is {claimant!r}'s at epoch "
+                           f"{current}; a triggerer flushes only the owners it claimed "
+                           "(POST /api/v1/claim) with its own credential")
 
 
 async def _body(request: Request) -> bytes | bytearray:

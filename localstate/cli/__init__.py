@@ -59,6 +59,7 @@ from localstate.cli._arg_types import (
     version_number,
 )
 from localstate.cli._bench import cmd_bench
+from localstate.cli._credential import cmd_credential
 from localstate.cli._db_upgrade import cmd_db_upgrade
 from localstate.cli._exit_codes import (
     EXIT_CONFLICT,
@@ -161,6 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="print the resolved settings, their sources, "
                                                   "where state goes")
     cfg.set_defaults(handler=cmd_config)
+
+    cred = sub.add_parser("credential", help="a triggerer's API credential, derived from a "
+                                             "per_triggerer key of api_tokens")
+    cred.add_argument("--key-file", type=Path, required=True, metavar="PATH",
+                      help="the key (its first line): the per_triggerer entry's token")
+    cred.add_argument("--triggerer-id", metavar="ID",
+                      help="default: this process's triggerer_id (the host name)")
+    cred.add_argument("--out", type=Path, metavar="PATH",
+                      help="write it here, mode 0600 (default: print it)")
+    cred.set_defaults(handler=cmd_credential)
 
     def central_url(p: argparse.ArgumentParser) -> None:
         p.add_argument("--central-url", help="default: the configured central_url")

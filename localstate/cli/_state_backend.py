@@ -86,6 +86,7 @@ async def open_backend(settings: Settings, *, read_only: bool = False
         from localstate.client import AsyncStateClient
 
         async with AsyncStateClient(url, token=settings.api_token,
+                                    ca_bundle=settings.api_ca_bundle,
                                     timeout=settings.central_timeout) as client:
             yield _ApiBackend(client, url)
         return

@@ -27,6 +27,7 @@ other 4xx, 5xx                                    as `localstate._core.protocol`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final, cast
 
 import httpx
@@ -52,6 +53,7 @@ from localstate._core.protocol import (
     field_header,
 )
 from localstate._core.rows import CentralRow, DirtyRow, EventRow, EventStatus, FlushOutcome
+from localstate._core.tls import verification, verification_hint
 from localstate._sync.central.fleet import FleetStatus
 from localstate.errors import (
     AccessDenied,
@@ -78,7 +80,7 @@ class ApiSink:
 
     def __init__(self, base_url: str, token: str | None, *, timeout: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 read_source: str | None = None) -> None:
+                 read_source: str | None = None, ca_bundle: Path | None = None) -> None:
         """`read_source`: where `read_many` asks the server to read keys from (None:
         localstate's table; `ASSET_STATE_SOURCE`: Airflow's own ``asset_state_store``, what
         ``sink = airflow`` reads its misses through, `localstate._sync.sinks.asset_states`)."""
@@ -87,6 +89,7 @@ class ApiSink:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, transport=transport,
+            verify=verification(ca_bundle),
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0),
         )
@@ -107,7 +110,8 @@ class ApiSink:
                 "through (AIRFLOW__LOCALSTATE__API_URL, e.g. http://airflow-api-server:8080/localstate"
                 " or http://state.internal:8686), or an Airflow connection "
                 "localstate_default of type localstate whose host is that URL")
-        return cls(settings.api_url, settings.api_token, timeout=settings.central_timeout)
+        return cls(settings.api_url, settings.api_token, timeout=settings.central_timeout,
+                   ca_bundle=settings.api_ca_bundle)
 
     # -- one request ---------------------------------------------------------------------
 
@@ -116,8 +120,9 @@ class ApiSink:
             response = await self._http.post(path, content=body)
         except httpx.TransportError as exc:
             raise CentralUnavailable(
-                f"{self.url} did not answer ({type(exc).__name__}: {exc or 'no detail'}); "
-                "writes stay in the local cache and are retried") from exc
+                f"{self.url} did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+                f"{verification_hint(exc)}; writes stay in the local cache and are retried"
+            ) from exc
         if response.is_error:
             raise self._error(response)
         try:

@@ -30,6 +30,7 @@ from airflow.sdk.execution_time.context import AssetStateStoreAccessor
 from airflow_api_server import (
     MACHINE_PREFIX,
     MACHINE_TOKEN,
+    TRIGGERER_KEY,
     USERS,
     ApiServer,
     api_server,
@@ -48,6 +49,7 @@ from localstate._core.config import max_batch_body
 from localstate._core.conflicts import PolicyMap
 from localstate._core.protocol import ASSET_STATE_SOURCE, MAX_BATCH_ROWS, decode_rows
 from localstate._core.rows import CentralRow, DirtyRow
+from localstate._core.triggerer_credential import derive
 from localstate._sync.central.asset_mirror import AssetMirror
 from localstate._sync.central.central_store import CentralStore
 from localstate._sync.central.schema import LATEST_VERSION, MIGRATIONS
@@ -56,6 +58,7 @@ from localstate._sync.sinks.api_sink import ApiSink
 from localstate._testing.postgres_server import PostgresServer
 from localstate.airflow._migrations import revision_id
 from localstate.airflow._serving import central_url_of, open_app
+from localstate.errors import AccessDenied
 
 pytestmark = pytest.mark.postgres
 
@@ -221,6 +224,54 @@ async def test_a_machine_token_works_within_its_owners(server: ApiServer,
                               "WHERE owner = $1 ORDER BY key", owner)
     assert [tuple(r) for r in recorded] == [
         ("flushed", "token 1"), ("forged", "token 1"), ("watermark", "token 1")]
+
+
+async def test_a_triggerers_credential_is_refused_for_another_triggerers_owners(
+        server: ApiServer, db: asyncpg.Connection) -> None:
+    """Two triggerers of a StatefulSet, each with the credential `localstate credential`
+    derives from the one per_triggerer key and its pod's name: each writes as itself
+    whatever it names, the key is no token, and the first cannot flush an owner the second
+    claimed, at its epoch or above, nor do its rows or events land there."""
+    owner = f"{MACHINE_PREFIX}claimed-by-1"
+    first = derive(TRIGGERER_KEY, "airflow-triggerer-0")
+    second = derive(TRIGGERER_KEY, "airflow-triggerer-1")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        r = await client.get(state_path(owner, "watermark"),
+                             headers={"Authorization": f"Bearer {TRIGGERER_KEY}"})
+        assert r.status_code == 401, r.text
+        r = await client.post("/localstate/api/v1/claim", json={
+            "owner": owner, "claimant": "airflow-triggerer-0"},
+            headers={"Authorization": f"Bearer {second}"})
+        assert r.status_code == 200, r.text
+        epoch = r.json()["epoch"]
+    sink = ApiSink(server.url + "/localstate", first)
+    try:
+        for forged in (epoch, epoch + 1):
+            with pytest.raises(AccessDenied, match="airflow-triggerer-1"):
+                await sink.write_batch(
+                    [DirtyRow(owner, "watermark", "666", 1, 0, 1.0e9, "airflow-triggerer-1",
+                              forged)], PolicyMap("reject"), writer="first-file")
+        # its own owner: written, and recorded as itself whatever the rows say
+        outcomes = await sink.write_batch(
+            [DirtyRow(f"{MACHINE_PREFIX}own-0", "watermark", "1", 1, 0, 1.0e9,
+                      "airflow-triggerer-1")], PolicyMap("reject"), writer="first-file")
+        assert [o.resolution for o in outcomes] == ["written"]
+    finally:
+        await sink.close()
+    sink = ApiSink(server.url + "/localstate", second)
+    try:
+        outcomes = await sink.write_batch(
+            [DirtyRow(owner, "watermark", "7", 1, 0, 1.0e9, "x", epoch)], PolicyMap("reject"),
+            writer="second-file")
+        assert [o.resolution for o in outcomes] == ["written"]
+    finally:
+        await sink.close()
+    recorded = await db.fetch("SELECT owner, value, updated_by FROM localstate_state "
+                              "WHERE owner = ANY($1::text[]) ORDER BY owner",
+                              [owner, f"{MACHINE_PREFIX}own-0"])
+    assert [(r["owner"], json.loads(r["value"]), r["updated_by"]) for r in recorded] == [
+        (owner, 7, "airflow-triggerer-1"),
+        (f"{MACHINE_PREFIX}own-0", 1, "airflow-triggerer-0")]
 
 
 # -- airflow db migrate --------------------------------------------------------------------------

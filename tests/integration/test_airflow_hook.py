@@ -53,6 +53,18 @@ def test_the_fields_name_the_api_url(fields: dict[str, object], url: str) -> Non
     assert "s3cret" not in repr(found)
 
 
+def test_the_uri_form_takes_https_and_a_ca_bundle_from_its_extra() -> None:
+    """localstate://:TOKEN@api:8080/localstate?scheme=https&ca_bundle=/etc/ca.pem"""
+    found = endpoint("c", "api", port=8080, schema="localstate", password="s3cret-value",
+                     extra={"scheme": "https", "ca_bundle": "/etc/localstate-tls/ca.crt"})
+    assert found == Endpoint("https://api:8080/localstate", "s3cret-value",
+                             "/etc/localstate-tls/ca.crt")
+    with pytest.raises(ConfigError, match=r"takes 'scheme' \(http or https\)"):
+        endpoint("c", "api", extra={"scheme": "ftp"})
+    with pytest.raises(ConfigError, match="has the extra"):
+        endpoint("c", "api", extra={"verify": False})
+
+
 def test_a_connection_without_host_names_what_to_set() -> None:
     with pytest.raises(ConfigError, match=r"'localstate_default' has no host: set its host"):
         endpoint("localstate_default", "  ")
@@ -64,7 +76,9 @@ def test_the_provider_declares_the_type_and_its_form() -> None:
     assert conn["hook-class-name"] == "localstate.airflow.hook.LocalStateHook"
     behaviour = conn["ui-field-behaviour"]
     assert behaviour["relabeling"] == {"host": "API URL", "password": "Token"}
-    assert set(behaviour["hidden-fields"]) == {"schema", "port", "login", "extra"}
+    assert set(behaviour["hidden-fields"]) == {"schema", "port", "login"}
+    # the extra a connection over https with a private CA needs
+    assert "ca_bundle" in behaviour["placeholders"]["extra"]
 
 
 # -- the hook on a real server ----------------------------------------------------------------

@@ -353,25 +353,48 @@ def _commands(*pages: Path) -> Iterator[tuple[Path, list[str]]]:
 
 
 def _check_deployment_command(argv: list[str], where: str) -> None:
-    """The Kubernetes page's commands: the files each names exist, and the image built and
-    pushed is the one the values file runs (what the values say is checked by
-    tests/packaging/test_kubernetes.py)."""
+    """The Kubernetes page's commands: the files each names exist, the image built and
+    pushed is the one the values file runs, from the one wheel a build argument names, and
+    the chart is the pinned version of Airflow's repository (what the values say is checked
+    by tests/packaging/test_kubernetes.py)."""
     import yaml
 
-    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-f"]
-    assert files, where
-    assert all((ROOT / f).is_file() for f in files), where
     values = yaml.safe_load((ROOT / "deploy/kubernetes/values.yaml").read_text())
     image = f"{values['images']['airflow']['repository']}:{values['images']['airflow']['tag']}"
-    if argv[0] == "docker":
-        assert argv[1:2] == ["build"], where
+    pinned = re.search(r"--version (\d+\.\d+\.\d+)",
+                       (ROOT / "deploy/kubernetes/values.yaml").read_text())
+    assert pinned is not None
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-f"]
+    assert all((ROOT / f).is_file() for f in files), where
+    if argv[:2] == ["docker", "build"]:
+        assert files == ["deploy/kubernetes/Dockerfile"], where
         assert argv[-1] == ".", where
         assert argv[argv.index("-t") + 1] == image, where
-    elif argv[0] == "kubectl":
-        assert argv[1:2] == ["apply"], where
+        assert argv[argv.index("--build-arg") + 1] == (
+            "LOCALSTATE_WHEEL=$(ls dist/localstate-*-py3-none-any.whl)"), where
+    elif argv[:2] == ["docker", "push"]:
+        assert argv[2:] == [image], where
+    elif argv[:2] == ["kubectl", "apply"]:
+        assert files == ["deploy/kubernetes/secrets.yaml"], where
+    elif argv[:3] == ["kubectl", "create", "namespace"]:
+        assert argv[3:] == ["airflow"], where
+    elif argv[:4] == ["kubectl", "create", "secret", "generic"]:
+        # the API server's certificate, with the keys the values file mounts
+        assert argv[4] == "airflow-api-server-tls", where
+        keys = sorted(a.split("=")[1] for a in argv if a.startswith("--from-file="))
+        assert keys == ["ca.crt", "tls.crt", "tls.key"], where
+    elif argv[:3] == ["helm", "repo", "add"]:
+        assert argv[3:] == ["apache-airflow", "https://airflow.apache.org"], where
+    elif argv[:3] == ["helm", "repo", "update"]:
+        assert argv[3:] == ["apache-airflow"], where
     else:
-        assert argv[1:3] == ["upgrade", "--install"], where
-        assert argv[4] == "apache-airflow/airflow", where
+        assert argv[0] == "helm", where
+        install = argv[1:3] == ["upgrade", "--install"]
+        assert install or argv[1] == "template", where
+        rest = argv[3:] if install else argv[2:]
+        assert rest[:2] == ["airflow", "apache-airflow/airflow"], where
+        assert rest[rest.index("--version") + 1] == pinned[1], where
+        assert files == ["deploy/kubernetes/values.yaml"], where
 
 
 def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
@@ -419,7 +442,8 @@ def test_shell_commands_are_ones_the_tools_accept(tmp_path: Path) -> None:
                                   text=True, timeout=60)
             assert proc.returncode == 0, where
             assert proc.stdout.strip(), where
-        elif argv in (["python", "-m", "build"], ["python", "-m", "pip", "install", "build"]):
+        elif argv in (["python", "-m", "build"], ["python", "-m", "build", "--wheel"],
+                      ["python", "-m", "pip", "install", "build"], ["rm", "-rf", "dist"]):
             pass  # tests/packaging/test_wheel.py runs the build
         elif program == "pip" and argv[1] == "install":
             # the form; tests/packaging/test_docs_install.py runs each install
@@ -821,3 +845,23 @@ def test_every_localstate_name_the_docs_give_exists() -> None:
                 missing.append(f"{page.relative_to(ROOT)}: {m.group(1)}")
     assert checked > 100
     assert not missing, "\n".join(missing)
+
+
+def test_the_readmes_list_of_commands_is_the_cli_s() -> None:
+    """README's "`localstate --help` lists every command" names each one, no more."""
+    import argparse
+
+    from localstate.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for action in parser._actions:  # argparse keeps its subparsers nowhere public
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    inner = commands(sub, f"{prefix}{name} ")
+                    out |= inner or {f"{prefix}{name}"}
+        return out
+
+    text = README.read_text()
+    listed = text.split("lists every command:", 1)[1].split(".\n", 1)[0]
+    assert set(re.findall(r"`([a-z ]+)`", listed)) == commands(build_parser())

@@ -32,6 +32,8 @@ MACHINE_TOKEN = "machine-token-0123456789abcdef"
 MACHINE_PREFIX = "asset_watcher:"
 #: triggerers' own tokens, each bound to its triggerer id (what its rows record as who wrote)
 TRIGGERER_NAMES = ("triggerer-a", "triggerer-b", "triggerer-c")
+#: the per_triggerer key (each triggerer's credential is derived from it and its id)
+TRIGGERER_KEY = "per-triggerer-key-0123456789abcdef"
 
 
 def triggerer_token(name: str) -> str:
@@ -43,13 +45,15 @@ def triggerer_token(name: str) -> str:
 def _api_tokens(extra: Sequence[Mapping[str, Any]] = ()) -> str:
     """``api_tokens``: the machine token (no identity: recorded by its name, ``token 1``) and
     one token per triggerer bound to its id, asset watchers, and the ``trigger:`` owners of
-    triggers watching several assets (a fan-out trigger's own watermark); then `extra` (a test's
-    own, e.g. a DAG's)."""
+    triggers watching several assets (a fan-out trigger's own watermark); the per_triggerer
+    key `TRIGGERER_KEY` for the same owners; then `extra` (a test's own, e.g. a DAG's)."""
     return json.dumps([
         {"token": MACHINE_TOKEN, "role": "read-write", "owners": [MACHINE_PREFIX]},
         *({"token": triggerer_token(n), "role": "read-write",
            "owners": [MACHINE_PREFIX, "trigger:"],
            "name": n, "identity": n} for n in TRIGGERER_NAMES),
+        {"token": TRIGGERER_KEY, "role": "read-write", "owners": [MACHINE_PREFIX, "trigger:"],
+         "name": "fleet", "per_triggerer": True},
         *extra])
 
 

@@ -246,7 +246,7 @@ BAD_VALUES = [
     ("retention", "trigger:*", "owner-glob=age"),
 ]
 #: settings that take any text (names, paths, URLs: checked where they are used)
-FREE_FORM = {"cache_dir", "cache_path", "central_url"}
+FREE_FORM = {"cache_dir", "cache_path", "central_url", "api_ca_bundle"}
 
 
 def test_every_setting_with_a_format_has_bad_values_listed() -> None:
@@ -348,3 +348,47 @@ def test_the_flush_body_limit_is_derived_from_the_row_limit_unless_set() -> None
     huge = Settings.resolve({"max_value_bytes": str(16 * 1024 * 1024)})
     assert huge.resolved_max_request_bytes == 4 * 16 * 1024 * 1024 + 4096 + 64 * 1024
     assert Settings.resolve({"api_max_request_bytes": "5000"}).resolved_max_request_bytes == 5000
+
+
+def test_secret_settings_take_the_cmd_form_from_the_environment_and_the_file(
+        tmp_path: Path) -> None:
+    """Read here, not through Airflow's conf: a process that never loaded Airflow (the CLI)
+    gets them too. The plain setting wins over its _cmd form, the environment over the file."""
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-command-0123456789\n")
+    cfg = tmp_path / "airflow.cfg"
+    cfg.write_text(f"[localstate]\napi_token_cmd = cat {token_file}\n"
+                   "api_tokens_cmd = echo 'other-token-0123456789:read:dag:'\n")
+    s = Settings.resolve(environ={}, config_file=cfg)
+    assert s.api_token == "from-a-command-0123456789"
+    assert s.sources["api_token"] == f"{cfg} [localstate] api_token_cmd (command)"
+    assert [t.owners for t in s.api_tokens] == [("dag:",)]
+    env = {"AIRFLOW__LOCALSTATE__API_TOKEN_CMD": "echo env-token-0123456789"}
+    s = Settings.resolve(environ=env, config_file=cfg)
+    assert s.api_token == "env-token-0123456789"
+    assert s.sources["api_token"] == ("environment AIRFLOW__LOCALSTATE__API_TOKEN_CMD "
+                                      "(command)")
+    s = Settings.resolve(environ={**env, "AIRFLOW__LOCALSTATE__API_TOKEN": "plain-0123456789ab"},
+                         config_file=cfg)
+    assert s.api_token == "plain-0123456789ab"
+    # the value is never shown by `localstate config`
+    assert ("api_token", "<hidden>", "environment AIRFLOW__LOCALSTATE__API_TOKEN") in (
+        s.describe())
+
+
+def test_a_failing_command_and_a_cmd_form_of_another_setting_are_refused(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "airflow.cfg"
+    with pytest.raises(ConfigError, match=r"API_TOKEN_CMD: 'false' exited with 1"):
+        Settings.resolve(environ={"AIRFLOW__LOCALSTATE__API_TOKEN_CMD": "false"},
+                         config_file=cfg)
+    with pytest.raises(ConfigError, match="cannot run"):
+        Settings.resolve(environ={"AIRFLOW__LOCALSTATE__API_TOKEN_CMD": "/no/such/command"},
+                         config_file=cfg)
+    with pytest.raises(ConfigError, match=r"SINK_CMD: only the secret settings \(api_token, "
+                                          r"api_tokens\) take the _cmd form; set sink itself"):
+        Settings.resolve(environ={"AIRFLOW__LOCALSTATE__SINK_CMD": "echo api"},
+                         config_file=cfg)
+    cfg.write_text("[localstate]\ncentral_url_secret = db\n")
+    with pytest.raises(ConfigError, match="central_url_secret: only the secret settings"):
+        Settings.resolve(environ={}, config_file=cfg)

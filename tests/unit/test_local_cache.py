@@ -529,3 +529,37 @@ async def test_second_cache_in_same_process_is_locked_out(tmp_path: Path) -> Non
         assert set(await second.load()) == {("o", "k")}
     finally:
         await second.close()
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Any:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+async def test_the_cache_folder_and_its_files_are_the_users_only(tmp_path: Path) -> None:
+    """Made here: the folder 0700, the cache file, its WAL, its shared memory and its lock
+    0600, under the usual umask 022 (SQLite would make its files 0644, Python's mkdir 0755);
+    a folder that exists keeps the mode its owner gave it."""
+    folder = tmp_path / "volume" / "localstate-cache"
+    with umask(0o022):
+        cache = await open_cache(folder / "airflow-triggerer-0.db")
+        try:
+            await cache.commit(("o", "k"), make_entry(1, 1))
+            names = sorted(p.name for p in folder.iterdir())
+            assert names == ["airflow-triggerer-0.db", "airflow-triggerer-0.db-shm",
+                             "airflow-triggerer-0.db-wal", "airflow-triggerer-0.db.lock"]
+            assert {n: oct(os.stat(folder / n).st_mode & 0o777) for n in names} == dict.fromkeys(
+                names, oct(0o600))
+            assert oct(os.stat(folder).st_mode & 0o777) == oct(0o700)
+        finally:
+            await cache.close()
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o750)
+        cache = await open_cache(shared / "t.db")
+        await cache.close()
+        assert oct(os.stat(shared).st_mode & 0o777) == oct(0o750)
+        assert oct(os.stat(shared / "t.db").st_mode & 0o777) == oct(0o600)
