@@ -30,6 +30,8 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.events.rejected counter  events the central side refused as malformed (dropped)
     <prefix>.events.pending  gauge    events in the outbox, not yet in the central DB
     <prefix>.events.oldest_pending gauge seconds: age of the oldest of those
+    <prefix>.queue.bad_messages counter queue messages whose event went out flagged (too
+                                      large for max_value_bytes, or their route raised)
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
     <prefix>.prune.tombstones counter tombstones it deleted
 
@@ -93,6 +95,7 @@ COUNTERS: Final[dict[str, str]] = {
     "events_duplicate": "events.duplicate",
     "events_refused": "events.refused",
     "events_rejected": "events.rejected",
+    "queue_bad_messages": "queue.bad_messages",
 }
 #: StoreStats field -> gauge name: reported as it stands
 GAUGES: Final[dict[str, str]] = {

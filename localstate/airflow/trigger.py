@@ -433,10 +433,11 @@ class StateEnabledTrigger:
         messages costs one commit, not one per message. Returns the watermark's new version.
 
         `routes`: fan-out, one entry per event, the names of the watched assets that get it
-        (an empty one: none, the message is only passed). Without it every watched asset gets
-        every event. Each asset's events are committed with the watermark, de-duplicated by
-        key, so a re-emit after a crash repeats nothing. An asset name this trigger does not
-        watch is refused (`InvalidInput`) before anything is written.
+        (an empty one: none, the message is only passed; the trigger's `state_owner`: its
+        own record, an asset event only when that owner is a watched asset's). Without it
+        every watched asset gets every event. Each asset's events are committed with the
+        watermark, de-duplicated by key, so a re-emit after a crash repeats nothing. An asset
+        name this trigger does not watch is refused (`InvalidInput`) before anything is written.
 
         ``durability="central"``: returns once the central DB holds the events (see
         `StateStore.emit`), for a source that must be told (an SQS delete).
@@ -482,9 +483,10 @@ class StateEnabledTrigger:
         names = {} if accessors is None else {
             name: owner for owner, name in accessors.asset_names().items()}
         out: dict[str, list[tuple[str, Any]]] = {}
+        own = self.state_owner  # a route may name the trigger's own owner too
         for event, targets in zip(events, routes, strict=True):
             for name in targets:
-                owner = names.get(name)
+                owner = names.get(name, own if name == own else None)
                 if owner is None:
                     raise InvalidInput(
                         f"an event is routed to the asset {name!r}, which this trigger does "

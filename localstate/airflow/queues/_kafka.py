@@ -69,8 +69,11 @@ class KafkaTopicTrigger(QueueTrigger):
     def __init__(self, *, topic: str, kafka_config_id: str = "kafka_default",
                  bootstrap_servers: str | None = None, partitions: list[int] | None = None,
                  config: dict[str, Any] | None = None, route: str | None = None,
+                 on_bad_message: str = "flag",
+                 dead_letter: str | None = None,
                  max_messages: int = 500, poll_timeout: float = 1.0) -> None:
-        super().__init__(route=route, max_messages=max_messages)
+        super().__init__(route=route, max_messages=max_messages,
+                         on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not topic or "/" in topic:
             raise InvalidInput(f"topic must be a non-empty topic name, not {topic!r}")
         self.topic = topic
@@ -151,7 +154,8 @@ class KafkaTopicTrigger(QueueTrigger):
             "key": key, "value": value, "timestamp": m.timestamp()[1]}
         if encoding != "utf-8" or key_encoding != "utf-8":
             payload["encoding"] = "base64"
-        return QueueMessage("kafka", self.topic, f"{self.topic}/{partition}/{offset}", payload)
+        return QueueMessage("kafka", self.topic, f"{self.topic}/{partition}/{offset}", payload,
+                            content=("key", "value"))
 
     def _partitions(self, consumer: Any) -> list[int]:
         metadata = consumer.list_topics(self.topic, timeout=30)

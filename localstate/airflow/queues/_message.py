@@ -29,6 +29,9 @@ class QueueMessage:
     key: str
     #: the event's payload (JSON)
     payload: dict[str, Any] = field(default_factory=dict)
+    #: the payload's fields that hold the message's content (left out of an event that would
+    #: be too large; the others say where the message is)
+    content: tuple[str, ...] = ()
 
 
 #: a route: the names of the watched assets a message's event goes to

@@ -68,8 +68,11 @@ class RedisStreamTrigger(QueueTrigger):
 
     def __init__(self, *, stream: str, redis_conn_id: str = "redis_default",
                  url: str | None = None, start: str = "earliest", route: str | None = None,
+                 on_bad_message: str = "flag",
+                 dead_letter: str | None = None,
                  max_messages: int = 500, block_ms: int = 1000) -> None:
-        super().__init__(route=route, max_messages=max_messages)
+        super().__init__(route=route, max_messages=max_messages,
+                         on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not stream:
             raise InvalidInput("stream must be a non-empty key name")
         if start not in ("earliest", "latest"):
@@ -183,4 +186,5 @@ class RedisStreamTrigger(QueueTrigger):
         payload: dict[str, Any] = {"stream": self.stream, "id": text_id, "fields": decoded}
         if binary:
             payload["encoding"] = "base64"
-        return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload)
+        return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload,
+                            content=("fields",))

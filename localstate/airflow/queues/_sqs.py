@@ -64,9 +64,12 @@ class SqsQueueTrigger(QueueTrigger):
 
     def __init__(self, *, queue_url: str, aws_conn_id: str | None = "aws_default",
                  region_name: str | None = None, endpoint_url: str | None = None,
-                 route: str | None = None, max_messages: int = 100, wait_seconds: int = 1,
+                 route: str | None = None,
+                 on_bad_message: str = "flag",
+                 dead_letter: str | None = None, max_messages: int = 100, wait_seconds: int = 1,
                  visibility_timeout: int = 30) -> None:
-        super().__init__(route=route, max_messages=max_messages)
+        super().__init__(route=route, max_messages=max_messages,
+                         on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not queue_url:
             raise InvalidInput("queue_url must be the queue's URL")
         if not 0 <= wait_seconds <= 20:
@@ -257,4 +260,4 @@ class SqsQueueTrigger(QueueTrigger):
                        for k, v in attribute.items()}
                 for name, attribute in m.get("MessageAttributes", {}).items()}}
         return QueueMessage("sqs", self.queue_url, f"{REDELIVERED_KEY_PREFIX}{message_id}",
-                            payload)
+                            payload, content=("body", "message_attributes"))

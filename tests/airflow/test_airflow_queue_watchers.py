@@ -1,23 +1,28 @@
-"""Every shipped queue watcher under exactly the conflict policy the documentation gives (the
-README's and the deployment guide's ``airflow.cfg``, the Helm values' triggerer environment),
-against real brokers (Tansu, ``redis-server``, moto's SQS) and, as the central DB, a migrated
-Airflow 3.3 metadata DB (PostgreSQL, ``sink = sql``: where asset watchers' events may go).
+"""The queue watchers as the triggerer runs them, with Airflow's accessors of their watched
+assets (the owner is the asset's, ``asset_watcher:<name>``), against real brokers (Tansu,
+``redis-server``, moto's SQS) and, as the central DB, a migrated Airflow 3.3 metadata DB
+(PostgreSQL, ``sink = sql``: where asset watchers' events become asset events).
 
-The watchers' watermarks are objects (Kafka's next offset per partition, a Redis stream's id
-and count, SQS's count), so a policy whose declared order refuses objects (``max:int``) failed
-every emit of an ``asset_watcher:`` owner and the watcher restarted for good. Each trigger
-runs as the triggerer runs it, with Airflow's accessors of its watched assets (the owner is the
-asset's, ``asset_watcher:<name>``), and must deliver every message once.
+* Under exactly the conflict policy the documentation gives (the README's and the deployment
+  guide's ``airflow.cfg``, the Helm values' triggerer environment). The watchers' watermarks
+  are objects (Kafka's next offset per partition, a Redis stream's id and count, SQS's count),
+  so a policy whose declared order refuses objects (``max:int``) failed every emit and the
+  watcher restarted for good.
+* No message stops a watcher: one larger than ``max_value_bytes`` and one whose route raises,
+  in the middle of a stream, each get a flagged event, and every later message its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import pytest_asyncio
 import redis
@@ -26,6 +31,7 @@ from aiobotocore.session import get_session
 from airflow.sdk import Asset
 from airflow.sdk.execution_time.context import AssetStateStoreAccessors
 from airflow_api_server import migrate, new_airflow
+from airflow_harness import Deployment
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from queue_watchers import running, wait_for_keys
@@ -36,6 +42,7 @@ from localstate._testing.postgres_server import PostgresServer
 from localstate._testing.queue_broker import QueueBroker, moto_server, redis_server, tansu
 from localstate.airflow._serving import central_url_of
 from localstate.airflow.queues import KafkaTopicTrigger, RedisStreamTrigger, SqsQueueTrigger
+from localstate.errors import ValueTooLarge
 
 pytestmark = pytest.mark.postgres
 
@@ -84,6 +91,34 @@ async def store(airflow_db: str, tmp_path: Path) -> AsyncIterator[StateStore]:
     await opened.close()
 
 
+async def active_assets(dsn: str, *names: str) -> None:
+    """Active assets named `names` in Airflow's DB, as the dag processor makes them."""
+    db = await asyncpg.connect(dsn)
+    try:
+        for name in names:
+            await db.execute(
+                "INSERT INTO asset (name, uri, \"group\", extra, created_at, updated_at) "
+                "VALUES ($1, $2, 'asset', '{}', now(), now())", name, f"test://{name}")
+            await db.execute("INSERT INTO asset_active (name, uri) VALUES ($1, $2)", name,
+                             f"test://{name}")
+    finally:
+        await db.close()
+
+
+async def payloads(dsn: str, name: str) -> list[dict[str, Any]]:
+    """The payloads of asset `name`'s events in Airflow's ``asset_event``, in order."""
+    db = await asyncpg.connect(dsn)
+    try:
+        rows = await db.fetch(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "WHERE a.name = $1 ORDER BY e.id", name)
+    finally:
+        await db.close()
+    extras = [json.loads(r["extra"]) if isinstance(r["extra"], str) else r["extra"]
+              for r in rows]
+    return [dict(e["payload"]) for e in extras]
+
+
 def watching(trigger: Any, *assets: str) -> Any:
     """`trigger` as the triggerer hands it over: with the accessors of its watched assets."""
     trigger.asset_state_store = AssetStateStoreAccessors(inlets=[Asset(name=a) for a in assets])
@@ -91,11 +126,17 @@ def watching(trigger: Any, *assets: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def airflow_db(pg_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A migrated Airflow metadata DB's URL, as the central DB."""
-    d = new_airflow(pg_server, tmp_path_factory.mktemp("airflow-documented"))
+def airflow(pg_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    """A migrated Airflow metadata DB."""
+    d = new_airflow(pg_server, tmp_path_factory.mktemp("airflow-queues"))
     migrate(d)
-    return central_url_of(d.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    return d
+
+
+@pytest.fixture(scope="module")
+def airflow_db(airflow: Deployment) -> str:
+    """Its URL, as the central DB."""
+    return central_url_of(airflow.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +227,95 @@ async def test_the_sqs_watcher_runs_under_the_documented_policy(
     async with running(trigger, store) as task:
         keys = await wait_for_keys(airflow_db, owner, MESSAGES, store, task)
     assert len(keys) == len(set(keys)) == MESSAGES
+
+
+# -- no message stops a watcher ------------------------------------------------------------
+
+BIG = 100_000  # bytes: over max_value_bytes (64 KiB by default)
+
+
+async def test_a_kafka_message_too_large_and_one_whose_route_raises_do_not_stop_the_watcher(
+        kafka: QueueBroker, airflow: Deployment, airflow_db: str, store: StateStore) -> None:
+    """Messages 1-30 of one partition, routed by their number's parity: message 10 is 100 KB
+    (its event goes to ``even`` without its value, flagged), message 20 is not a number (the
+    route raises: its event, whole, goes to the dead-letter asset); every other message's
+    event goes where its route says, each once, in order."""
+    even, odd, dead = "even", "odd", "dead-letter"  # the route's names: once per module
+    await active_assets(airflow.airflow_dsn, even, odd, dead)
+    topic = f"bad-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": kafka.address})
+    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(30)
+    producer = Producer({"bootstrap.servers": kafka.address, "enable.idempotence": True,
+                         "message.max.bytes": 2 * BIG})
+    values = {n: str(n).encode() for n in range(1, 31)}
+    values[10] = b"10:" + b"x" * BIG
+    values[20] = b"not a number"
+    for n in range(1, 31):
+        producer.produce(topic, value=values[n], partition=0)
+    assert producer.flush(30) == 0
+    trigger = watching(KafkaTopicTrigger(
+        topic=topic, bootstrap_servers=kafka.address, poll_timeout=0.2, max_messages=7,
+        route="e2e_queue_functions.by_leading_number", dead_letter=dead),
+        even, odd, dead)
+    async with running(trigger, store) as task:
+        await wait_for_keys(airflow_db, f"asset_watcher:{odd}", 15, store, task)
+        await wait_for_keys(airflow_db, f"asset_watcher:{even}", 14, store, task)
+        await wait_for_keys(airflow_db, f"asset_watcher:{dead}", 1, store, task)
+    evens = await payloads(airflow.airflow_dsn, even)
+    assert [p["offset"] + 1 for p in evens] == [n for n in range(2, 31, 2) if n != 20]
+    big = evens[4]
+    assert big["omitted"] == "too_large"
+    assert big["size"] > BIG
+    assert "value" not in big
+    assert "key" not in big
+    assert (big["topic"], big["partition"], big["offset"]) == (topic, 0, 9)
+    assert all("omitted" not in p for p in evens if p is not big)
+    odds = await payloads(airflow.airflow_dsn, odd)
+    assert [int(p["value"]) for p in odds] == list(range(1, 31, 2))
+    [dead_letter] = await payloads(airflow.airflow_dsn, dead)
+    assert dead_letter["value"] == "not a number"
+    assert dead_letter["offset"] == 19
+    assert dead_letter["route_error"].startswith("ValueError: ")
+    assert store.stats().queue_bad_messages == 2
+    assert store.stats().sources_by_owner[trigger.state_owner] == {"bad_messages": 2}
+
+
+async def test_a_redis_entry_too_large_gets_a_flagged_event_and_the_stream_moves_on(
+        redis_broker: QueueBroker, airflow: Deployment, airflow_db: str,
+        store: StateStore) -> None:
+    stream = f"bad-{uuid.uuid4().hex[:8]}"
+    await active_assets(airflow.airflow_dsn, stream)
+    client = redis.Redis(host="127.0.0.1", port=redis_broker.port)
+    for n in range(1, 21):
+        client.xadd(stream, {"n": str(n), "blob": "x" * (BIG if n == 5 else 1)})
+    client.close()
+    trigger = watching(RedisStreamTrigger(stream=stream, url=f"redis://{redis_broker.address}/0",
+                                          block_ms=100, max_messages=6), stream)
+    async with running(trigger, store) as task:
+        await wait_for_keys(airflow_db, f"asset_watcher:{stream}", 20, store, task)
+    events = await payloads(airflow.airflow_dsn, stream)
+    assert len(events) == 20
+    assert events[4]["omitted"] == "too_large"
+    assert "fields" not in events[4]
+    assert events[4]["size"] > BIG
+    assert [int(e["fields"]["n"]) for i, e in enumerate(events) if i != 4] == [
+        n for n in range(1, 21) if n != 5]
+    assert store.stats().queue_bad_messages == 1
+
+
+@pytest.mark.parametrize("on_bad_message", ["fail"])
+async def test_fail_is_an_explicit_choice(
+        redis_broker: QueueBroker, airflow: Deployment, store: StateStore,
+        on_bad_message: str) -> None:
+    stream = f"fail-{uuid.uuid4().hex[:8]}"
+    await active_assets(airflow.airflow_dsn, stream)
+    client = redis.Redis(host="127.0.0.1", port=redis_broker.port)
+    client.xadd(stream, {"blob": "x" * BIG})
+    client.close()
+    trigger = watching(RedisStreamTrigger(stream=stream, url=f"redis://{redis_broker.address}/0",
+                                          block_ms=100, on_bad_message=on_bad_message), stream)
+    with pytest.raises(ValueTooLarge, match="on_bad_message='fail'"):  # the trigger's end
+        async with running(trigger, store) as task:
+            await asyncio.wait({task}, timeout=60)
+    assert store.stats().events_emitted == 0
