@@ -15,6 +15,7 @@ assets (the owner is the asset's, ``asset_watcher:<name>``), against real broker
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import uuid
@@ -319,3 +320,81 @@ async def test_fail_is_an_explicit_choice(
         async with running(trigger, store) as task:
             await asyncio.wait({task}, timeout=60)
     assert store.stats().events_emitted == 0
+
+
+# -- each field says its own encoding ------------------------------------------------------
+
+
+def decoded(field: Any) -> bytes | None:
+    """The documented rule: text is its UTF-8 bytes, ``{"base64": ...}`` its base64's."""
+    if field is None:
+        return None
+    if isinstance(field, str):
+        return field.encode()
+    return base64.b64decode(field["base64"])
+
+
+async def test_kafka_keys_and_values_each_say_their_encoding(
+        kafka: QueueBroker, airflow: Deployment, airflow_db: str, store: StateStore) -> None:
+    topic = f"binary-{uuid.uuid4().hex[:6]}"
+    await active_assets(airflow.airflow_dsn, topic)
+    admin = AdminClient({"bootstrap.servers": kafka.address})
+    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(30)
+    sent = [(b"\xff\x00key", b"text value"), (b"text key", b"\xfe\xff binary"),
+            (None, "zürich".encode()), (b"\x80", b"\x81")]
+    producer = Producer({"bootstrap.servers": kafka.address, "enable.idempotence": True})
+    for key, value in sent:
+        producer.produce(topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
+    trigger = watching(KafkaTopicTrigger(topic=topic, bootstrap_servers=kafka.address,
+                                         poll_timeout=0.2), topic)
+    async with running(trigger, store) as task:
+        await wait_for_keys(airflow_db, f"asset_watcher:{topic}", len(sent), store, task)
+    events = await payloads(airflow.airflow_dsn, topic)
+    assert [(decoded(e["key"]), decoded(e["value"])) for e in events] == sent
+    assert events[0]["value"] == "text value"  # a text field stays text beside a binary one
+    assert events[1]["key"] == "text key"
+    assert all("encoding" not in e for e in events)
+
+
+async def test_each_redis_field_says_its_encoding(
+        redis_broker: QueueBroker, airflow: Deployment, airflow_db: str,
+        store: StateStore) -> None:
+    stream = f"binary-{uuid.uuid4().hex[:8]}"
+    await active_assets(airflow.airflow_dsn, stream)
+    client = redis.Redis(host="127.0.0.1", port=redis_broker.port)
+    client.xadd(stream, {"text": "hello", "bin": b"\xff\x01", b"\xfe": "named in binary"})
+    client.close()
+    trigger = watching(RedisStreamTrigger(stream=stream, url=f"redis://{redis_broker.address}/0",
+                                          block_ms=100), stream)
+    async with running(trigger, store) as task:
+        await wait_for_keys(airflow_db, f"asset_watcher:{stream}", 1, store, task)
+    [event] = await payloads(airflow.airflow_dsn, stream)
+    assert event["fields"] == {
+        "text": "hello", "bin": {"base64": base64.b64encode(b"\xff\x01").decode()},
+        "base64:" + base64.b64encode(b"\xfe").decode(): "named in binary"}
+    assert "encoding" not in event
+
+
+async def test_sqs_binary_attributes_say_their_encoding(
+        sqs_broker: QueueBroker, airflow: Deployment, airflow_db: str, store: StateStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    await active_assets(airflow.airflow_dsn, "sqs-binary")
+    endpoint = f"http://{sqs_broker.address}"
+    async with get_session().create_client("sqs", endpoint_url=endpoint, **AWS) as sqs:
+        url = (await sqs.create_queue(QueueName=f"binary-{uuid.uuid4().hex[:8]}"))["QueueUrl"]
+        await sqs.send_message(QueueUrl=url, MessageBody="body text", MessageAttributes={
+            "raw": {"DataType": "Binary", "BinaryValue": b"\xff\x00"},
+            "name": {"DataType": "String", "StringValue": "text"}})
+    trigger = watching(SqsQueueTrigger(queue_url=url, aws_conn_id=None, endpoint_url=endpoint,
+                                       region_name="us-east-1", wait_seconds=0), "sqs-binary")
+    async with running(trigger, store) as task:
+        await wait_for_keys(airflow_db, "asset_watcher:sqs-binary", 1, store, task)
+    [event] = await payloads(airflow.airflow_dsn, "sqs-binary")
+    assert event["body"] == "body text"
+    attributes = event["message_attributes"]
+    assert decoded(attributes["raw"]["BinaryValue"]) == b"\xff\x00"
+    assert attributes["name"]["StringValue"] == "text"

@@ -21,7 +21,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
-from localstate.airflow.queues._message import QueueMessage, text_or_base64
+from localstate.airflow.queues._message import QueueMessage, field_value
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import ConfigError, InvalidInput, SourcePositionLost
 
@@ -63,7 +63,7 @@ class KafkaTopicTrigger(QueueTrigger):
     `partitions`: the partitions to read (default: all, as the topic has them when the
     trigger starts). `route`: ``package.module.function`` giving each message's asset names
     (fan-out). The event's payload holds ``topic``, ``partition``, ``offset``, ``key``,
-    ``value`` (text, or base64 when not UTF-8, see ``encoding``) and ``timestamp`` (ms).
+    ``value`` (each the text when UTF-8, else ``{"base64": ...}``) and ``timestamp`` (ms).
     """
 
     def __init__(self, *, topic: str, kafka_config_id: str = "kafka_default",
@@ -146,14 +146,11 @@ class KafkaTopicTrigger(QueueTrigger):
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
 
     def _message(self, m: Any) -> QueueMessage:
-        value, encoding = text_or_base64(m.value())
-        key, key_encoding = text_or_base64(m.key())
         partition, offset = m.partition(), m.offset()
         payload: dict[str, Any] = {
             "topic": self.topic, "partition": partition, "offset": offset,
-            "key": key, "value": value, "timestamp": m.timestamp()[1]}
-        if encoding != "utf-8" or key_encoding != "utf-8":
-            payload["encoding"] = "base64"
+            "key": field_value(m.key()), "value": field_value(m.value()),
+            "timestamp": m.timestamp()[1]}
         return QueueMessage("kafka", self.topic, f"{self.topic}/{partition}/{offset}", payload,
                             content=("key", "value"))
 

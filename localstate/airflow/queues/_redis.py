@@ -23,7 +23,7 @@ from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
-from localstate.airflow.queues._message import QueueMessage, text_or_base64
+from localstate.airflow.queues._message import QueueMessage, field_name, field_value
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import InvalidInput, SourcePositionLost
 
@@ -62,8 +62,9 @@ class RedisStreamTrigger(QueueTrigger):
     `redis_conn_id`: the Airflow connection (the provider's ``redis_default``: host, port,
     password, ``db`` in the extra); or `url` (``redis://host:port/db``). `start`:
     ``earliest`` (every entry the stream holds) or ``latest`` (entries added after the
-    trigger first ran). The event's payload holds ``stream``, ``id`` and ``fields`` (text, or
-    base64 when not UTF-8, see ``encoding``).
+    trigger first ran). The event's payload holds ``stream``, ``id`` and ``fields`` (each value
+    the text when UTF-8, else ``{"base64": ...}``; a name that is not UTF-8 is ``base64:`` and
+    its base64).
     """
 
     def __init__(self, *, stream: str, redis_conn_id: str = "redis_default",
@@ -176,15 +177,8 @@ class RedisStreamTrigger(QueueTrigger):
 
     def _message(self, entry_id: Any, fields: dict[Any, Any]) -> QueueMessage:
         text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        decoded: dict[str, str | None] = {}
-        binary = False
-        for name, value in fields.items():
-            key, key_encoding = text_or_base64(name)
-            text, encoding = text_or_base64(value)
-            binary = binary or encoding != "utf-8" or key_encoding != "utf-8"
-            decoded[key or ""] = text
-        payload: dict[str, Any] = {"stream": self.stream, "id": text_id, "fields": decoded}
-        if binary:
-            payload["encoding"] = "base64"
+        payload: dict[str, Any] = {
+            "stream": self.stream, "id": text_id,
+            "fields": {field_name(name): field_value(value) for name, value in fields.items()}}
         return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload,
                             content=("fields",))

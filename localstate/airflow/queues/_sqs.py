@@ -59,7 +59,7 @@ class SqsQueueTrigger(QueueTrigger):
     `endpoint_url` override it. `wait_seconds`: the long poll of ``ReceiveMessage``;
     `visibility_timeout`: how long a received message stays hidden (longer than a central
     commit takes). The event's payload holds ``queue_url``, ``message_id``, ``body``,
-    ``attributes`` and ``message_attributes`` (binary values in base64).
+    ``attributes`` and ``message_attributes`` (a ``BinaryValue`` as ``{"base64": ...}``).
     """
 
     def __init__(self, *, queue_url: str, aws_conn_id: str | None = "aws_default",
@@ -256,8 +256,8 @@ class SqsQueueTrigger(QueueTrigger):
             "queue_url": self.queue_url, "message_id": message_id, "body": m.get("Body"),
             "attributes": m.get("Attributes", {}),
             "message_attributes": {
-                name: {k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
-                       for k, v in attribute.items()}
+                name: {k: {"base64": base64.b64encode(v).decode("ascii")}
+                       if isinstance(v, bytes) else v for k, v in attribute.items()}
                 for name, attribute in m.get("MessageAttributes", {}).items()}}
         return QueueMessage("sqs", self.queue_url, f"{REDELIVERED_KEY_PREFIX}{message_id}",
                             payload, content=("body", "message_attributes"))
