@@ -6,6 +6,7 @@ and an offset out of range as `SourcePositionLost`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,3 +170,36 @@ def test_bad_arguments_are_refused_when_the_dag_is_parsed(backend: str) -> None:
     assert classpath == "localstate.airflow.queues.KafkaTopicTrigger"
     assert kwargs["partitions"] == [0, 2]
     assert KafkaTopicTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+async def test_a_broker_down_when_the_trigger_starts_is_waited_for(
+        open_store: StoreFactory, central_url: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens at the bootstrap address when the trigger starts: it waits, logging
+    what it cannot reach, and reads the topic once the broker is up (and the topic made)."""
+    down = tansu(tmp_path)  # not started
+    store = await open_store(flush_interval=0.2)
+    trigger = KafkaTopicTrigger(topic="late", bootstrap_servers=down.address, poll_timeout=0.2)
+    owner = trigger.state_owner
+    caplog.set_level(logging.INFO, "localstate.airflow.queues.kafka")
+    async with running(trigger, store) as task:
+        for _ in range(600):
+            assert not task.done(), task.exception() if task.done() else None
+            if any(down.address in r.getMessage() and "cannot be reached" in r.getMessage()
+                   for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no log line says the broker cannot be reached")
+        await asyncio.sleep(1.0)  # a few more tries, still waiting
+        assert not task.done()
+        with down:
+            admin = AdminClient({"bootstrap.servers": down.address})
+            for f in admin.create_topics([NewTopic("late", PARTITIONS, 1)]).values():
+                f.result(30)
+            produce(down, "late", range(1, 31))
+            keys = await wait_for_keys(central_url, owner, 30, store, task)
+    assert by_partition(keys) == expected_keys("late", range(1, 31))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"Kafka {down.address} (topic late)" in warnings[0]
+    assert any("recovered after" in r.getMessage() for r in caplog.records)

@@ -7,6 +7,12 @@ and emits each batch with the watermark past it as one commit (`emit_batch`). Th
 ``topic/partition/offset``. The group's committed offset is never read: the watermark, in the
 events' own transaction, is the position.
 
+A broker that cannot be reached, when the trigger starts or later, is waited for: the topic's
+partitions and the retention check are retried with backoff, and the consumer's transport
+errors while it reads are librdkafka's to retry; either way one WARNING says what is out of
+reach, a summary every minute how long for, and an INFO when it is back (`FailureLog`, as
+for the central DB). A topic that does not exist (yet) is waited for the same way.
+
 A watermark below what a partition still holds (retention deleted messages not yet read) is a
 `SourcePositionLost`: the trigger fails loudly instead of skipping them or replaying the topic.
 """
@@ -15,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from airflow.triggers.base import TriggerEvent
 
+from localstate._core.backoff import Backoff
+from localstate._core.failure_log import FailureLog
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate.airflow.queues._message import QueueMessage, field_value
 from localstate.airflow.queues._queue_trigger import QueueTrigger
@@ -29,11 +37,16 @@ __all__ = ["KafkaTopicTrigger", "check_message_error"]
 
 log = logging.getLogger("localstate.airflow.queues.kafka")
 
+_T = TypeVar("_T")
+#: the longest wait between two tries of a broker that cannot be reached
+RETRY_CAP = 10.0
 
-def check_message_error(message: Any, positions: dict[int, int]) -> bool:
+
+def check_message_error(message: Any, positions: dict[int, int],
+                        failures: FailureLog | None = None) -> bool:
     """Raise `SourcePositionLost` for a consumer error saying an offset is out of range;
-    True for a message that carries another error (logged, skipped: librdkafka retries), False
-    for a message that carries none."""
+    True for a message that carries another error (logged, to `failures` when given; skipped:
+    librdkafka retries), False for a message that carries none."""
     error = message.error()
     if error is None:
         return False
@@ -51,7 +64,10 @@ def check_message_error(message: Any, positions: dict[int, int]) -> bool:
     if error.fatal():
         raise ConfigError(f"the Kafka consumer failed for good: {error.str()}")
     if error.name() != "_PARTITION_EOF":
-        log.warning("Kafka consumer: %s", error.str())
+        if failures is None:
+            log.warning("Kafka consumer: %s", error.str())
+        else:
+            failures.failed(error.str())
     return True
 
 
@@ -114,11 +130,13 @@ class KafkaTopicTrigger(QueueTrigger):
         consumer = await asyncio.to_thread(Consumer, config)
         polling: asyncio.Future[list[Any]] | None = None
         try:
+            reach = FailureLog(log, f"Kafka {config.get('bootstrap.servers')} "
+                                    f"(topic {self.topic})")
             partitions = (list(self.partitions) if self.partitions
-                          else await asyncio.to_thread(self._partitions, consumer))
+                          else await self._reachable(reach, self._partitions, consumer))
             stored = await self.get_watermark(default=None) or {}
             positions = {p: int(stored[str(p)]) for p in partitions if str(p) in stored}
-            await asyncio.to_thread(self._check_retention, consumer, positions)
+            await self._reachable(reach, self._check_retention, consumer, positions)
             consumer.assign([TopicPartition(self.topic, p, positions.get(p, OFFSET_BEGINNING))
                              for p in partitions])
             loop = asyncio.get_running_loop()
@@ -129,7 +147,7 @@ class KafkaTopicTrigger(QueueTrigger):
                 batch = await asyncio.shield(polling)
                 messages: list[QueueMessage] = []
                 for m in batch:
-                    if check_message_error(m, positions):
+                    if check_message_error(m, positions, reach):
                         continue
                     partition, offset = m.partition(), m.offset()
                     if offset < positions.get(partition, 0):
@@ -137,6 +155,7 @@ class KafkaTopicTrigger(QueueTrigger):
                     positions[partition] = offset + 1
                     messages.append(self._message(m))
                 if messages:
+                    reach.succeeded()
                     watermark = {str(p): o for p, o in sorted(positions.items())}
                     await self.emit_batch(messages, watermark=watermark)
         finally:
@@ -154,12 +173,31 @@ class KafkaTopicTrigger(QueueTrigger):
         return QueueMessage("kafka", self.topic, f"{self.topic}/{partition}/{offset}", payload,
                             content=("key", "value"))
 
+    async def _reachable(self, reach: FailureLog, call: Callable[..., _T], *args: Any) -> _T:
+        """`call(*args)` in a thread, until it no longer fails for want of the broker (or the
+        topic): each failure logged through `reach` and waited for with backoff."""
+        from confluent_kafka import KafkaException
+
+        backoff = Backoff(base=0.2, cap=RETRY_CAP)
+        while True:
+            try:
+                result = await asyncio.to_thread(call, *args)
+            except (KafkaException, _TopicMissing) as exc:
+                delay = backoff.next_delay()
+                reach.failed(f"cannot be reached: {exc}" if isinstance(exc, KafkaException)
+                             else str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                continue
+            reach.succeeded()
+            return result
+
     def _partitions(self, consumer: Any) -> list[int]:
-        metadata = consumer.list_topics(self.topic, timeout=30)
+        metadata = consumer.list_topics(self.topic, timeout=10)
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None or not topic.partitions:
-            raise ConfigError(f"Kafka topic {self.topic!r} does not exist or has no partitions "
-                              f"({None if topic is None else topic.error}); create it first")
+            raise _TopicMissing(f"Kafka topic {self.topic!r} does not exist or has no "
+                                f"partitions ({None if topic is None else topic.error}); "
+                                "waiting for it")
         return sorted(topic.partitions)
 
     def _check_retention(self, consumer: Any, positions: dict[int, int]) -> None:
@@ -168,7 +206,7 @@ class KafkaTopicTrigger(QueueTrigger):
 
         for partition, offset in positions.items():
             low, _high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=30)
+                TopicPartition(self.topic, partition), timeout=10)
             if offset < low:
                 raise SourcePositionLost(
                     f"Kafka's {self.topic} partition {partition} starts at offset {low} now, "
@@ -176,3 +214,7 @@ class KafkaTopicTrigger(QueueTrigger):
                     "deleted by retention before it read them. See the troubleshooting entry "
                     "SourcePositionLost.", source=f"{self.topic}/{partition}", position=offset,
                     earliest=low)
+
+
+class _TopicMissing(ConfigError):
+    """The topic is not there (yet): waited for, as a broker out of reach is."""

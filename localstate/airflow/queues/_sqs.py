@@ -34,6 +34,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
+from localstate._core.failure_log import FailureLog
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate._sync.central.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
@@ -120,6 +121,8 @@ class SqsQueueTrigger(QueueTrigger):
         received = int((await self.get_watermark(default=None) or {}).get("received", 0))
         async with get_session().create_client("sqs", **kwargs) as client:
             backoff = Backoff(base=0.2, cap=10.0)
+            reach = FailureLog(log, f"SQS {kwargs.get('endpoint_url', 'endpoint')} "
+                                    f"(queue {self.queue_url})")
             settling: set[asyncio.Task[bool]] = set()
             first = True
             try:
@@ -130,14 +133,12 @@ class SqsQueueTrigger(QueueTrigger):
                         batch = await self.receive(client)
                     except (BotoCoreError, ClientError) as exc:
                         # the endpoint out of reach, throttling, ...: nothing was taken
-                        if not backoff.failures:
-                            log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
-                        await asyncio.sleep(backoff.next_delay())
+                        delay = backoff.next_delay()
+                        reach.failed(f"cannot be reached: {exc}", retry_in=delay)
+                        await asyncio.sleep(delay)
                         continue
-                    if backoff.failures:
-                        log.info("SQS queue %s back after %d tries", self.queue_url,
-                                 backoff.failures)
-                        backoff.reset()
+                    reach.succeeded()
+                    backoff.reset()
                     if not batch:
                         continue
                     received += len(batch)
