@@ -90,7 +90,10 @@ class StoreStats:
     #: queue messages whose event went out flagged (too large, or their route raised) since
     #: the store opened, over its triggers (see the queue guides)
     queue_bad_messages: int = 0
-    #: what each queue watcher reports of its source: {owner: {"bad_messages": n, ...}}
+    #: messages the queue watchers are behind their sources' ends (Kafka: each partition's
+    #: high watermark), over the store's triggers
+    queue_lag: float = 0.0
+    #: what each queue watcher reports of its source: {owner: {"bad_messages": n, "lag": n}}
     sources_by_owner: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -138,6 +141,7 @@ def store_stats(
         cache_turning_off_s=turning_off.pending_s if turning_off is not None else 0.0,
         **_event_figures(w, now),
         queue_bad_messages=int(sources.total("bad_messages")) if sources is not None else 0,
+        queue_lag=sources.total("lag") if sources is not None else 0.0,
         sources_by_owner=sources.by_owner() if sources is not None else {},
     )
 

@@ -313,6 +313,14 @@ class StateStore:
         sink = sink.inner if isinstance(sink, ThreadedSink) else sink
         return sink if isinstance(sink, CentralStore) else None
 
+    def events_pending(self, owners: Iterable[str]) -> int:
+        """How many events of `owners` the central DB does not hold yet (0 with the cache off:
+        there every emit is central when it returns)."""
+        worker = self._mode.worker
+        if worker is None:
+            return 0
+        return sum(worker.outbox.pending_of(owner) for owner in owners)
+
     @property
     def sync_worker(self) -> SyncWorker | None:
         """The sync worker (None with the cache off): its named flush steps, for tests."""

@@ -273,6 +273,13 @@ class StateEnabledTrigger:
                 self._localstate_owner = trigger_owner(classpath, kwargs)
         return self._localstate_owner
 
+    def event_owners(self) -> list[str]:
+        """The owners this trigger's events and watermarks go to: its own and its watched
+        assets'."""
+        accessors = self._localstate_accessors
+        assets = [] if accessors is None else list(accessors.owners())
+        return [self.state_owner, *(a for a in assets if a != self.state_owner)]
+
     # -- opening -------------------------------------------------------------------------
 
     async def open_state(self) -> StateStore:

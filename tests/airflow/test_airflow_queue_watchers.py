@@ -279,7 +279,7 @@ async def test_a_kafka_message_too_large_and_one_whose_route_raises_do_not_stop_
     assert dead_letter["offset"] == 19
     assert dead_letter["route_error"].startswith("ValueError: ")
     assert store.stats().queue_bad_messages == 2
-    assert store.stats().sources_by_owner[trigger.state_owner] == {"bad_messages": 2}
+    assert store.stats().sources_by_owner[trigger.state_owner]["bad_messages"] == 2
 
 
 async def test_a_redis_entry_too_large_gets_a_flagged_event_and_the_stream_moves_on(

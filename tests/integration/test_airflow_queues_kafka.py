@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from conftest import StoreFactory
 from queue_watchers import committed_keys, running, wait_for_keys, wait_for_watermark
 
+from localstate._metrics import MetricsReporter, statsd_segment
 from localstate._testing.queue_broker import QueueBroker, tansu
 from localstate.airflow.queues import KafkaTopicTrigger
 from localstate.airflow.queues._kafka import check_message_error
@@ -203,3 +204,49 @@ async def test_a_broker_down_when_the_trigger_starts_is_waited_for(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"Kafka {down.address} (topic late)" in warnings[0]
     assert any("recovered after" in r.getMessage() for r in caplog.records)
+
+
+def group_offsets(broker: QueueBroker, topic: str) -> dict[int, int]:
+    """The offsets the trigger's consumer group has committed (-1001: none)."""
+    reader = Consumer({"bootstrap.servers": broker.address, "group.id": f"localstate-{topic}"})
+    try:
+        got = reader.committed([TopicPartition(topic, p) for p in range(PARTITIONS)],
+                               timeout=30)
+    finally:
+        reader.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+async def test_the_group_offsets_follow_the_central_position_and_the_lag_is_reported(
+        broker: QueueBroker, open_store: StoreFactory, central_url: str) -> None:
+    """Lag tools read the group's committed offsets: they are committed once the central DB
+    holds the position (not before), equal to it; the trigger's lag is in its figures."""
+    topic = new_topic(broker)
+    produce(broker, topic, range(1, 91))
+    store = await open_store(flush_interval=3600)  # flushed by the test only
+    trigger = KafkaTopicTrigger(topic=topic, bootstrap_servers=broker.address,
+                                poll_timeout=0.2)
+    owner = trigger.state_owner
+    async with running(trigger, store):
+        await wait_for_watermark(store, owner, {str(p): 30 for p in range(PARTITIONS)})
+        await asyncio.sleep(1.0)  # polls go on: no commit while the position is local only
+        assert set(group_offsets(broker, topic).values()) == {OFFSET_INVALID}
+        await store.flush()
+        for _ in range(300):
+            if group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 30):
+                break
+            await asyncio.sleep(0.1)
+        assert group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 30)
+        assert store.stats().sources_by_owner[owner]["lag"] == 0
+        produce(broker, topic, range(91, 121))
+        await wait_for_watermark(store, owner, {str(p): 40 for p in range(PARTITIONS)})
+        await store.flush()
+        for _ in range(300):
+            if group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 40):
+                break
+            await asyncio.sleep(0.1)
+        assert group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 40)
+    reporter = MetricsReporter(store, interval=60)
+    gauges = reporter.sample().gauges
+    assert gauges["queue.lag"] == 0
+    assert gauges[f"queue.owner_lag.{statsd_segment(owner)}"] == 0

@@ -5,7 +5,10 @@ trigger assigns itself the partitions and seeks each to its watermark (no consum
 join, so no rebalance wait after a crash or a takeover), reads batches with confluent-kafka,
 and emits each batch with the watermark past it as one commit (`emit_batch`). The event key is
 ``topic/partition/offset``. The group's committed offset is never read: the watermark, in the
-events' own transaction, is the position.
+events' own transaction, is the position. It is written, for lag tools: once the central DB
+holds a position (no event of the trigger's owners is pending any more), the same offsets are
+committed to the group (`group_commit`), and the messages behind the partitions' high
+watermarks are the owner's ``lag`` (`StateStore.sources`, the metric ``queue.owner_lag``).
 
 A broker that cannot be reached, when the trigger starts or later, is waited for: the topic's
 partitions and the retention check are retried with backoff, and the consumer's transport
@@ -87,7 +90,8 @@ class KafkaTopicTrigger(QueueTrigger):
                  config: dict[str, Any] | None = None, route: str | None = None,
                  on_bad_message: str = "flag",
                  dead_letter: str | None = None,
-                 max_messages: int = 500, poll_timeout: float = 1.0) -> None:
+                 max_messages: int = 500, poll_timeout: float = 1.0,
+                 group_commit: bool = True) -> None:
         super().__init__(route=route, max_messages=max_messages,
                          on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not topic or "/" in topic:
@@ -98,12 +102,16 @@ class KafkaTopicTrigger(QueueTrigger):
         self.partitions = None if partitions is None else sorted(set(partitions))
         self.config = dict(config or {})
         self.poll_timeout = poll_timeout
+        #: commit the group's offsets once the central DB holds the position (advisory)
+        self.group_commit = group_commit
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (self.classpath(), {
             "topic": self.topic, "kafka_config_id": self.kafka_config_id,
             "bootstrap_servers": self.bootstrap_servers, "partitions": self.partitions,
-            "config": self.config, "poll_timeout": self.poll_timeout, **self.common_kwargs()})
+            "config": self.config, "poll_timeout": self.poll_timeout, **self.common_kwargs(),
+            # only when off: the serialized form (and so the owner) stays as it was
+            **({} if self.group_commit else {"group_commit": False})})
 
     async def consumer_config(self) -> dict[str, Any]:
         """The confluent-kafka config: the connection's extra (unless `bootstrap_servers` is
@@ -118,7 +126,8 @@ class KafkaTopicTrigger(QueueTrigger):
         else:
             config["bootstrap.servers"] = self.bootstrap_servers
         config.update(self.config)
-        config.setdefault("group.id", f"localstate-{self.topic}")  # never joined
+        # never joined: its offsets are committed for lag tools only (`group_commit`)
+        config.setdefault("group.id", f"localstate-{self.topic}")
         config.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
                        "auto.offset.reset": "error"})
         return config
@@ -140,6 +149,10 @@ class KafkaTopicTrigger(QueueTrigger):
             consumer.assign([TopicPartition(self.topic, p, positions.get(p, OFFSET_BEGINNING))
                              for p in partitions])
             loop = asyncio.get_running_loop()
+            store = await self.open_state()
+            owners = self.event_owners()
+            #: the position emitted last whose offsets the group has not been given yet
+            uncommitted: dict[int, int] | None = None
             while True:
                 raise_swallowed_cancel()
                 polling = loop.run_in_executor(None, consumer.consume, self.max_messages,
@@ -158,6 +171,13 @@ class KafkaTopicTrigger(QueueTrigger):
                     reach.succeeded()
                     watermark = {str(p): o for p, o in sorted(positions.items())}
                     await self.emit_batch(messages, watermark=watermark)
+                    uncommitted = dict(positions)
+                if uncommitted is not None and self.group_commit and \
+                        not store.events_pending(owners):
+                    # the central DB holds the position: the group's offsets follow it
+                    self._commit_group(consumer, uncommitted)
+                    uncommitted = None
+                self._report_lag(consumer, store, positions)
         finally:
             if polling is not None:  # librdkafka's consumer is not to be closed mid-poll
                 await asyncio.wait([polling])
@@ -190,6 +210,33 @@ class KafkaTopicTrigger(QueueTrigger):
                 continue
             reach.succeeded()
             return result
+
+    def _commit_group(self, consumer: Any, positions: dict[int, int]) -> None:
+        """Give the consumer group `positions` (advisory: what lag tools read; the watermark
+        stays the position). Asynchronous: a failed commit is logged by librdkafka and the
+        next flush's commit supersedes it."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            consumer.commit(offsets=[TopicPartition(self.topic, p, o)
+                                     for p, o in sorted(positions.items())], asynchronous=True)
+        except KafkaException as exc:  # advisory: never the trigger's end
+            log.debug("Kafka group commit of %s failed: %s", self.topic, exc)
+
+    def _report_lag(self, consumer: Any, store: Any, positions: dict[int, int]) -> None:
+        """The messages behind each assigned partition's high watermark, summed, as the
+        owner's ``lag`` (the metric ``queue.lag``), from the consumer's cached watermarks."""
+        from confluent_kafka import TopicPartition
+
+        total = 0
+        for tp in consumer.assignment():
+            _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic,
+                                                                       tp.partition),
+                                                        cached=True)
+            if high is None or high < 0:
+                continue  # not fetched yet
+            total += max(0, high - positions.get(tp.partition, 0))
+        store.sources.gauge(self.state_owner, "lag", total)
 
     def _partitions(self, consumer: Any) -> list[int]:
         metadata = consumer.list_topics(self.topic, timeout=10)
