@@ -10,6 +10,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
@@ -250,3 +251,36 @@ async def test_the_group_offsets_follow_the_central_position_and_the_lag_is_repo
     gauges = reporter.sample().gauges
     assert gauges["queue.lag"] == 0
     assert gauges[f"queue.owner_lag.{statsd_segment(owner)}"] == 0
+
+
+class GrowingTopic(KafkaTopicTrigger):
+    """Tansu refuses CreatePartitions, so partitions cannot be added to a topic here: this
+    trigger's metadata shows the first `visible` partitions of its real topic (3), and the test
+    shows more while it runs, as the broker's metadata would after an ``--alter
+    --partitions``. Everything else (the assignment, the fetches, the emits) is the real
+    trigger's against the real broker."""
+
+    visible = 1
+
+    def _partitions(self, consumer: Any) -> list[int]:
+        return super()._partitions(consumer)[:self.visible]
+
+
+async def test_partitions_added_while_running_are_read_from_their_first_offset(
+        broker: QueueBroker, open_store: StoreFactory, central_url: str) -> None:
+    topic = new_topic(broker)
+    produce(broker, topic, range(1, 61))
+    store = await open_store(flush_interval=0.2)
+    trigger = GrowingTopic(topic=topic, bootstrap_servers=broker.address, poll_timeout=0.2,
+                           metadata_refresh=0.5)
+    owner = trigger.state_owner
+    async with running(trigger, store) as task:
+        await wait_for_watermark(store, owner, {"0": 20})
+        await asyncio.sleep(1.5)  # three refreshes: still one partition
+        assert await store.get(owner, "watermark") == {"0": 20}
+        trigger.visible = PARTITIONS  # two partitions "added", each with 20 messages
+        keys = await wait_for_keys(central_url, owner, 60, store, task)
+        produce(broker, topic, range(61, 91))
+        keys = await wait_for_keys(central_url, owner, 90, store, task)
+    assert len(keys) == len(set(keys)) == 90
+    assert by_partition(keys) == expected_keys(topic, range(1, 91))

@@ -91,7 +91,7 @@ class KafkaTopicTrigger(QueueTrigger):
                  on_bad_message: str = "flag",
                  dead_letter: str | None = None,
                  max_messages: int = 500, poll_timeout: float = 1.0,
-                 group_commit: bool = True) -> None:
+                 group_commit: bool = True, metadata_refresh: float = 5.0) -> None:
         super().__init__(route=route, max_messages=max_messages,
                          on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not topic or "/" in topic:
@@ -104,14 +104,21 @@ class KafkaTopicTrigger(QueueTrigger):
         self.poll_timeout = poll_timeout
         #: commit the group's offsets once the central DB holds the position (advisory)
         self.group_commit = group_commit
+        if not metadata_refresh > 0:
+            raise InvalidInput(f"metadata_refresh must be seconds > 0, not {metadata_refresh!r}")
+        #: seconds between two reads of the topic's partitions (new ones are read from their
+        #: first offset); only when `partitions` is not given
+        self.metadata_refresh = metadata_refresh
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (self.classpath(), {
             "topic": self.topic, "kafka_config_id": self.kafka_config_id,
             "bootstrap_servers": self.bootstrap_servers, "partitions": self.partitions,
             "config": self.config, "poll_timeout": self.poll_timeout, **self.common_kwargs(),
-            # only when off: the serialized form (and so the owner) stays as it was
-            **({} if self.group_commit else {"group_commit": False})})
+            # only when not the default: the serialized form (and so the owner) stays as it was
+            **({} if self.group_commit else {"group_commit": False}),
+            **({} if self.metadata_refresh == 5.0
+               else {"metadata_refresh": self.metadata_refresh})})
 
     async def consumer_config(self) -> dict[str, Any]:
         """The confluent-kafka config: the connection's extra (unless `bootstrap_servers` is
@@ -149,12 +156,28 @@ class KafkaTopicTrigger(QueueTrigger):
             consumer.assign([TopicPartition(self.topic, p, positions.get(p, OFFSET_BEGINNING))
                              for p in partitions])
             loop = asyncio.get_running_loop()
+            #: the topic's partitions being read again (None: not now), and when next
+            refreshing: asyncio.Future[list[int]] | None = None
+            refresh_at = loop.time() + self.metadata_refresh
             store = await self.open_state()
             owners = self.event_owners()
             #: the position emitted last whose offsets the group has not been given yet
             uncommitted: dict[int, int] | None = None
             while True:
                 raise_swallowed_cancel()
+                if self.partitions is None:
+                    if refreshing is None and loop.time() >= refresh_at:
+                        refreshing = loop.run_in_executor(None, self._partitions, consumer)
+                    elif refreshing is not None and refreshing.done():
+                        found = self._refreshed(refreshing)
+                        refreshing, refresh_at = None, loop.time() + self.metadata_refresh
+                        added = sorted(set(found) - set(partitions))
+                        if added:  # between polls: no consume runs while it is reassigned
+                            log.info("Kafka topic %s: partitions %s added; reading them from "
+                                     "their first offset", self.topic, added)
+                            partitions = sorted({*partitions, *added})
+                            consumer.assign([TopicPartition(self.topic, p, positions.get(
+                                p, OFFSET_BEGINNING)) for p in partitions])
                 polling = loop.run_in_executor(None, consumer.consume, self.max_messages,
                                                self.poll_timeout)
                 batch = await asyncio.shield(polling)
@@ -179,8 +202,11 @@ class KafkaTopicTrigger(QueueTrigger):
                     uncommitted = None
                 self._report_lag(consumer, store, positions)
         finally:
-            if polling is not None:  # librdkafka's consumer is not to be closed mid-poll
-                await asyncio.wait([polling])
+            # librdkafka's consumer is not to be closed mid-poll (nor mid-metadata read)
+            running: list[asyncio.Future[Any]] = [
+                f for f in (polling, refreshing) if f is not None]
+            if running:
+                await asyncio.wait(running)
             await asyncio.to_thread(consumer.close)
         yield TriggerEvent({})  # never reached: it makes run() the async generator Airflow runs
 
@@ -210,6 +236,15 @@ class KafkaTopicTrigger(QueueTrigger):
                 continue
             reach.succeeded()
             return result
+
+    def _refreshed(self, refreshing: asyncio.Future[list[int]]) -> list[int]:
+        """The partitions a metadata read found (none when it failed: the next one retries;
+        the consumer's own errors say when the broker is out of reach)."""
+        try:
+            return refreshing.result()
+        except Exception as exc:  # a broker or a topic out of reach: not the trigger's end
+            log.debug("Kafka topic %s: reading its partitions failed: %s", self.topic, exc)
+            return []
 
     def _commit_group(self, consumer: Any, positions: dict[int, int]) -> None:
         """Give the consumer group `positions` (advisory: what lag tools read; the watermark
