@@ -102,7 +102,8 @@ class QueueTrigger(StateEnabledTrigger, BaseEventTrigger):
                     bad += 1
                 routes.append(targets)
             try:
-                encode(payload, limit)
+                if _may_exceed(payload, limit):  # most messages are far below: not encoded
+                    encode(payload, limit)
             except ValueTooLarge as exc:
                 if self.on_bad_message == "fail":
                     raise ValueTooLarge(
@@ -131,3 +132,20 @@ class QueueTrigger(StateEnabledTrigger, BaseEventTrigger):
         log.warning("the route %s raised on %s (%r): its event goes to %s, with route_error",
                     self.route, m.key, exc, target)
         return (target,)
+
+
+def _may_exceed(payload: dict[str, Any], limit: int) -> bool:
+    """Whether `payload`'s JSON may be over `limit` bytes: its text fields' lengths, each
+    counted as JSON's worst escaping (6 bytes a character, ``\\u00XX``), and room for the
+    rest, against the limit."""
+    size = 1024
+    for value in payload.values():
+        if isinstance(value, str):
+            size += 6 * len(value)
+        elif value is None or isinstance(value, (int, float)):
+            size += 64
+        else:  # an object or a list: its repr is at least as long as its JSON, unescaped
+            size += 6 * len(str(value))
+        if size > limit:
+            return True
+    return False
