@@ -17,7 +17,14 @@ own topic, stream or queue, and its watcher waits on it empty; a phase starts by
 2. ``kafka``: `KafkaTopicTrigger`, a backlog of ``--emit-messages``;
 3. ``kafka paced``: `KafkaTopicTrigger`, ``--rate`` messages/s for ``--paced-seconds``;
 4. ``redis``: `RedisStreamTrigger`, a backlog of ``--emit-messages``;
-5. ``sqs``: `SqsQueueTrigger`, a backlog of ``--sqs-messages``.
+5. ``sqs``: `SqsQueueTrigger`, a backlog of ``--sqs-messages``;
+6. ``kafka_big``: `KafkaTopicTrigger`, a backlog of ``--big-messages`` of 100 KB each
+   (``max_value_bytes`` is 256 KiB in this deployment, so they are events with their value).
+
+After each Kafka phase of `KafkaTopicTrigger`, a bare confluent-kafka consumer (assign and
+seek, as the trigger does; no deserialization) reads the same topic's partitions from their
+first offset on the same broker: its messages/s is the ceiling the watcher is measured
+against (``bare_consumer_messages_per_s``, ``watcher_vs_bare``).
 
 Each message carries its number and the ``time.time()`` it was produced at. Measured from
 Airflow's ``asset_event`` table: messages/s (rows over first produce to last row), latency
@@ -92,6 +99,7 @@ assets = [
     watcher("kafka_paced", KafkaTopicTrigger(topic="kafka_paced", poll_timeout=0.2)),
     watcher("redis", RedisStreamTrigger(stream="redis", block_ms=200)),
     watcher("sqs", SqsQueueTrigger(queue_url={sqs_url!r}, wait_seconds=1)),
+    watcher("kafka_big", KafkaTopicTrigger(topic="kafka_big", poll_timeout=0.2)),
 ]
 with DAG(dag_id="bench_queues", schedule=assets, catchup=False):
     pass
@@ -107,7 +115,27 @@ ROWS = {
     "sqs": "((e.extra->'payload'->>'body')::jsonb->>'n')::int, "
            "((e.extra->'payload'->>'body')::jsonb->>'t')::float8",
 }
-ROWS["kafka_paced"] = ROWS["kafka"]
+ROWS["kafka_paced"] = ROWS["kafka_big"] = ROWS["kafka"]
+#: the bytes of a big message's padding
+BIG = 100_000
+
+
+def bare_consumer(address: str, topic: str, count: int) -> dict[str, Any]:
+    """A bare confluent-kafka consumer reading `count` messages of `topic` from the start of
+    each partition (assign and seek, no group join, batches of 500 as the trigger reads)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "bench-bare",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    started = time.monotonic()
+    seen = 0
+    while seen < count and time.monotonic() - started < 300:
+        seen += sum(1 for m in consumer.consume(500, 0.2) if m.error() is None)
+    seconds = time.monotonic() - started
+    consumer.close()
+    return {"messages": seen, "seconds": round(seconds, 3),
+            "messages_per_s": round(seen / seconds, 1)}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -217,8 +245,8 @@ async def phase(db: asyncpg.Connection, label: str, count: int,
     }
 
 
-def body(n: int) -> str:
-    return json.dumps({"n": n, "t": time.time()})
+def body(n: int, pad: int = 0) -> str:
+    return json.dumps({"n": n, "t": time.time(), **({"pad": "x" * pad} if pad else {})})
 
 
 async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
@@ -228,7 +256,7 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     try:
         admin = AdminClient({"bootstrap.servers": kafka.address})
         for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (
-                "airflow_kafka", "kafka", "kafka_paced")]).values():
+                "airflow_kafka", "kafka", "kafka_paced", "kafka_big")]).values():
             f.result(30)
         sqs = boto3.client("sqs", region_name=REGION, endpoint_url=f"http://{moto.address}",
                            aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -247,10 +275,11 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 "bootstrap.servers": kafka.address, "group.id": "airflow-bench",
                 "auto.offset.reset": "earliest", "session.timeout.ms": 6000}}),
             "AIRFLOW_CONN_REDIS_DEFAULT": f"redis://{rds.address}/0",
+            "AIRFLOW__LOCALSTATE__MAX_VALUE_BYTES": str(256 * 1024),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws),
             **fast_loops(dags),
         })
-        async with running_watchers(d, 5, token=MACHINE_TOKEN,
+        async with running_watchers(d, 6, token=MACHINE_TOKEN,
                                     flush_interval=FLUSH_INTERVAL) as running:
             db = running.db
             if server.has_pg_stat_statements:
@@ -258,10 +287,11 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             await asyncio.sleep(5)
             producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
 
-            def backlog(topic: str, n: int) -> Callable[[], None]:
+            def backlog(topic: str, n: int, pad: int = 0) -> Callable[[], None]:
                 def produce() -> None:
                     for i in range(1, n + 1):
-                        producer.produce(topic, value=body(i).encode(), partition=i % PARTITIONS)
+                        producer.produce(topic, value=body(i, pad).encode(),
+                                         partition=i % PARTITIONS)
                         if i % 1000 == 0:
                             producer.poll(0)
                     assert producer.flush(60) == 0
@@ -302,12 +332,20 @@ async def bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                     ("kafka", args.emit_messages, backlog("kafka", args.emit_messages)),
                     ("kafka_paced", int(args.rate * args.paced_seconds), paced),
                     ("redis", args.emit_messages, redis_backlog),
-                    ("sqs", args.sqs_messages, sqs_backlog)):
+                    ("sqs", args.sqs_messages, sqs_backlog),
+                    ("kafka_big", args.big_messages,
+                     backlog("kafka_big", args.big_messages, BIG))):
                 if label not in args.phases:
                     continue
                 print(f"phase {label}: {n} messages", flush=True)
                 results[label] = await phase(db, label, n, produce, args.timeout, roots,
                                              profiler)
+                if label in ("kafka", "kafka_big"):
+                    bare = await asyncio.to_thread(bare_consumer, kafka.address, label, n)
+                    results[label]["bare_consumer_messages_per_s"] = bare["messages_per_s"]
+                    results[label]["watcher_vs_bare"] = round(
+                        results[label]["messages_per_s"] / bare["messages_per_s"], 3)
+                    print(f"  bare consumer: {bare}", flush=True)
     finally:
         for broker in (kafka, rds, moto):
             broker.kill()
@@ -320,12 +358,13 @@ def main() -> None:
     parser.add_argument("--airflow-messages", type=int, default=200)
     parser.add_argument("--emit-messages", type=int, default=20000)
     parser.add_argument("--sqs-messages", type=int, default=2000)
+    parser.add_argument("--big-messages", type=int, default=2000)
     parser.add_argument("--paced-seconds", type=float, default=20)
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--phases", type=lambda v: v.split(","), default=[
-        "airflow_kafka", "kafka", "kafka_paced", "redis", "sqs"],
+        "airflow_kafka", "kafka", "kafka_paced", "redis", "sqs", "kafka_big"],
         help="comma-separated phases to run (default: all)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles into this folder")
     args = parser.parse_args()
@@ -353,6 +392,11 @@ def main() -> None:
         print(f"{name:<34}{r['events']:>8}{r['messages_per_s']:>10}{r['latency_p50_s']:>8}"
               f"{r['latency_p99_s']:>8}{r['db_commits_per_message']:>12}")
     print(f"Kafka: localstate / Airflow's own: {out['kafka_throughput_ratio']}x")
+    for name in ("kafka", "kafka_big"):
+        if name in results:
+            r = results[name]
+            print(f"{name}: watcher {r['messages_per_s']}/s, bare consumer "
+                  f"{r['bare_consumer_messages_per_s']}/s: {r['watcher_vs_bare']:.0%}")
     for name, r in results.items():
         cpu = ", ".join(f"{k} {v}" for k, v in r["cpu_s_per_1000_messages"].items())
         print(f"{name}: CPU s per 1,000 messages: {cpu}; load {r['load_average']}")

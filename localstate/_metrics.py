@@ -30,6 +30,12 @@ Names, under ``statsd_prefix`` (default ``localstate``)::
     <prefix>.events.rejected counter  events the central side refused as malformed (dropped)
     <prefix>.events.pending  gauge    events in the outbox, not yet in the central DB
     <prefix>.events.oldest_pending gauge seconds: age of the oldest of those
+    <prefix>.queue.bad_messages counter queue messages whose event went out flagged (too
+                                      large for max_value_bytes, or their route raised)
+    <prefix>.queue.lag       gauge    messages the store's queue watchers are behind their
+                                      sources' ends (Kafka: the partitions' high watermarks)
+    <prefix>.queue.owner_lag gauge    the same per watcher: StatsD ``.<owner>`` after the name
+                                      (made one segment), OpenTelemetry an ``owner`` attribute
     <prefix>.prune.rows      counter  rows `localstate db prune` deleted (sent by the command)
     <prefix>.prune.tombstones counter tombstones it deleted
 
@@ -75,7 +81,7 @@ class MeasuredStore(Protocol):
     def sync_worker(self) -> SyncWorker | None: ...
     def stats(self) -> StoreStats: ...
 
-__all__ = ["COUNTERS", "GAUGES", "PRUNE_COUNTERS", "MetricsReporter", "StatsdClient",
+__all__ = ["COUNTERS", "GAUGES", "OWNER_LAG", "PRUNE_COUNTERS", "MetricsReporter", "StatsdClient",
            "report_prune", "start_reporter", "statsd_segment"]
 
 log = logging.getLogger("localstate.metrics")
@@ -93,6 +99,7 @@ COUNTERS: Final[dict[str, str]] = {
     "events_duplicate": "events.duplicate",
     "events_refused": "events.refused",
     "events_rejected": "events.rejected",
+    "queue_bad_messages": "queue.bad_messages",
 }
 #: StoreStats field -> gauge name: reported as it stands
 GAUGES: Final[dict[str, str]] = {
@@ -104,7 +111,10 @@ GAUGES: Final[dict[str, str]] = {
     "cache_turning_off_s": "cache_turning_off",
     "events_pending": "events.pending",
     "oldest_pending_event_s": "events.oldest_pending",
+    "queue_lag": "queue.lag",
 }
+#: a queue watcher's own gauge, one per owner: ``<prefix>.queue.owner_lag.<owner>...``
+OWNER_LAG: Final = "queue.owner_lag"
 TIMER: Final = "flush.duration"
 _GAUGE_UNITS: Final = {"events.oldest_pending": "s", "flush_lag": "s", "flush_interval": "s",
                        "cache_file_bytes": "By", "cache_turning_off": "s"}
@@ -262,6 +272,16 @@ class _OtelInstruments:
                 unit=_GAUGE_UNITS.get(name, "1"),
             )
 
+        def observe_owner_lag(_options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(figures["lag"], {"triggerer_id": tid, "owner": owner})
+                for tid, stats in list(self.live.values())
+                for owner, figures in stats.sources_by_owner.items() if "lag" in figures
+            ]
+
+        meter.create_observable_gauge(f"{prefix}.{OWNER_LAG}", callbacks=[observe_owner_lag],
+                                      unit="1")
+
     def record(self, triggerer_id: str, sample: Sample) -> None:
         attributes = {"triggerer_id": triggerer_id}
         for name, value in sample.counters.items():
@@ -338,6 +358,9 @@ class MetricsReporter:
             self._previous["flushes"] = stats.flushes
             duration = _last_flush_duration(self.store)
         gauges = {name: float(getattr(stats, field)) for field, name in GAUGES.items()}
+        for owner, figures in stats.sources_by_owner.items():
+            if "lag" in figures:
+                gauges[f"{OWNER_LAG}.{statsd_segment(owner)}"] = float(figures["lag"])
         if self.otel is not None and id(self) in self.otel.live:
             self.otel.live[id(self)] = (self.store.triggerer_id, stats)
         return Sample(counters, gauges, duration)

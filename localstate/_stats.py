@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from localstate._cache.entry_table import EntryTable
     from localstate._cache.local_cache import LocalCache
+    from localstate._core.source_figures import SourceFigures
     from localstate._pending_switch import PendingTurnOff
     from localstate._sync.flush.worker import SyncWorker
     from localstate._sync.sinks.read_through import ReadThrough
@@ -86,6 +87,14 @@ class StoreStats:
     #: the same figures per owner: {owner: {"emitted", "pending", "committed", "duplicates",
     #: "refused", "rejected", "oldest_pending_at"}}
     events_by_owner: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: queue messages whose event went out flagged (too large, or their route raised) since
+    #: the store opened, over its triggers (see the queue guides)
+    queue_bad_messages: int = 0
+    #: messages the queue watchers are behind their sources' ends (Kafka: each partition's
+    #: high watermark), over the store's triggers
+    queue_lag: float = 0.0
+    #: what each queue watcher reports of its source: {owner: {"bad_messages": n, "lag": n}}
+    sources_by_owner: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +104,7 @@ def store_stats(
     *, table: EntryTable, worker: SyncWorker | None, cache: LocalCache | None,
     sink: Sink | None, reader: ReadThrough | None, hits: int, misses: int,
     cache_enabled: bool, config_error: str | None, turning_off: PendingTurnOff | None = None,
+    sources: SourceFigures | None = None,
 ) -> StoreStats:
     """The figures of a store now, read from its parts (none of them is changed)."""
     w, c = worker, cache
@@ -130,6 +140,9 @@ def store_stats(
         cache_turning_off=turning_off is not None,
         cache_turning_off_s=turning_off.pending_s if turning_off is not None else 0.0,
         **_event_figures(w, now),
+        queue_bad_messages=int(sources.total("bad_messages")) if sources is not None else 0,
+        queue_lag=sources.total("lag") if sources is not None else 0.0,
+        sources_by_owner=sources.by_owner() if sources is not None else {},
     )
 
 

@@ -82,6 +82,7 @@ from localstate._core.model import (
 from localstate._core.protocol import ASSET_STATE_SOURCE
 from localstate._core.reload import ConfigWatcher
 from localstate._core.setting_specs import LIVE_SETTINGS, SETTING_NAMES
+from localstate._core.source_figures import SourceFigures
 from localstate._default_store import DefaultStore
 from localstate._local_first import LocalFirstMode
 from localstate._metrics import MetricsReporter, start_reporter
@@ -191,6 +192,8 @@ class StateStore:
         self.triggerer_id = settings.resolved_triggerer_id
         self._durability: Durability = settings.durability
         self._max_value_bytes = settings.max_value_bytes
+        #: what the sources of this store's triggers report (queue watchers), for the metrics
+        self.sources = SourceFigures()
         self._policies = PolicyMap(settings.conflict_policy)
         self._on_conflict = on_conflict
         #: the claim epochs this store holds, and the owners it lost (see `claim`)
@@ -309,6 +312,14 @@ class StateStore:
         sink = self.sink
         sink = sink.inner if isinstance(sink, ThreadedSink) else sink
         return sink if isinstance(sink, CentralStore) else None
+
+    def events_pending(self, owners: Iterable[str]) -> int:
+        """How many events of `owners` the central DB does not hold yet (0 with the cache off:
+        there every emit is central when it returns)."""
+        worker = self._mode.worker
+        if worker is None:
+            return 0
+        return sum(worker.outbox.pending_of(owner) for owner in owners)
 
     @property
     def sync_worker(self) -> SyncWorker | None:
@@ -841,7 +852,7 @@ class StateStore:
             hits=self._hits, misses=self._misses,
             cache_enabled=isinstance(mode, LocalFirstMode),
             config_error=self._watcher.last_error if self._watcher is not None else None,
-            turning_off=self._turning_off,
+            turning_off=self._turning_off, sources=self.sources,
         )
 
 

@@ -345,7 +345,7 @@ def _schema_type(p: dict[str, Any]) -> str:
 
 
 def metrics_page() -> str:
-    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate._metrics import COUNTERS, GAUGES, OWNER_LAG, PRUNE_COUNTERS, TIMER
     from localstate._stats import StoreStats
 
     fields = {f: _field_doc(StoreStats, f) for f in (*COUNTERS, *GAUGES)}
@@ -366,6 +366,10 @@ def metrics_page() -> str:
                      f"`{field}` | {fields[field]} |")
     for field, name in GAUGES.items():
         lines.append(f"| `localstate.{name}` | gauge | `{field}` | {fields[field]} |")
+    lines.append(f"| `localstate.{OWNER_LAG}` | gauge, per queue watcher (StatsD: "
+                 f"`localstate.{OWNER_LAG}.<owner>.<triggerer_id>`; OpenTelemetry: the "
+                 "attribute `owner`) | `sources_by_owner[owner][\"lag\"]` | messages the "
+                 "watcher is behind its source's end (Kafka: the partitions' high watermarks) |")
     lines.append(f"| `localstate.{TIMER}` | timer (the latest flush) | `last_flush_s` | "
                  "how long the latest flush took |")
     for name in PRUNE_COUNTERS:

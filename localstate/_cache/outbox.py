@@ -104,6 +104,11 @@ class Outbox:
         first = next(iter(self._pending.values()), None)
         return None if first is None else first.created_at
 
+    def pending_of(self, owner: str) -> int:
+        """How many of `owner`'s events are in the outbox now (not in the central DB yet)."""
+        figures = self._owners.get(owner)
+        return 0 if figures is None else figures.pending
+
     def by_owner(self) -> dict[str, OwnerEvents]:
         """Each owner's figures (a copy), the age of its oldest pending event included."""
         oldest: dict[str, float] = {}

@@ -9,6 +9,12 @@
   offset is UTC. Numbers do not fit: an epoch has no unit to agree on (store epochs under
   ``max:int``, or plain ``max``).
 * ``text``: strings, compared by code point.
+* ``position``: a position in a log, or an object of positions compared field by field. A
+  position is an integer (or a string of decimal digits) or a Redis stream id ``"<ms>-<seq>"``,
+  compared as ``(ms, seq)``. An object (a Kafka watermark ``{"0": 120, "1": 97}``, a Redis one
+  ``{"id": "1718-3", "read": 1042}``) is greater or equal when none of its fields is behind the
+  other's and it has every field the other has: a partial order, so two objects each ahead on
+  some field are not comparable, and the central value is kept.
 
 With a field (``max:offset:int``) the value must be an object holding that field, and the field
 must fit the order. A declared order's key function raises `Unfit` for a value that does not fit.
@@ -20,18 +26,22 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Final
 
-__all__ = ["AUTO", "ORDERS", "Unfit", "auto_key", "declared_key", "shown"]
+__all__ = ["AUTO", "ORDERS", "Position", "Unfit", "auto_key", "declared_key", "position_of",
+           "shown"]
 
 AUTO: Final = "auto"
 #: every order name a spec may end with
-ORDERS: Final = (AUTO, "int", "timestamp", "text")
+ORDERS: Final = (AUTO, "int", "timestamp", "text", "position")
 
 _WHAT: Final = {
     "int": 'integers (a JSON integer or a string of decimal digits, like 42 or "42")',
     "timestamp": 'ISO-8601 timestamps (strings like "2024-05-01T12:00:00Z")',
     "text": "strings",
+    "position": ('positions (an integer, a stream id like "1718-3", or an object of them '
+                 'like {"0": 120, "1": 97})'),
 }
 _DECIMAL: Final = re.compile(r"-?[0-9]+")
+_STREAM_ID: Final = re.compile(r"([0-9]+)-([0-9]+)")
 
 
 class Unfit(Exception):
@@ -65,8 +75,79 @@ def declared_key(order: str, field: str | None, value: Any) -> Any:
     return key
 
 
+class Position:
+    """The ``position`` order's key: one position (a tuple of integers) or an object of them,
+    ordered field by field (a field the other lacks is ahead of it)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, tuple[int, ...]]) -> None:
+        #: each field's position; a plain position is the one field ""
+        self.fields = fields
+
+    def covers(self, other: Position) -> bool:
+        """Whether no field of `other` is ahead of this one's (nor missing here)."""
+        mine = self.fields
+        return all(name in mine and mine[name] >= at for name, at in other.fields.items())
+
+    def __ge__(self, other: object) -> bool:
+        return isinstance(other, Position) and self.covers(other)
+
+    def __le__(self, other: object) -> bool:
+        return isinstance(other, Position) and other.covers(self)
+
+    def __gt__(self, other: object) -> bool:
+        return isinstance(other, Position) and self.covers(other) and self.fields != other.fields
+
+    def __lt__(self, other: object) -> bool:
+        return isinstance(other, Position) and other.covers(self) and self.fields != other.fields
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Position) and self.fields == other.fields
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.fields.items())))
+
+    def __repr__(self) -> str:
+        return f"Position({self.fields!r})"
+
+
+def position_of(value: Any) -> tuple[int, ...] | None:
+    """One position's key: ``(n,)`` for an integer, ``(ms, seq)`` for a stream id; None when
+    `value` is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return (int(value),)
+    if isinstance(value, str):
+        if _DECIMAL.fullmatch(value):
+            try:
+                return (int(value),)
+            except ValueError:  # beyond the interpreter's limit of digits
+                return None
+        found = _STREAM_ID.fullmatch(value)
+        if found:
+            return (int(found[1]), int(found[2]))
+    return None
+
+
+def _position(value: Any) -> Position | None:
+    if isinstance(value, dict):
+        fields: dict[str, tuple[int, ...]] = {}
+        for name, field_value in value.items():
+            at = position_of(field_value)
+            if at is None:
+                return None
+            fields[str(name)] = at
+        return Position(fields)
+    at = position_of(value)
+    return None if at is None else Position({"": at})
+
+
 def _key(order: str, value: Any) -> Any:
     """The key of one value under `order`; None when it does not fit."""
+    if order == "position":
+        return _position(value)
     if order == "int":
         if type(value) is int:
             return value

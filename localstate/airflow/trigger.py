@@ -273,6 +273,13 @@ class StateEnabledTrigger:
                 self._localstate_owner = trigger_owner(classpath, kwargs)
         return self._localstate_owner
 
+    def event_owners(self) -> list[str]:
+        """The owners this trigger's events and watermarks go to: its own and its watched
+        assets'."""
+        accessors = self._localstate_accessors
+        assets = [] if accessors is None else list(accessors.owners())
+        return [self.state_owner, *(a for a in assets if a != self.state_owner)]
+
     # -- opening -------------------------------------------------------------------------
 
     async def open_state(self) -> StateStore:
@@ -433,10 +440,11 @@ class StateEnabledTrigger:
         messages costs one commit, not one per message. Returns the watermark's new version.
 
         `routes`: fan-out, one entry per event, the names of the watched assets that get it
-        (an empty one: none, the message is only passed). Without it every watched asset gets
-        every event. Each asset's events are committed with the watermark, de-duplicated by
-        key, so a re-emit after a crash repeats nothing. An asset name this trigger does not
-        watch is refused (`InvalidInput`) before anything is written.
+        (an empty one: none, the message is only passed; the trigger's `state_owner`: its
+        own record, an asset event only when that owner is a watched asset's). Without it
+        every watched asset gets every event. Each asset's events are committed with the
+        watermark, de-duplicated by key, so a re-emit after a crash repeats nothing. An asset
+        name this trigger does not watch is refused (`InvalidInput`) before anything is written.
 
         ``durability="central"``: returns once the central DB holds the events (see
         `StateStore.emit`), for a source that must be told (an SQS delete).
@@ -482,9 +490,10 @@ class StateEnabledTrigger:
         names = {} if accessors is None else {
             name: owner for owner, name in accessors.asset_names().items()}
         out: dict[str, list[tuple[str, Any]]] = {}
+        own = self.state_owner  # a route may name the trigger's own owner too
         for event, targets in zip(events, routes, strict=True):
             for name in targets:
-                owner = names.get(name)
+                owner = names.get(name, own if name == own else None)
                 if owner is None:
                     raise InvalidInput(
                         f"an event is routed to the asset {name!r}, which this trigger does "

@@ -6,16 +6,19 @@ and an offset out of range as `SourcePositionLost`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from conftest import StoreFactory
 from queue_watchers import committed_keys, running, wait_for_keys, wait_for_watermark
 
+from localstate._metrics import MetricsReporter, statsd_segment
 from localstate._testing.queue_broker import QueueBroker, tansu
 from localstate.airflow.queues import KafkaTopicTrigger
 from localstate.airflow.queues._kafka import check_message_error
@@ -169,3 +172,115 @@ def test_bad_arguments_are_refused_when_the_dag_is_parsed(backend: str) -> None:
     assert classpath == "localstate.airflow.queues.KafkaTopicTrigger"
     assert kwargs["partitions"] == [0, 2]
     assert KafkaTopicTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+async def test_a_broker_down_when_the_trigger_starts_is_waited_for(
+        open_store: StoreFactory, central_url: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens at the bootstrap address when the trigger starts: it waits, logging
+    what it cannot reach, and reads the topic once the broker is up (and the topic made)."""
+    down = tansu(tmp_path)  # not started
+    store = await open_store(flush_interval=0.2)
+    trigger = KafkaTopicTrigger(topic="late", bootstrap_servers=down.address, poll_timeout=0.2)
+    owner = trigger.state_owner
+    caplog.set_level(logging.INFO, "localstate.airflow.queues.kafka")
+    async with running(trigger, store) as task:
+        for _ in range(600):
+            assert not task.done(), task.exception() if task.done() else None
+            if any(down.address in r.getMessage() and "cannot be reached" in r.getMessage()
+                   for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no log line says the broker cannot be reached")
+        await asyncio.sleep(1.0)  # a few more tries, still waiting
+        assert not task.done()
+        with down:
+            admin = AdminClient({"bootstrap.servers": down.address})
+            for f in admin.create_topics([NewTopic("late", PARTITIONS, 1)]).values():
+                f.result(30)
+            produce(down, "late", range(1, 31))
+            keys = await wait_for_keys(central_url, owner, 30, store, task)
+    assert by_partition(keys) == expected_keys("late", range(1, 31))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"Kafka {down.address} (topic late)" in warnings[0]
+    assert any("recovered after" in r.getMessage() for r in caplog.records)
+
+
+def group_offsets(broker: QueueBroker, topic: str) -> dict[int, int]:
+    """The offsets the trigger's consumer group has committed (-1001: none)."""
+    reader = Consumer({"bootstrap.servers": broker.address, "group.id": f"localstate-{topic}"})
+    try:
+        got = reader.committed([TopicPartition(topic, p) for p in range(PARTITIONS)],
+                               timeout=30)
+    finally:
+        reader.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+async def test_the_group_offsets_follow_the_central_position_and_the_lag_is_reported(
+        broker: QueueBroker, open_store: StoreFactory, central_url: str) -> None:
+    """Lag tools read the group's committed offsets: they are committed once the central DB
+    holds the position (not before), equal to it; the trigger's lag is in its figures."""
+    topic = new_topic(broker)
+    produce(broker, topic, range(1, 91))
+    store = await open_store(flush_interval=3600)  # flushed by the test only
+    trigger = KafkaTopicTrigger(topic=topic, bootstrap_servers=broker.address,
+                                poll_timeout=0.2)
+    owner = trigger.state_owner
+    async with running(trigger, store):
+        await wait_for_watermark(store, owner, {str(p): 30 for p in range(PARTITIONS)})
+        await asyncio.sleep(1.0)  # polls go on: no commit while the position is local only
+        assert set(group_offsets(broker, topic).values()) == {OFFSET_INVALID}
+        await store.flush()
+        for _ in range(300):
+            if group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 30):
+                break
+            await asyncio.sleep(0.1)
+        assert group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 30)
+        assert store.stats().sources_by_owner[owner]["lag"] == 0
+        produce(broker, topic, range(91, 121))
+        await wait_for_watermark(store, owner, {str(p): 40 for p in range(PARTITIONS)})
+        await store.flush()
+        for _ in range(300):
+            if group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 40):
+                break
+            await asyncio.sleep(0.1)
+        assert group_offsets(broker, topic) == dict.fromkeys(range(PARTITIONS), 40)
+    reporter = MetricsReporter(store, interval=60)
+    gauges = reporter.sample().gauges
+    assert gauges["queue.lag"] == 0
+    assert gauges[f"queue.owner_lag.{statsd_segment(owner)}"] == 0
+
+
+class GrowingTopic(KafkaTopicTrigger):
+    """Tansu refuses CreatePartitions, so partitions cannot be added to a topic here: this
+    trigger's metadata shows the first `visible` partitions of its real topic (3), and the test
+    shows more while it runs, as the broker's metadata would after an ``--alter
+    --partitions``. Everything else (the assignment, the fetches, the emits) is the real
+    trigger's against the real broker."""
+
+    visible = 1
+
+    def _partitions(self, consumer: Any) -> list[int]:
+        return super()._partitions(consumer)[:self.visible]
+
+
+async def test_partitions_added_while_running_are_read_from_their_first_offset(
+        broker: QueueBroker, open_store: StoreFactory, central_url: str) -> None:
+    topic = new_topic(broker)
+    produce(broker, topic, range(1, 61))
+    store = await open_store(flush_interval=0.2)
+    trigger = GrowingTopic(topic=topic, bootstrap_servers=broker.address, poll_timeout=0.2,
+                           metadata_refresh=0.5)
+    owner = trigger.state_owner
+    async with running(trigger, store) as task:
+        await wait_for_watermark(store, owner, {"0": 20})
+        await asyncio.sleep(1.5)  # three refreshes: still one partition
+        assert await store.get(owner, "watermark") == {"0": 20}
+        trigger.visible = PARTITIONS  # two partitions "added", each with 20 messages
+        keys = await wait_for_keys(central_url, owner, 60, store, task)
+        produce(broker, topic, range(61, 91))
+        keys = await wait_for_keys(central_url, owner, 90, store, task)
+    assert len(keys) == len(set(keys)) == 90
+    assert by_partition(keys) == expected_keys(topic, range(1, 91))

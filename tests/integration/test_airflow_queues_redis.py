@@ -6,8 +6,10 @@ stream trimmed past the watermark as `SourcePositionLost`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,3 +149,38 @@ def test_a_stream_gone_after_entries_were_read_is_a_typed_error(backend: str) ->
     check_not_trimmed("s", {"entries-added": 10, "length": 4}, "9-0", 6)
     with pytest.raises(InvalidInput, match="start"):
         RedisStreamTrigger(stream="s", start="now")
+
+
+@pytest.mark.parametrize("start", ["earliest", "latest"])
+async def test_a_redis_down_when_the_trigger_starts_is_waited_for(
+        open_store: StoreFactory, central_url: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture, start: str) -> None:
+    """Nothing listens at the URL when the trigger starts (``latest`` must read the stream's
+    end first): it waits, logging what it cannot reach, and reads the stream once Redis is
+    up."""
+    down = redis_server(tmp_path)  # not started
+    store = await open_store(flush_interval=0.2)
+    trigger = RedisStreamTrigger(stream="late", url=f"redis://{down.address}/0", block_ms=100,
+                                 start=start)
+    caplog.set_level(logging.INFO, "localstate.airflow.queues.redis")
+    async with running(trigger, store) as task:
+        for _ in range(600):
+            assert not task.done(), task.exception() if task.done() else None
+            if any(down.address in r.getMessage() and "cannot be reached" in r.getMessage()
+                   for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no log line says Redis cannot be reached")
+        with down:
+            # back: the trigger has read its start (for latest, the stream's end) from Redis
+            for _ in range(600):
+                assert not task.done(), task.exception() if task.done() else None
+                if any("recovered after" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("no log line says Redis is back")
+            ids = add(down, "late", range(1, 21))
+            keys = await wait_for_keys(central_url, trigger.state_owner, 20, store, task)
+    assert keys == [f"late/{i}" for i in ids]

@@ -7,8 +7,10 @@ next batches received while earlier ones are committed and deleted (at most
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,3 +221,34 @@ async def test_batches_are_received_while_earlier_ones_settle(
         keys = await drained(sqs, url, central_url, owner, 10 * batches, store, task)
     assert sorted(keys) == sorted(f"sqs/{i}" for i in ids)
     assert await left_in(sqs, url) == 0
+
+
+async def test_an_endpoint_down_when_the_trigger_starts_is_waited_for(
+        open_store: StoreFactory, central_url: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens at the endpoint when the trigger starts: it waits, logging what it
+    cannot reach, and takes the queue's messages once the endpoint is up."""
+    down = moto_server(tmp_path)  # not started
+    url = f"http://{down.address}/123456789012/late"
+    store = await open_store(flush_interval=0.2)
+    trigger = watcher(down, url)
+    caplog.set_level(logging.INFO, "localstate.airflow.queues.sqs")
+    async with running(trigger, store) as task:
+        for _ in range(600):
+            assert not task.done(), task.exception() if task.done() else None
+            if any(down.address in r.getMessage() and "cannot be reached" in r.getMessage()
+                   for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no log line says the endpoint cannot be reached")
+        with down:
+            async with get_session().create_client(
+                    "sqs", endpoint_url=f"http://{down.address}", **AWS) as sqs:
+                assert (await sqs.create_queue(QueueName="late"))["QueueUrl"] == url
+                await sqs.send_message_batch(QueueUrl=url, Entries=[
+                    {"Id": str(n), "MessageBody": str(n)} for n in range(10)])
+                keys = await drained(sqs, url, central_url, trigger.state_owner, 10, store,
+                                     task)
+    assert len(keys) == len(set(keys)) == 10
+    assert any("recovered after" in r.getMessage() for r in caplog.records)

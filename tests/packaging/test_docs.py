@@ -164,10 +164,10 @@ def test_the_rest_reference_has_every_route() -> None:
 
 
 def test_the_metrics_reference_has_every_metric() -> None:
-    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate._metrics import COUNTERS, GAUGES, OWNER_LAG, PRUNE_COUNTERS, TIMER
 
     page = _hooks().metrics_page()
-    for name in (*COUNTERS.values(), *GAUGES.values(), TIMER, *PRUNE_COUNTERS):
+    for name in (*COUNTERS.values(), *GAUGES.values(), TIMER, *PRUNE_COUNTERS, OWNER_LAG):
         assert f"`localstate.{name}`" in page
 
 
@@ -818,14 +818,14 @@ def test_every_localstate_name_the_docs_give_exists() -> None:
     `localstate/x.py`) is one the code has, or is a logger or metric name the code uses: no
     module that was renamed or removed. An old name the changelog gives as old ("`old` is
     `new`", "code that imported `old`") is left out; its new name is checked."""
-    from localstate._metrics import COUNTERS, GAUGES, PRUNE_COUNTERS, TIMER
+    from localstate._metrics import COUNTERS, GAUGES, OWNER_LAG, PRUNE_COUNTERS, TIMER
 
     loggers: set[str] = set()
     for base in (ROOT / "localstate", ROOT / "sync"):
         for source in base.rglob("*.py"):
             loggers |= set(re.findall(r'getLogger\(\s*"([^"]+)"', source.read_text()))
     metrics = {f"localstate.{name}" for name in (*COUNTERS.values(), *GAUGES.values(), TIMER,
-                                                 *PRUNE_COUNTERS)}
+                                                 *PRUNE_COUNTERS, OWNER_LAG)}
     assert "localstate.sync.worker" in loggers
     missing, checked = [], 0
     for page in [ROOT / "CHANGELOG.md", README, *USER_PAGES]:

@@ -16,3 +16,10 @@ def by_parity(message: QueueMessage) -> str:
 def kafka_item(message: Any) -> dict[str, int]:
     """Airflow's Kafka trigger: the event's payload is the message's number."""
     return {"n": int(message.value())}
+
+
+def by_leading_number(message: QueueMessage) -> str:
+    """``<n>`` or ``<n>:<padding>`` goes to ``even`` or ``odd`` by n; anything else raises
+    (a malformed message)."""
+    n = int(str(message.payload["value"]).split(":", 1)[0])
+    return "even" if n % 2 == 0 else "odd"

@@ -35,6 +35,10 @@ FIELD_STRINGS = [{"offset": s, "file": f"f{s}"} for s in STRINGS]
 FIELD_NUMBERS = [{"offset": n} for n in NUMBERS]
 FIELD_TIMES = [{"at": t} for t in TIMES]
 OBJECTS = [{"a": 1}, {"b": [2]}, {"a": 0}]  # no field in common: plain max cannot compare them
+# the queue watchers' watermarks: Kafka's partitions (one added), Redis's id and count, SQS's
+KAFKA_POSITIONS = [{"0": 9, "1": 3}, {"0": 10, "1": 3}, {"0": 10, "1": 4, "2": 0}, {"0": 2}]
+REDIS_POSITIONS = [{"id": "1718-9", "read": 9}, {"id": "1718-10", "read": 10},
+                   {"id": "1719-0", "read": 11}, {"id": "0-0", "read": 0}]
 
 EVERY_POLICY = ("reject", "last_writer_wins", "max")
 KINDS: dict[str, tuple[list[Any], tuple[str, ...]]] = {  # name: (values, policies)
@@ -46,6 +50,9 @@ KINDS: dict[str, tuple[list[Any], tuple[str, ...]]] = {  # name: (values, polici
     "field-numbers": (FIELD_NUMBERS, ("max:offset", "max:offset:int")),
     "field-times": (FIELD_TIMES, ("max:at", "max:at:timestamp", "max:at:text")),
     "objects": (OBJECTS, (*EVERY_POLICY, "max:offset")),
+    "kafka-positions": (KAFKA_POSITIONS, ("max:position",)),
+    "redis-positions": (REDIS_POSITIONS, ("max:position",)),
+    "positions": (STRINGS, ("max:position",)),
 }
 SEQUENCES = [pytest.param(p, values, id=f"{p}-{name}")
              for name, (values, policies) in KINDS.items() for p in policies]
@@ -120,6 +127,13 @@ ORDERED: list[tuple[str, Any, Any]] = [
     ("max:offset:int", {"offset": "9", "f": "z"}, {"offset": "10", "f": "a"}),
     ("max:offset:text", {"offset": "10"}, {"offset": "9"}),
     ("max:at:timestamp", {"at": "2024-01-02T00:30:00+02:00"}, {"at": "2024-01-01T23:00:00Z"}),
+    ("max:position", "9", 10),
+    ("max:position", "1718-9", "1718-10"),
+    ("max:position", "1718-10", "1719-0"),
+    ("max:position", {"0": 9, "1": 20}, {"0": 10, "1": 20}),
+    ("max:position", {"0": 9, "1": 20}, {"0": 9, "1": 20, "2": 0}),  # a partition added
+    ("max:position", {"id": "1718-9", "read": 9}, {"id": "1718-10", "read": 10}),
+    ("max:position", {"received": 9}, {"received": 10}),
 ]
 ORDERED_IDS = [f"{p}-{value_id(lo)}-{value_id(hi)}" for p, lo, hi in ORDERED]
 
@@ -176,6 +190,22 @@ async def test_a_zombie_never_lowers_another_writers_value(
     assert await b.get(OWNER, "wm") == high
 
 
+async def test_positions_ahead_on_different_fields_keep_the_central_value(
+    open_store: StoreFactory, central_url: str,
+) -> None:
+    """Under max:position two watermarks each ahead on some partition are not comparable:
+    neither is greater, so the central value stays (as for any value max cannot order)."""
+    a = await open_store(triggerer_id="a", conflict_policy="max:position")
+    b = await open_store(triggerer_id="b", conflict_policy="max:position")
+    await a.set(OWNER, "wm", {"0": 10, "1": 5})
+    await b.set(OWNER, "wm", {"0": 5, "1": 10})
+    await a.flush()
+    report = await b.flush()
+    assert report.conflicts == 1
+    async with central_reader(central_url) as reader:
+        assert await central_value(reader) == {"0": 10, "1": 5}
+
+
 # -- values that do not fit the declared order -------------------------------------------
 
 ILL_TYPED: list[tuple[str, Any, Any]] = [  # (policy, a good value, a value that does not fit)
@@ -198,6 +228,12 @@ ILL_TYPED: list[tuple[str, Any, Any]] = [  # (policy, a good value, a value that
     ("max:offset:int", {"offset": 1}, "10"),
     ("max:at:timestamp", {"at": "2024-01-01"}, {"at": 5}),
     ("max:at:text", {"at": "x"}, {"at": None}),
+    ("max:position", {"0": 1}, {"0": "x"}),
+    ("max:position", {"0": 1}, {"0": 1.5}),
+    ("max:position", {"0": 1}, {"0": [1]}),
+    ("max:position", "1-0", "1-0-0"),
+    ("max:position", 1, True),
+    ("max:position", 1, None),
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from localstate.errors import InvalidInput
 
-__all__ = ["QueueMessage", "Route", "load_route", "route_targets", "text_or_base64"]
+__all__ = ["QueueMessage", "Route", "field_name", "field_value", "load_route", "route_targets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,9 @@ class QueueMessage:
     key: str
     #: the event's payload (JSON)
     payload: dict[str, Any] = field(default_factory=dict)
+    #: the payload's fields that hold the message's content (left out of an event that would
+    #: be too large; the others say where the message is)
+    content: tuple[str, ...] = ()
 
 
 #: a route: the names of the watched assets a message's event goes to
@@ -62,12 +65,24 @@ def route_targets(route: Route, message: QueueMessage) -> Collection[str]:
     return tuple(got)
 
 
-def text_or_base64(data: bytes | str | None) -> tuple[str | None, str]:
-    """A message body for JSON: the text when it is UTF-8 (encoding ``utf-8``), else its
-    base64 (encoding ``base64``)."""
+def field_value(data: bytes | str | None) -> str | dict[str, str] | None:
+    """One field of a message for JSON, by the rule every queue watcher's payload follows:
+    the text when its bytes are UTF-8, else ``{"base64": "<its base64>"}`` (so each field
+    says its own encoding)."""
     if data is None or isinstance(data, str):
-        return data, "utf-8"
+        return data
     try:
-        return data.decode(), "utf-8"
+        return data.decode()
     except UnicodeDecodeError:
-        return base64.b64encode(data).decode("ascii"), "base64"
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def field_name(data: bytes | str) -> str:
+    """A field's name for a JSON object's key: the text when UTF-8, else ``base64:`` and its
+    base64."""
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode("ascii")

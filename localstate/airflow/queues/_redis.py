@@ -10,6 +10,10 @@ A stream trimmed past the watermark (``XTRIM``, ``MAXLEN`` on ``XADD``, ``XDEL``
 yet read, a Redis restarted without its data) is `SourcePositionLost`: the stream has removed
 more entries (``entries-added`` minus its length) than the watcher had read, so some were never
 read. Redis 7 or later (``entries-added``).
+
+A Redis that cannot be reached, when the trigger starts or later, is waited for with backoff:
+one WARNING says what is out of reach, a summary every minute how long for, and an INFO when
+it is back (`FailureLog`, as for the central DB).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
+from localstate._core.failure_log import FailureLog
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
-from localstate.airflow.queues._message import QueueMessage, text_or_base64
+from localstate.airflow.queues._message import QueueMessage, field_name, field_value
 from localstate.airflow.queues._queue_trigger import QueueTrigger
 from localstate.errors import InvalidInput, SourcePositionLost
 
@@ -62,14 +67,18 @@ class RedisStreamTrigger(QueueTrigger):
     `redis_conn_id`: the Airflow connection (the provider's ``redis_default``: host, port,
     password, ``db`` in the extra); or `url` (``redis://host:port/db``). `start`:
     ``earliest`` (every entry the stream holds) or ``latest`` (entries added after the
-    trigger first ran). The event's payload holds ``stream``, ``id`` and ``fields`` (text, or
-    base64 when not UTF-8, see ``encoding``).
+    trigger first ran). The event's payload holds ``stream``, ``id`` and ``fields`` (each value
+    the text when UTF-8, else ``{"base64": ...}``; a name that is not UTF-8 is ``base64:`` and
+    its base64).
     """
 
     def __init__(self, *, stream: str, redis_conn_id: str = "redis_default",
                  url: str | None = None, start: str = "earliest", route: str | None = None,
+                 on_bad_message: str = "flag",
+                 dead_letter: str | None = None,
                  max_messages: int = 500, block_ms: int = 1000) -> None:
-        super().__init__(route=route, max_messages=max_messages)
+        super().__init__(route=route, max_messages=max_messages,
+                         on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not stream:
             raise InvalidInput("stream must be a non-empty key name")
         if start not in ("earliest", "latest"):
@@ -103,16 +112,22 @@ class RedisStreamTrigger(QueueTrigger):
         import redis
 
         client = await self.client()
+        where = self.url if self.url is not None else f"connection {self.redis_conn_id}"
+        reach = FailureLog(log, f"Redis {where} (stream {self.stream})")
         try:
             stored = await self.get_watermark(default=None)
-            if stored is None:
-                stored = await self._start_position(client)
-            last_id, read = str(stored["id"]), int(stored["read"])
+            position = None if stored is None else (str(stored["id"]), int(stored["read"]))
             backoff = Backoff(base=0.2, cap=10.0)
             while True:
                 raise_swallowed_cancel()  # redis-py's command writes can drop a cancel
                 try:
+                    if position is None:  # ``latest`` reads the stream's end: Redis is needed
+                        start = await self._start_position(client)
+                        position = (str(start["id"]), int(start["read"]))
+                    last_id, read = position
                     info, entries = await self._snapshot(client, last_id)
+                    reach.succeeded()
+                    backoff.reset()
                     check_not_trimmed(self.stream, info, last_id, read)
                     if not entries:
                         await client.xread({self.stream: last_id}, count=1,
@@ -120,18 +135,14 @@ class RedisStreamTrigger(QueueTrigger):
                         continue
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     # Redis restarting, or out of reach: the position is ours, try again
-                    if not backoff.failures:
-                        log.warning("Redis stream %s out of reach (%s); retrying", self.stream,
-                                    exc)
-                    await asyncio.sleep(backoff.next_delay())
+                    delay = backoff.next_delay()
+                    reach.failed(f"cannot be reached: {exc}", retry_in=delay)
+                    await asyncio.sleep(delay)
                     continue
-                if backoff.failures:
-                    log.info("Redis stream %s back after %d tries", self.stream,
-                             backoff.failures)
-                    backoff.reset()
                 messages = [self._message(entry_id, fields) for entry_id, fields in entries]
                 last_id = messages[-1].payload["id"]
                 read += len(messages)
+                position = (last_id, read)
                 await self.emit_batch(messages, watermark={"id": last_id, "read": read})
         finally:
             await client.aclose()
@@ -173,14 +184,8 @@ class RedisStreamTrigger(QueueTrigger):
 
     def _message(self, entry_id: Any, fields: dict[Any, Any]) -> QueueMessage:
         text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        decoded: dict[str, str | None] = {}
-        binary = False
-        for name, value in fields.items():
-            key, key_encoding = text_or_base64(name)
-            text, encoding = text_or_base64(value)
-            binary = binary or encoding != "utf-8" or key_encoding != "utf-8"
-            decoded[key or ""] = text
-        payload: dict[str, Any] = {"stream": self.stream, "id": text_id, "fields": decoded}
-        if binary:
-            payload["encoding"] = "base64"
-        return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload)
+        payload: dict[str, Any] = {
+            "stream": self.stream, "id": text_id,
+            "fields": {field_name(name): field_value(value) for name, value in fields.items()}}
+        return QueueMessage("redis", self.stream, f"{self.stream}/{text_id}", payload,
+                            content=("fields",))

@@ -34,6 +34,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from localstate._core.backoff import Backoff
+from localstate._core.failure_log import FailureLog
 from localstate._core.swallowed_cancel import raise_swallowed_cancel
 from localstate._sync.central.retention import REDELIVERED_KEY_PREFIX
 from localstate.airflow.queues._message import QueueMessage
@@ -59,14 +60,17 @@ class SqsQueueTrigger(QueueTrigger):
     `endpoint_url` override it. `wait_seconds`: the long poll of ``ReceiveMessage``;
     `visibility_timeout`: how long a received message stays hidden (longer than a central
     commit takes). The event's payload holds ``queue_url``, ``message_id``, ``body``,
-    ``attributes`` and ``message_attributes`` (binary values in base64).
+    ``attributes`` and ``message_attributes`` (a ``BinaryValue`` as ``{"base64": ...}``).
     """
 
     def __init__(self, *, queue_url: str, aws_conn_id: str | None = "aws_default",
                  region_name: str | None = None, endpoint_url: str | None = None,
-                 route: str | None = None, max_messages: int = 100, wait_seconds: int = 1,
+                 route: str | None = None,
+                 on_bad_message: str = "flag",
+                 dead_letter: str | None = None, max_messages: int = 100, wait_seconds: int = 1,
                  visibility_timeout: int = 30) -> None:
-        super().__init__(route=route, max_messages=max_messages)
+        super().__init__(route=route, max_messages=max_messages,
+                         on_bad_message=on_bad_message, dead_letter=dead_letter)
         if not queue_url:
             raise InvalidInput("queue_url must be the queue's URL")
         if not 0 <= wait_seconds <= 20:
@@ -117,6 +121,8 @@ class SqsQueueTrigger(QueueTrigger):
         received = int((await self.get_watermark(default=None) or {}).get("received", 0))
         async with get_session().create_client("sqs", **kwargs) as client:
             backoff = Backoff(base=0.2, cap=10.0)
+            reach = FailureLog(log, f"SQS {kwargs.get('endpoint_url', 'endpoint')} "
+                                    f"(queue {self.queue_url})")
             settling: set[asyncio.Task[bool]] = set()
             first = True
             try:
@@ -127,14 +133,12 @@ class SqsQueueTrigger(QueueTrigger):
                         batch = await self.receive(client)
                     except (BotoCoreError, ClientError) as exc:
                         # the endpoint out of reach, throttling, ...: nothing was taken
-                        if not backoff.failures:
-                            log.warning("SQS queue %s: %s; retrying", self.queue_url, exc)
-                        await asyncio.sleep(backoff.next_delay())
+                        delay = backoff.next_delay()
+                        reach.failed(f"cannot be reached: {exc}", retry_in=delay)
+                        await asyncio.sleep(delay)
                         continue
-                    if backoff.failures:
-                        log.info("SQS queue %s back after %d tries", self.queue_url,
-                                 backoff.failures)
-                        backoff.reset()
+                    reach.succeeded()
+                    backoff.reset()
                     if not batch:
                         continue
                     received += len(batch)
@@ -253,8 +257,8 @@ class SqsQueueTrigger(QueueTrigger):
             "queue_url": self.queue_url, "message_id": message_id, "body": m.get("Body"),
             "attributes": m.get("Attributes", {}),
             "message_attributes": {
-                name: {k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
-                       for k, v in attribute.items()}
+                name: {k: {"base64": base64.b64encode(v).decode("ascii")}
+                       if isinstance(v, bytes) else v for k, v in attribute.items()}
                 for name, attribute in m.get("MessageAttributes", {}).items()}}
         return QueueMessage("sqs", self.queue_url, f"{REDELIVERED_KEY_PREFIX}{message_id}",
-                            payload)
+                            payload, content=("body", "message_attributes"))
