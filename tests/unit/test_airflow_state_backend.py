@@ -1,0 +1,273 @@
+"""`LocalStateBackend`, Airflow's ``[state_store] backend``, on each central backend.
+
+Airflow's own tables (created from its models) and localstate's live in one test database, as
+in a deployment where the central DB is Airflow's metadata DB; the calls are the ones Airflow's
+Execution API makes (`set_asset_state_store` with the writer's kind, `get`, `delete`, `clear`,
+with the request's session):
+
+* a watcher's write (the triggerer's backend) stays in the store's cache until its flush,
+  which writes localstate's table and Airflow's ``asset_state_store`` (the mirror) together;
+* a triggerer the asset moved away from (a zombie) has its late write refused: the new
+  owner's value stays in both tables, and the zombie's next write raises `OwnerLost`;
+* a task's write (the API server's backend) lands in both tables in the request's
+  transaction, and a triggerer holding the key in its cache meets it as a conflict at its
+  flush, settled by the owner's policy (``reject``: the task's value stays, the triggerer
+  takes it), never lost silently;
+* switching on: a value Airflow's table holds (written by Airflow's default backend) is read,
+  and a newer one there wins over an older localstate record;
+* task scopes are Airflow's: the request's session, ``expires_at``, ``all_map_indices``;
+* the async methods take an ``AsyncSession`` and run in its transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow._shared.state import AssetScope, AssetStateStoreWriterKind, TaskScope
+from airflow.models import import_all_models
+from airflow.models.asset import AssetActive, AssetModel
+from airflow.models.base import Base
+from airflow.models.dagrun import DagRun
+from alembic_revisions import sync_engine
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from localstate._sync.central.engine import make_engine
+from localstate.airflow.state_backend import TASK_WRITER, LocalStateBackend
+from localstate.blocking import BlockingStateStore
+from localstate.errors import OwnerLost
+
+WATCHER = AssetStateStoreWriterKind.WATCHER
+TASK = AssetStateStoreWriterKind.TASK
+OWNER = "asset_watcher:orders"
+
+
+@pytest.fixture
+def airflow_db(central_url: str) -> Iterator[Engine]:
+    """The central DB with Airflow's tables, one active asset ``orders`` and one DAG run."""
+    import_all_models()
+    engine = sync_engine(central_url)
+    Base.metadata.create_all(engine)
+    with Session(engine) as s, s.begin():
+        asset = AssetModel(name="orders", uri="s3://bucket/orders")
+        s.add(asset)
+        s.flush()
+        s.add(AssetActive.for_asset(asset))
+        s.add(DagRun(dag_id="etl", run_id="r1", run_type="manual"))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def stores(central_url: str, tmp_path: Path, airflow_db: Engine) -> Iterator[Any]:
+    opened: list[BlockingStateStore] = []
+
+    def open_store(name: str) -> BlockingStateStore:
+        store = BlockingStateStore(central_url=central_url, cache_path=tmp_path / f"{name}.db",
+                                   triggerer_id=name, flush_interval=60.0, sink="sql")
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+def _asset_id(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT id FROM asset WHERE name = 'orders'")).scalar_one())
+
+
+def _airflow_row(engine: Engine, key: str) -> tuple[Any, str | None] | None:
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT value, last_updated_by_kind FROM asset_state_store WHERE key = :k"),
+            {"k": key}).one_or_none()
+    return None if row is None else (json.loads(row[0]), row[1])
+
+
+def _central(engine: Engine, key: str) -> tuple[Any, int, str | None] | None:
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT value, version, updated_by FROM localstate_state WHERE owner = :o "
+            "AND " + ('`key`' if engine.dialect.name == "mysql" else '"key"') + " = :k"),
+            {"o": OWNER, "k": key}).one_or_none()
+    return None if row is None else (
+        None if row[0] is None else json.loads(row[0]), int(row[1]), row[2])
+
+
+def _watcher_set(backend: LocalStateBackend, engine: Engine, key: str, value: Any) -> None:
+    """What the triggerer's in-process Execution API does for a watcher's ``aset``."""
+    with Session(engine) as s, s.begin():
+        backend.set_asset_state_store(AssetScope(asset_id=_asset_id(engine)), key,
+                                      json.dumps(value), kind=WATCHER, session=s)
+
+
+def _get(backend: LocalStateBackend, engine: Engine, key: str) -> Any:
+    with Session(engine) as s, s.begin():
+        value = backend.get(AssetScope(asset_id=_asset_id(engine)), key, session=s)
+    return None if value is None else json.loads(value)
+
+
+def test_a_watchers_write_is_cached_then_flushed_into_both_tables(
+        airflow_db: Engine, stores: Any) -> None:
+    store = stores("t1")
+    backend = LocalStateBackend(store)
+    _watcher_set(backend, airflow_db, "watermark", 5)
+    assert _get(backend, airflow_db, "watermark") == 5
+    assert _airflow_row(airflow_db, "watermark") is None  # not flushed yet
+    store.flush()
+    assert _airflow_row(airflow_db, "watermark") == (5, "watcher")
+    assert _central(airflow_db, "watermark") == (5, 1, "t1" + "")
+    assert store.store.claim_epoch(OWNER) == 1  # the first touch claimed the asset's owner
+
+
+def test_a_zombies_late_write_is_refused(airflow_db: Engine, stores: Any) -> None:
+    zombie_store, new_store = stores("zombie"), stores("new")
+    zombie, new = LocalStateBackend(zombie_store), LocalStateBackend(new_store)
+    _watcher_set(zombie, airflow_db, "watermark", 742)
+    zombie_store.flush()
+    # the asset moved: the new triggerer's first call claims the owner (epoch 2)
+    assert _get(new, airflow_db, "watermark") == 742
+    _watcher_set(new, airflow_db, "watermark", 760)
+    new_store.flush()
+    # the zombie wakes and writes what it had in flight: refused at its flush
+    _watcher_set(zombie, airflow_db, "watermark", 727)
+    zombie_store.flush()
+    assert zombie_store.store.claims_refused == 1
+    with pytest.raises(OwnerLost):
+        _watcher_set(zombie, airflow_db, "watermark", 728)
+    assert _airflow_row(airflow_db, "watermark") == (760, "watcher")
+    assert _central(airflow_db, "watermark") == (760, 2, "new")
+
+
+def test_a_tasks_write_meets_a_cached_watcher_write_as_a_conflict(
+        airflow_db: Engine, stores: Any) -> None:
+    store = stores("t1")
+    triggerer, api = LocalStateBackend(store), LocalStateBackend(role="api")
+    _watcher_set(triggerer, airflow_db, "cursor", 10)
+    store.flush()
+    _watcher_set(triggerer, airflow_db, "cursor", 11)  # in the triggerer's cache only
+    with Session(airflow_db) as s, s.begin():  # the task's request, one transaction
+        api.set_asset_state_store(AssetScope(asset_id=_asset_id(airflow_db)), "cursor",
+                                  json.dumps(50), kind=TASK, dag_id="etl", run_id="r1",
+                                  task_id="reset", map_index=-1, session=s)
+    assert _airflow_row(airflow_db, "cursor") == (50, "task")
+    assert _central(airflow_db, "cursor") == (50, 2, f"{TASK_WRITER}:etl/r1/reset/-1")
+    assert _get(api, airflow_db, "cursor") == 50
+    report = store.flush()
+    assert report.conflicts == 1  # reported, not lost silently
+    # reject (the default policy): the task's value stays, and the triggerer took it
+    assert _central(airflow_db, "cursor") == (50, 2, f"{TASK_WRITER}:etl/r1/reset/-1")
+    assert _airflow_row(airflow_db, "cursor") == (50, "watcher")  # the mirror's stamp
+    assert _get(triggerer, airflow_db, "cursor") == 50
+
+
+def test_a_tasks_delete_and_clear_reach_both_tables(airflow_db: Engine, stores: Any) -> None:
+    store = stores("t1")
+    triggerer, api = LocalStateBackend(store), LocalStateBackend(role="api")
+    _watcher_set(triggerer, airflow_db, "a", 1)
+    _watcher_set(triggerer, airflow_db, "b", 2)
+    store.flush()
+    scope = AssetScope(asset_id=_asset_id(airflow_db))
+    with Session(airflow_db) as s, s.begin():
+        api.delete(scope, "a", session=s)
+    assert _airflow_row(airflow_db, "a") is None
+    assert _central(airflow_db, "a") == (None, 2, TASK_WRITER)
+    with Session(airflow_db) as s, s.begin():
+        api.clear(scope, session=s)
+    assert _airflow_row(airflow_db, "b") is None
+    assert _central(airflow_db, "b") == (None, 2, TASK_WRITER)
+    # the triggerer's cache still serves b = 2 (clean); its next write of b meets the
+    # clear as a conflict, and under reject the clear stays
+    assert _get(triggerer, airflow_db, "b") == 2
+    _watcher_set(triggerer, airflow_db, "b", 3)
+    assert store.flush().conflicts == 1
+    assert _get(triggerer, airflow_db, "b") is None
+    assert _airflow_row(airflow_db, "b") is None
+
+
+def test_the_triggerers_clear_deletes_every_key_there_and_here(
+        airflow_db: Engine, stores: Any) -> None:
+    store = stores("t1")
+    backend = LocalStateBackend(store)
+    _watcher_set(backend, airflow_db, "a", 1)
+    store.flush()
+    _watcher_set(backend, airflow_db, "b", 2)  # cached only
+    with Session(airflow_db) as s, s.begin():
+        backend.clear(AssetScope(asset_id=_asset_id(airflow_db)), session=s)
+    assert _get(backend, airflow_db, "a") is None
+    assert _get(backend, airflow_db, "b") is None
+    store.flush()
+    assert _airflow_row(airflow_db, "a") is None and _airflow_row(airflow_db, "b") is None
+    assert _central(airflow_db, "a") == (None, 2, "t1")
+
+
+def test_switching_on_reads_airflows_rows_and_a_newer_one_wins(
+        airflow_db: Engine, stores: Any) -> None:
+    # written by Airflow's own backend before localstate's was set
+    from airflow.state.metastore import MetastoreBackend
+
+    scope = AssetScope(asset_id=_asset_id(airflow_db))
+    with Session(airflow_db) as s, s.begin():
+        MetastoreBackend().set_asset_state_store(scope, "old", json.dumps(3), kind=WATCHER,
+                                                 session=s)
+    first = stores("t1")
+    backend = LocalStateBackend(first)
+    assert _get(backend, airflow_db, "old") == 3
+    _watcher_set(backend, airflow_db, "later", 7)
+    first.flush()
+    first.close()
+    # switched off: Airflow's backend writes a newer value; switched on again, it wins
+    with Session(airflow_db) as s, s.begin():
+        MetastoreBackend().set_asset_state_store(scope, "later", json.dumps(8), kind=WATCHER,
+                                                 session=s)
+    again = LocalStateBackend(stores("t2"))
+    assert _get(again, airflow_db, "later") == 8
+    assert _get(again, airflow_db, "old") == 3
+
+
+def test_task_scopes_are_airflows_in_the_requests_session(airflow_db: Engine) -> None:
+    backend = LocalStateBackend(role="api")
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    with Session(airflow_db) as s, s.begin():
+        for index in (0, 1):
+            scope = TaskScope("etl", "r1", "load", index)
+            backend.set(scope, "offset", json.dumps(index * 10), expires_at=later, session=s)
+        assert backend.get(TaskScope("etl", "r1", "load", 1), "offset", session=s) == "10"
+    with Session(airflow_db) as s, s.begin():
+        backend.clear(TaskScope("etl", "r1", "load", 0), session=s)
+        assert backend.get(TaskScope("etl", "r1", "load", 1), "offset", session=s) == "10"
+        backend.clear(TaskScope("etl", "r1", "load", 0), all_map_indices=True, session=s)
+        assert backend.get(TaskScope("etl", "r1", "load", 1), "offset", session=s) is None
+    with airflow_db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM task_state_store")).scalar_one() == 0
+
+
+async def test_the_async_methods_run_in_the_given_session(
+        central_url: str, airflow_db: Engine, stores: Any) -> None:
+    store = stores("t1")
+    backend = LocalStateBackend(store)
+    engine = make_engine(central_url)
+    scope = AssetScope(asset_id=_asset_id(airflow_db))
+    try:
+        async with AsyncSession(engine) as s, s.begin():
+            await backend.aset(scope, "watermark", json.dumps(4), session=s)
+            assert await backend.aget(scope, "watermark", session=s) == "4"
+            await backend.aset(TaskScope("etl", "r1", "load"), "k", json.dumps("v"),
+                               session=s)
+            assert await backend.aget(TaskScope("etl", "r1", "load"), "k", session=s) == '"v"'
+            await backend.adelete(scope, "watermark", session=s)
+            assert await backend.aget(scope, "watermark", session=s) is None
+            await backend.aclear(TaskScope("etl", "r1", "load"), session=s)
+            assert await backend.aget(TaskScope("etl", "r1", "load"), "k", session=s) is None
+    finally:
+        await engine.dispose()
