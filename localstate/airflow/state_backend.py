@@ -55,6 +55,7 @@ from collections.abc import Coroutine
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
+# the writer kind is defined only in Airflow's shared package (airflow.state re-exports the rest)
 from airflow._shared.state import AssetScope, AssetStateStoreWriterKind, StoreScope, TaskScope
 from airflow.models.asset import AssetModel
 from airflow.models.asset_state_store import AssetStateStoreModel
@@ -233,7 +234,7 @@ class LocalStateBackend(MetastoreBackend):
             kind=(AssetStateStoreWriterKind.WATCHER if self.role == "triggerer"
                   else AssetStateStoreWriterKind.API), **_session_kw(session))
 
-    def set_asset_state_store(  # type: ignore[override]  # Airflow's takes session=NEW_SESSION
+    def set_asset_state_store(
         self, scope: AssetScope, key: str, value: str, *, kind: AssetStateStoreWriterKind,
         dag_id: str | None = None, run_id: str | None = None, task_id: str | None = None,
         map_index: int | None = None, session: Session | None = None,

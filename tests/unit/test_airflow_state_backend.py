@@ -34,11 +34,11 @@ from airflow.models.asset import AssetActive, AssetModel
 from airflow.models.base import Base
 from airflow.models.dagrun import DagRun
 from alembic_revisions import sync_engine
-from sqlalchemy import Engine, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Engine, Table, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from localstate._sync.central.engine import make_engine
+from localstate._sync.central.engine import async_url
 from localstate.airflow.state_backend import TASK_WRITER, LocalStateBackend
 from localstate.blocking import BlockingStateStore
 from localstate.errors import OwnerLost
@@ -48,12 +48,28 @@ TASK = AssetStateStoreWriterKind.TASK
 OWNER = "asset_watcher:orders"
 
 
+#: Airflow's tables the backend reads and writes (and, below, those their keys refer to)
+AIRFLOW_TABLES = ("asset", "asset_active", "asset_state_store", "task_state_store", "dag_run")
+
+
+def _tables(names: tuple[str, ...]) -> list[Table]:
+    """`names`' tables and those their foreign keys refer to, from Airflow's models."""
+    tables = Base.metadata.tables
+    wanted, todo = set(names), list(names)
+    while todo:
+        for fk in tables[todo.pop()].foreign_keys:
+            if fk.column.table.name not in wanted:
+                wanted.add(fk.column.table.name)
+                todo.append(fk.column.table.name)
+    return [tables[name] for name in sorted(wanted)]
+
+
 @pytest.fixture
 def airflow_db(central_url: str) -> Iterator[Engine]:
     """The central DB with Airflow's tables, one active asset ``orders`` and one DAG run."""
-    import_all_models()
+    import_all_models()  # type: ignore[no-untyped-call]  # Airflow: untyped
     engine = sync_engine(central_url)
-    Base.metadata.create_all(engine)
+    Base.metadata.create_all(engine, tables=_tables(AIRFLOW_TABLES))
     with Session(engine) as s, s.begin():
         asset = AssetModel(name="orders", uri="s3://bucket/orders")
         s.add(asset)
@@ -89,7 +105,7 @@ def _asset_id(engine: Engine) -> int:
 def _airflow_row(engine: Engine, key: str) -> tuple[Any, str | None] | None:
     with engine.connect() as conn:
         row = conn.execute(text(
-            "SELECT value, last_updated_by_kind FROM asset_state_store WHERE key = :k"),
+            "SELECT s.value, s.last_updated_by_kind FROM asset_state_store s WHERE s.key = :k"),
             {"k": key}).one_or_none()
     return None if row is None else (json.loads(row[0]), row[1])
 
@@ -207,7 +223,8 @@ def test_the_triggerers_clear_deletes_every_key_there_and_here(
     assert _get(backend, airflow_db, "a") is None
     assert _get(backend, airflow_db, "b") is None
     store.flush()
-    assert _airflow_row(airflow_db, "a") is None and _airflow_row(airflow_db, "b") is None
+    assert _airflow_row(airflow_db, "a") is None
+    assert _airflow_row(airflow_db, "b") is None
     assert _central(airflow_db, "a") == (None, 2, "t1")
 
 
@@ -256,18 +273,21 @@ async def test_the_async_methods_run_in_the_given_session(
         central_url: str, airflow_db: Engine, stores: Any) -> None:
     store = stores("t1")
     backend = LocalStateBackend(store)
-    engine = make_engine(central_url)
+    # a plain async engine, as Airflow's (localstate's own begins SQLite's transactions
+    # IMMEDIATE: its write lock would hold the store's claim back)
+    engine = create_async_engine(async_url(central_url))
     scope = AssetScope(asset_id=_asset_id(airflow_db))
     try:
         async with AsyncSession(engine) as s, s.begin():
             await backend.aset(scope, "watermark", json.dumps(4), session=s)
             assert await backend.aget(scope, "watermark", session=s) == "4"
-            await backend.aset(TaskScope("etl", "r1", "load"), "k", json.dumps("v"),
-                               session=s)
-            assert await backend.aget(TaskScope("etl", "r1", "load"), "k", session=s) == '"v"'
             await backend.adelete(scope, "watermark", session=s)
             assert await backend.aget(scope, "watermark", session=s) is None
-            await backend.aclear(TaskScope("etl", "r1", "load"), session=s)
-            assert await backend.aget(TaskScope("etl", "r1", "load"), "k", session=s) is None
+        async with AsyncSession(engine) as s, s.begin():
+            task = TaskScope("etl", "r1", "load")
+            await backend.aset(task, "k", json.dumps("v"), session=s)
+            assert await backend.aget(task, "k", session=s) == '"v"'
+            await backend.aclear(task, session=s)
+            assert await backend.aget(task, "k", session=s) is None
     finally:
         await engine.dispose()
