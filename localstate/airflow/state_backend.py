@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 # the writer kind is defined only in Airflow's shared package (airflow.state re-exports the rest)
 from airflow._shared.state import AssetScope, AssetStateStoreWriterKind, StoreScope, TaskScope
+from airflow.configuration import conf
 from airflow.models.asset import AssetModel
 from airflow.models.asset_state_store import AssetStateStoreModel
 from airflow.state.metastore import MetastoreBackend
@@ -66,6 +67,7 @@ from sqlalchemy import select, text
 from localstate._core.config import Settings
 from localstate._sync.central.dialects import batch_sql_for
 from localstate._sync.central.schema import STATE_TABLE
+from localstate.airflow._serving import central_url_of
 from localstate.airflow.trigger import asset_owner
 from localstate.blocking import BlockingStateStore
 from localstate.errors import CentralUnavailable, ConfigError
@@ -105,7 +107,8 @@ class LocalStateBackend(MetastoreBackend):
     """Airflow's state-store backend on localstate (see the module docstring).
 
     `store`: the store a triggerer's asset writes go to (default: opened on first use from the
-    ``[localstate]`` settings, with ``-state-backend`` after the triggerer id). `role`:
+    ``[localstate]`` settings, with ``-state-backend`` after the triggerer id, on Airflow's
+    metadata DB unless ``central_url`` names another). `role`:
     ``"triggerer"`` or ``"api"`` (default: from the process's command).
     """
 
@@ -132,8 +135,12 @@ class LocalStateBackend(MetastoreBackend):
         with self._lock:
             if self._store is None or self._store.closed:
                 settings = Settings.resolve()
+                # the central DB is Airflow's metadata DB unless [localstate] names another
+                # (the asset mirror, and a task's writes, need it to be)
+                central = settings.central_url or central_url_of(
+                    conf.get("database", "sql_alchemy_conn"))
                 self._store = BlockingStateStore(
-                    settings=settings,
+                    settings=settings, central_url=central,
                     triggerer_id=settings.resolved_triggerer_id + BACKEND_SUFFIX)
                 atexit.register(self._store.close)  # a graceful stop flushes
             return self._store
