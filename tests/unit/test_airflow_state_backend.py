@@ -13,8 +13,9 @@ with the request's session):
   transaction, and a triggerer holding the key in its cache meets it as a conflict at its
   flush, settled by the owner's policy (``reject``: the task's value stays, the triggerer
   takes it), never lost silently;
-* switching on: a value Airflow's table holds (written by Airflow's default backend) is read,
-  and a newer one there wins over an older localstate record;
+* switching on: a value Airflow's table holds (written by Airflow's default backend) is read;
+  switching off (a graceful stop flushes): Airflow's table holds the latest values; on again:
+  a newer value there wins over an older localstate record;
 * task scopes are Airflow's: the request's session, ``expires_at``, ``all_map_indices``;
 * the async methods take an ``AsyncSession`` and run in its transaction.
 """
@@ -228,28 +229,32 @@ def test_the_triggerers_clear_deletes_every_key_there_and_here(
     assert _central(airflow_db, "a") == (None, 2, "t1")
 
 
-def test_switching_on_reads_airflows_rows_and_a_newer_one_wins(
-        airflow_db: Engine, stores: Any) -> None:
-    # written by Airflow's own backend before localstate's was set
+def test_switching_on_and_off_loses_nothing(airflow_db: Engine, stores: Any) -> None:
     from airflow.state.metastore import MetastoreBackend
 
+    airflow = MetastoreBackend()  # Airflow's own backend: the setting switched off
     scope = AssetScope(asset_id=_asset_id(airflow_db))
     with Session(airflow_db) as s, s.begin():
-        MetastoreBackend().set_asset_state_store(scope, "old", json.dumps(3), kind=WATCHER,
-                                                 session=s)
+        airflow.set_asset_state_store(scope, "old", json.dumps(3), kind=WATCHER, session=s)
+    # switched on: the existing row is found
     first = stores("t1")
     backend = LocalStateBackend(first)
     assert _get(backend, airflow_db, "old") == 3
     _watcher_set(backend, airflow_db, "later", 7)
-    first.flush()
-    first.close()
-    # switched off: Airflow's backend writes a newer value; switched on again, it wins
+    first.close()  # the triggerer stops (gracefully): its store flushes on the way out
+    # switched off: Airflow's table holds the latest values, and Airflow's backend writes on
     with Session(airflow_db) as s, s.begin():
-        MetastoreBackend().set_asset_state_store(scope, "later", json.dumps(8), kind=WATCHER,
-                                                 session=s)
-    again = LocalStateBackend(stores("t2"))
+        assert airflow.get(scope, "later", session=s) == "7"
+        airflow.set_asset_state_store(scope, "later", json.dumps(8), kind=WATCHER, session=s)
+    # switched on again: Airflow's newer value wins over localstate's older record
+    again_store = stores("t2")
+    again = LocalStateBackend(again_store)
     assert _get(again, airflow_db, "later") == 8
     assert _get(again, airflow_db, "old") == 3
+    _watcher_set(again, airflow_db, "later", 9)
+    again_store.flush()
+    assert _central(airflow_db, "later") is not None
+    assert _airflow_row(airflow_db, "later") == (9, "watcher")
 
 
 def test_task_scopes_are_airflows_in_the_requests_session(airflow_db: Engine) -> None:
