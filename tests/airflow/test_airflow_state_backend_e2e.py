@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import asyncpg
 import httpx
