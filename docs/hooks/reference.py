@@ -986,7 +986,7 @@ def _state_backend_section(docs_dir: Path) -> list[str]:
         r = results[key]
         lines.append(
             f"| {label} | {r['aset_per_s']:,.1f} | {r['aset_per_s'] / base['aset_per_s']:.2f}× "
-            f"| {r['statements_per_aset']:.2f} | {r['commits_per_aset']:.3f} | "
+            f"| {r['statements_per_aset']:.3f} | {r['commits_per_aset']:.3f} | "
             f"{r['wal_bytes_per_aset']:,.1f} | "
             f"{r['wal_bytes_per_aset'] / base['wal_bytes_per_aset']:.2f}× | "
             f"{r['rows_per_aset']:.3f} | {r['rows_per_aset'] / base['rows_per_aset']:.2f}× | "
