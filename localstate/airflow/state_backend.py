@@ -25,7 +25,9 @@ plain Airflow code and the mixin. Where an asset call lands depends on the proce
   was moved away from (a zombie, frozen past the health threshold and then resumed) has its
   later writes refused by the central DB and raises `OwnerLost`, and, since every central
   transaction is bounded by ``central_transaction_timeout``, a frozen zombie cannot stall the
-  takeover. The store is closed (flushed) when the process exits normally.
+  takeover. A triggerer that lost an asset claims it again only when Airflow assigns the
+  asset's watcher back to it (to a triggerer of its host, the only live one there). The store
+  is closed (flushed) when the process exits normally.
 * **Elsewhere** (the API server serving tasks): a task's asset write goes into the request's
   transaction twice: Airflow's ``asset_state_store`` row (with the task as its writer), and
   a new version of localstate's central record of the key (written by no cache file). A
@@ -47,22 +49,27 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import json
+import logging
 import sys
 import threading
 import time
-from collections.abc import Coroutine
-from datetime import datetime, timezone
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 # the writer kind is defined only in Airflow's shared package (airflow.state re-exports the rest)
 from airflow._shared.state import AssetScope, AssetStateStoreWriterKind, StoreScope, TaskScope
 from airflow.configuration import conf
-from airflow.models.asset import AssetModel
+from airflow.jobs.job import Job
+from airflow.models.asset import AssetModel, AssetWatcherModel
 from airflow.models.asset_state_store import AssetStateStoreModel
+from airflow.models.trigger import Trigger
 from airflow.state.metastore import MetastoreBackend
+from airflow.utils.net import get_hostname
 from airflow.utils.session import create_session
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 
 from localstate._core.config import Settings
 from localstate._sync.central.dialects import batch_sql_for
@@ -70,13 +77,15 @@ from localstate._sync.central.schema import STATE_TABLE
 from localstate.airflow._serving import central_url_of
 from localstate.airflow.trigger import asset_owner
 from localstate.blocking import BlockingStateStore
-from localstate.errors import CentralUnavailable, ConfigError
+from localstate.errors import CentralUnavailable, ConfigError, OwnerLost
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
 
 __all__ = ["BACKEND_SUFFIX", "LocalStateBackend", "Role"]
+
+log = logging.getLogger("localstate.airflow.state_backend")
 
 _T = TypeVar("_T")
 Role = Literal["triggerer", "api"]
@@ -178,6 +187,42 @@ class LocalStateBackend(MetastoreBackend):
         self._claimed.add(owner)
         self._first_try.pop(owner, None)
 
+    def _write(self, owner: str, scope: AssetScope, session: Session,
+               write: Callable[[], _T]) -> _T:
+        """`write` (of `owner`'s keys); if this triggerer lost the owner earlier and Airflow
+        has since assigned the asset's watcher back to it, claim it again and write."""
+        try:
+            return write()
+        except OwnerLost:
+            if not self._assigned_here(scope, session):
+                raise  # a zombie: the asset's watcher runs elsewhere now
+            log.info("%s was assigned back to this triggerer: claiming it again", owner)
+            self._claimed.discard(owner)
+            self._first_try.pop(owner, None)
+            self._serve(owner)
+            return write()
+
+    def _assigned_here(self, scope: AssetScope, session: Session) -> bool:
+        """Whether Airflow runs `scope`'s watchers on this triggerer: each is assigned to a
+        triggerer of this host, and this host has one live triggerer (two on one host cannot
+        be told apart: then never, and the owner stays lost until this triggerer restarts)."""
+        if scope.asset_id is None:
+            return False
+        hosts = set(session.scalars(
+            select(Job.hostname).join(Trigger, Trigger.triggerer_id == Job.id)
+            .join(AssetWatcherModel, AssetWatcherModel.trigger_id == Trigger.id)
+            .where(AssetWatcherModel.asset_id == scope.asset_id)))
+        me = get_hostname()
+        if hosts != {me}:
+            return False
+        threshold = conf.getfloat("triggerer", "triggerer_health_check_threshold")
+        since = datetime.now(timezone.utc) - timedelta(seconds=threshold)
+        live = session.scalar(
+            select(func.count()).select_from(Job).where(
+                Job.job_type == "TriggererJob", Job.state == "running",
+                Job.hostname == me, Job.latest_heartbeat > since))
+        return live == 1
+
     # -- scopes -------------------------------------------------------------------------
 
     def _asset_name(self, scope: AssetScope, session: Session) -> str:
@@ -255,9 +300,9 @@ class LocalStateBackend(MetastoreBackend):
         if kind is AssetStateStoreWriterKind.WATCHER and self.role == "triggerer":
             owner = asset_owner(self._asset_name(scope, session))
             self._serve(owner)
-            if (owner, key) not in self._compared:
-                self._compared.add((owner, key))  # this write is the latest
-            self.store.set(owner, key, json.loads(value))
+            self._compared.add((owner, key))  # this write is the latest
+            data = json.loads(value)
+            self._write(owner, scope, session, lambda: self.store.set(owner, key, data))
             return
         # a task's (or the API's) write: both tables, in the request's transaction
         super().set_asset_state_store(scope, key, value, kind=kind, dag_id=dag_id,
@@ -297,7 +342,7 @@ class LocalStateBackend(MetastoreBackend):
         if self.role == "triggerer":
             self._serve(owner)
             self._compared.add((owner, key))
-            self.store.delete(owner, key)
+            self._write(owner, scope, session, lambda: self.store.delete(owner, key))
         else:
             self._write_central(session, owner, key, None, TASK_WRITER)
 
@@ -320,7 +365,8 @@ class LocalStateBackend(MetastoreBackend):
             keys |= {record.key for record in self.store.items(owner)}
             for key in sorted(keys):
                 self._compared.add((owner, key))
-                self.store.delete(owner, key)
+                self._write(owner, scope, session,
+                            functools.partial(self.store.delete, owner, key))
         else:
             session.execute(text(_TOMBSTONE), {"owner": owner, "at": batch_sql_for(
                 session.get_bind().dialect.name).timestamp(time.time()), "by": TASK_WRITER})

@@ -34,8 +34,9 @@ from airflow.models import import_all_models
 from airflow.models.asset import AssetActive, AssetModel
 from airflow.models.base import Base
 from airflow.models.dagrun import DagRun
+from airflow.utils.net import get_hostname
 from alembic_revisions import sync_engine
-from sqlalchemy import Engine, Table, text
+from sqlalchemy import Connection, Engine, Table, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -50,7 +51,8 @@ OWNER = "asset_watcher:orders"
 
 
 #: Airflow's tables the backend reads and writes (and, below, those their keys refer to)
-AIRFLOW_TABLES = ("asset", "asset_active", "asset_state_store", "task_state_store", "dag_run")
+AIRFLOW_TABLES = ("asset", "asset_active", "asset_state_store", "task_state_store", "dag_run",
+                  "asset_watcher", "trigger", "job")
 
 
 def _tables(names: tuple[str, ...]) -> list[Table]:
@@ -164,6 +166,62 @@ def test_a_zombies_late_write_is_refused(airflow_db: Engine, stores: Any) -> Non
         _watcher_set(zombie, airflow_db, "watermark", 728)
     assert _airflow_row(airflow_db, "watermark") == (760, "watcher")
     assert _central(airflow_db, "watermark") == (760, 2, "new")
+
+
+def _insert(conn: Connection, table: Table, **values: Any) -> int:
+    key = conn.execute(table.insert().values(**values)).inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _assign(engine: Engine, *hosts: str) -> None:
+    """Airflow's assignment: the watcher of ``orders`` runs on a live triggerer of the first
+    of `hosts`; each of the others has a live triggerer too."""
+    tables = Base.metadata.tables
+    now = datetime.now(timezone.utc)
+    with engine.begin() as conn:
+        for table in ("asset_watcher", "trigger", "job"):
+            conn.execute(tables[table].delete())
+        jobs = [_insert(conn, tables["job"], job_type="TriggererJob", state="running",
+                        hostname=host, start_date=now, latest_heartbeat=now) for host in hosts]
+        trigger = _insert(conn, tables["trigger"], classpath="x.CountingWatcher",
+                          kwargs="{}", created_date=now, triggerer_id=jobs[0])
+        conn.execute(tables["asset_watcher"].insert().values(
+            name="w", asset_id=_asset_id(engine), trigger_id=trigger))
+
+
+def test_a_triggerer_claims_an_asset_again_only_when_airflow_assigns_it_back(
+        airflow_db: Engine, stores: Any) -> None:
+    me: str = get_hostname()  # type: ignore[no-untyped-call]  # Airflow's: untyped
+    here_store, there_store = stores("here"), stores("there")
+    here, there = LocalStateBackend(here_store), LocalStateBackend(there_store)
+    _watcher_set(here, airflow_db, "watermark", 1)
+    here_store.flush()
+    _watcher_set(there, airflow_db, "watermark", 2)  # the asset moved: claimed there
+    there_store.flush()
+    _watcher_set(here, airflow_db, "watermark", 3)  # a zombie's late write: refused
+    here_store.flush()
+    # Airflow runs the watcher on another host: here stays a zombie
+    _assign(airflow_db, "another-host")
+    with pytest.raises(OwnerLost):
+        _watcher_set(here, airflow_db, "watermark", 4)
+    # on this host, but two live triggerers here: which one cannot be told, so still refused
+    _assign(airflow_db, me, me)
+    with pytest.raises(OwnerLost):
+        _watcher_set(here, airflow_db, "watermark", 4)
+    assert _central(airflow_db, "watermark") == (2, 2, "there")
+    # assigned back to this host's one triggerer: claimed again (epoch 3), and written
+    _assign(airflow_db, me)
+    _watcher_set(here, airflow_db, "watermark", 5)
+    here_store.flush()
+    assert here_store.store.claim_epoch(OWNER) == 3
+    assert _central(airflow_db, "watermark") == (5, 3, "here")
+    assert _airflow_row(airflow_db, "watermark") == (5, "watcher")
+    # and the triggerer it moved away from is the zombie now
+    _watcher_set(there, airflow_db, "watermark", 6)
+    there_store.flush()
+    assert there_store.store.claims_refused == 1
+    assert _central(airflow_db, "watermark") == (5, 3, "here")
 
 
 def test_a_tasks_write_meets_a_cached_watcher_write_as_a_conflict(
