@@ -43,7 +43,13 @@ from localstate._sync.flush.budget import FlushBudget
 from localstate._sync.flush.claims import ClaimBook
 from localstate._sync.flush.settle import ConflictInfo, FlushReport, Settler
 from localstate._sync.flush.waiters import FlushWaiters
-from localstate._sync.sinks.sink import EventSink, FleetReporting, Sink, carries_events
+from localstate._sync.sinks.sink import (
+    EventSink,
+    FleetReporting,
+    Sink,
+    carries_events,
+    keeps_versions,
+)
 from localstate.errors import CentralUnavailable, InvalidInput, LocalStateError, reason
 
 __all__ = ["CLOSE_TRIES", "SyncWorker", "wait_awake"]
@@ -153,8 +159,9 @@ class SyncWorker:
         self._last_rows = 0
         self.rows_per_s = 0.0
         #: the file was not closed cleanly: its clean rows are checked against the central
-        #: DB before the first flush (`refresh_clean`)
-        self.refresh_pending = not cache.closed_cleanly
+        #: DB before the first flush (`refresh_clean`), where the sink keeps versions to
+        #: compare (Airflow's state store does not)
+        self.refresh_pending = not cache.closed_cleanly and keeps_versions(sink)
         #: settles the outcomes off the common path; owns the conflicted keys
         self._settler = Settler(table=table, waiters=self._waiters, claims=self.claims,
                                 policies=policies, lags=self.lags, on_conflict=on_conflict)

@@ -16,7 +16,7 @@ from localstate._core.rows import CentralRow, DirtyRow, EventRow, EventStatus, F
 from localstate._sync.central.fleet import FleetStatus
 
 __all__ = ["ClaimingSink", "EventSink", "FleetReporting", "ReleaseRecording", "Sink",
-           "carries_events"]
+           "carries_events", "keeps_versions"]
 
 
 class Sink(Protocol):
@@ -125,3 +125,11 @@ def carries_events(sink: Sink) -> bool:
     """Whether `sink` (or the sink a thread runs for it) commits events (`EventSink`)."""
     inner = getattr(sink, "inner", sink)
     return isinstance(inner, EventSink)
+
+
+def keeps_versions(sink: Sink) -> bool:
+    """Whether `sink` (or the sink a thread runs for it) keeps each row's version, as the
+    central store and localstate's app do (they hold claims too); Airflow's state store keeps
+    none: its rows read at one fixed version, never newer than a cached entry."""
+    inner = getattr(sink, "inner", sink)
+    return isinstance(inner, ClaimingSink)
