@@ -18,6 +18,9 @@ Item n is produced, once, into each source:
   order) and queue ``numbers-plain`` (Airflow's ``sqs`` trigger into ``plain_sqs``: both delete
   what they read, so each has its own queue).
 
+Every process runs under the triggerers' ``conflict_policy`` as the deployment guide gives it
+(``asset_watcher:*=max:position, *=reject``), read from docs/deploy.md.
+
 Source faults: Redis killed (SIGKILL) and restarted (its append-only file keeps the stream),
 the SQS endpoint frozen (SIGSTOP) for 5 s and resumed (moto keeps its queues only in memory,
 so a restart would lose them), and the Kafka broker frozen for 8 s, past the watcher's
@@ -32,6 +35,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -39,6 +43,7 @@ from typing import Any
 
 import boto3
 import redis
+from airflow_harness import ROOT
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from events_chaos import Scenario
@@ -87,6 +92,13 @@ with DAG(dag_id="localstate_events_chaos", schedule=emit, catchup=False):
 with DAG(dag_id="plain_events_chaos", schedule=plain, catchup=False):
     pass
 """
+
+
+def documented_conflict_policy() -> str:
+    """The triggerers' ``conflict_policy`` as the deployment guide gives it."""
+    [policy] = re.findall(r"^conflict_policy = (.+)$", (ROOT / "docs" / "deploy.md").read_text(),
+                          re.M)
+    return str(policy)
 
 
 def _kafka_items(name: str, extra: dict[str, Any]) -> list[int] | None:
@@ -201,6 +213,7 @@ def queue_scenario(log_dir: Any) -> Iterator[tuple[Scenario, dict[str, QueueBrok
             "AIRFLOW_CONN_REDIS_DEFAULT": f"redis://127.0.0.1:{rds.port}/0",
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws),
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AIRFLOW__LOCALSTATE__CONFLICT_POLICY": documented_conflict_policy(),
         }
         scenario = Scenario(
             dag=DAG.format(sqs_url=sqs_url, plain_sqs_url=plain_sqs_url),
