@@ -411,7 +411,7 @@ SPECS: Final[dict[str, Spec]] = {
                                       "stretches its flush interval to share it; none: no "
                                       "budget"),
     "conflict_policy": Spec(_conflict_policy, "reject", "reject, last_writer_wins, max, "
-                             "max:<int|timestamp|text>, max:<field>[:<order>], or "
+                             "max:<int|timestamp|text|position>, max:<field>[:<order>], or "
                              "owner-glob=policy pairs"),
     "local_sync": Spec(_choice("full", "normal"), "full", "SQLite synchronous pragma of the "
                         "cache: full survives power loss, normal only a crash"),

@@ -2,9 +2,10 @@
 Kafka on 3 partitions, ``redis-server``, ``moto_server`` for SQS) and real Airflow 3.3 processes
 (``airflow api-server`` with the plugin, two ``airflow triggerer`` with ``sink = api``, the
 scheduler, PostgreSQL) under SIGKILLs of a triggerer's process group, zombie takeovers, an API
-server restart, a Redis restart and an SQS freeze (tests/support/queue_chaos.py over the events
-chaos harness, tests/support/events_chaos.py). Airflow's own ``MessageQueueTrigger`` watches
-the same brokers under the same faults.
+server restart, a Redis restart, an SQS freeze and a Kafka broker freeze past librdkafka's
+request timeout, with non-UTF-8 Kafka keys and binary Redis fields (tests/support/queue_chaos.py
+over the events chaos harness, tests/support/events_chaos.py). Airflow's own
+``MessageQueueTrigger`` watches the same brokers under the same faults.
 
 Asserted, for each of localstate's watched assets: every produced message has exactly one
 ``asset_event`` (no duplicate, none missing, in order within a Kafka partition and the Redis

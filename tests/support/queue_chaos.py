@@ -4,29 +4,38 @@ Airflow's own ``MessageQueueTrigger`` on the same brokers, under the same faults
 
 Item n is produced, once, into each source:
 
-* Kafka: topic ``numbers`` (3 partitions), message ``n`` to partition ``n % 3``. localstate:
-  one `KafkaTopicTrigger` (connection ``kafka_default``) routed by parity to the assets
+* Kafka: topic ``numbers`` (3 partitions), message ``n`` to partition ``n % 3``, its key
+  ``0xff`` and ``n`` (not UTF-8: the event's key is ``{"base64": ...}``, its value text).
+  localstate: one `KafkaTopicTrigger` (connection ``kafka_default``) routed by parity to the assets
   ``emit_kafka_even`` and ``emit_kafka_odd`` (fan-out; in order per partition). Airflow:
   ``MessageQueueTrigger(scheme="kafka")`` (the provider's ``AwaitMessageTrigger``, its own
   consumer group) into ``plain_kafka``;
-* Redis: stream ``numbers`` (localstate's `RedisStreamTrigger` into ``emit_redis``, in order)
+* Redis: stream ``numbers``, each entry with a binary field beside ``n`` (localstate's
+  `RedisStreamTrigger` into ``emit_redis``, in order)
   and channel ``numbers`` (Airflow's ``redis+pubsub`` trigger into ``plain_redis``: Airflow has
   no Redis Streams trigger);
 * SQS: queue ``numbers`` (localstate's `SqsQueueTrigger` into ``emit_sqs``; SQS promises no
   order) and queue ``numbers-plain`` (Airflow's ``sqs`` trigger into ``plain_sqs``: both delete
   what they read, so each has its own queue).
 
+Every process runs under the triggerers' ``conflict_policy`` as the deployment guide gives it
+(``asset_watcher:*=max:position, *=reject``), read from docs/deploy.md.
+
 Source faults: Redis killed (SIGKILL) and restarted (its append-only file keeps the stream),
 the SQS endpoint frozen (SIGSTOP) for 5 s and resumed (moto keeps its queues only in memory,
-so a restart would lose them). The producer holds off while a source fault runs, so an item
-is never produced twice by a retried call.
+so a restart would lose them), and the Kafka broker frozen for 8 s, past the watcher's
+librdkafka request timeout (``socket.timeout.ms`` 3 s in its connection): a freeze, not a
+restart, since Tansu keeps data across a restart only on ``s3://`` storage. The producer
+holds off while a source fault runs, so an item is never produced twice by a retried call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -34,6 +43,7 @@ from typing import Any
 
 import boto3
 import redis
+from airflow_harness import ROOT
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from events_chaos import Scenario
@@ -84,14 +94,26 @@ with DAG(dag_id="plain_events_chaos", schedule=plain, catchup=False):
 """
 
 
+def documented_conflict_policy() -> str:
+    """The triggerers' ``conflict_policy`` as the deployment guide gives it."""
+    [policy] = re.findall(r"^conflict_policy = (.+)$", (ROOT / "docs" / "deploy.md").read_text(),
+                          re.M)
+    return str(policy)
+
+
 def _kafka_items(name: str, extra: dict[str, Any]) -> list[int] | None:
     payload = extra.get("payload")
     if not isinstance(payload, dict):
         return None
     if name.startswith("emit_kafka"):
-        return [int(payload["value"])]
+        n = int(payload["value"])
+        if payload["key"] != {"base64": base64.b64encode(b"\xff" + str(n).encode()).decode()}:
+            return None  # a key decoded wrong: a bad extra
+        return [n]
     if name == "emit_redis":
-        return [int(payload["fields"]["n"])]
+        n = int(payload["fields"]["n"])
+        raw = {"base64": base64.b64encode(b"\xfe\x00" + str(n).encode()).decode()}
+        return [n] if payload["fields"]["raw"] == raw else None
     if name == "emit_sqs":
         return [int(json.loads(payload["body"])["n"])]
     if name == "plain_kafka":
@@ -142,10 +164,11 @@ def queue_scenario(log_dir: Any) -> Iterator[tuple[Scenario, dict[str, QueueBrok
         fault = asyncio.Lock()
 
         def produce_sync(n: int) -> None:
-            producer.produce("numbers", value=str(n).encode(), partition=n % PARTITIONS)
+            producer.produce("numbers", value=str(n).encode(), key=b"\xff" + str(n).encode(),
+                             partition=n % PARTITIONS)
             assert producer.flush(30) == 0, f"Kafka did not take item {n}"
             with red.pipeline(transaction=True) as pipe:
-                pipe.xadd("numbers", {"n": str(n)})
+                pipe.xadd("numbers", {"n": str(n), "raw": b"\xfe\x00" + str(n).encode()})
                 pipe.publish("numbers", str(n))
                 pipe.execute()
             body = json.dumps({"n": n})
@@ -160,6 +183,15 @@ def queue_scenario(log_dir: Any) -> Iterator[tuple[Scenario, dict[str, QueueBrok
             async with fault:
                 await asyncio.to_thread(rds.restart)
 
+        async def freeze_kafka() -> None:
+            async with fault:
+                assert kafka.process is not None
+                os.killpg(kafka.process.pid, signal.SIGSTOP)
+                try:
+                    await asyncio.sleep(8)
+                finally:
+                    os.killpg(kafka.process.pid, signal.SIGCONT)
+
         async def freeze_sqs() -> None:
             async with fault:
                 assert moto.process is not None
@@ -173,13 +205,15 @@ def queue_scenario(log_dir: Any) -> Iterator[tuple[Scenario, dict[str, QueueBrok
                "extra": {"region_name": REGION, "endpoint_url": f"http://{moto.address}"}}
         env = {
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
-                "conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address}}),
+                "conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address,
+                                                "socket.timeout.ms": 3000}}),
             "AIRFLOW_CONN_KAFKA_PLAIN": json.dumps({"conn_type": "kafka", "extra": {
                 "bootstrap.servers": kafka.address, "group.id": "airflow-plain",
                 "auto.offset.reset": "earliest", "session.timeout.ms": 6000}}),
             "AIRFLOW_CONN_REDIS_DEFAULT": f"redis://127.0.0.1:{rds.port}/0",
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws),
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AIRFLOW__LOCALSTATE__CONFLICT_POLICY": documented_conflict_policy(),
         }
         scenario = Scenario(
             dag=DAG.format(sqs_url=sqs_url, plain_sqs_url=plain_sqs_url),
@@ -187,5 +221,6 @@ def queue_scenario(log_dir: Any) -> Iterator[tuple[Scenario, dict[str, QueueBrok
             watchers=7, triggers=6, produce=produce, expected=_expected, items=_kafka_items,
             lane=_lane, env=env,
             source_faults={"Redis killed and restarted": restart_redis,
-                           "SQS endpoint frozen 5 s": freeze_sqs})
+                           "SQS endpoint frozen 5 s": freeze_sqs,
+                           "Kafka broker frozen 8 s": freeze_kafka})
         yield scenario, {"kafka": kafka, "redis": rds, "sqs": moto}

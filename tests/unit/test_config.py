@@ -155,7 +155,7 @@ def test_an_unparsable_cfg_is_a_config_error_naming_the_file(tmp_path: Path) -> 
 
 TOKEN = "tok-0123456789abcdef"
 _POLICIES = ("reject, last_writer_wins, max, max:<order>, max:<field> or max:<field>:<order> "
-             "(orders: int, timestamp, text, or auto")
+             "(orders: int, timestamp, text, position, or auto")
 #: (setting, bad raw text, a phrase of what the error says is allowed)
 BAD_VALUES = [
     ("enabled", "maybe", "true or false"),
