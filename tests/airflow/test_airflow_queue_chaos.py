@@ -6,14 +6,15 @@ server restart, a Redis restart, an SQS freeze, a Kafka broker freeze past librd
 request timeout and the Kafka broker unreachable while the Kafka watcher's trigger starts again
 (its triggerer SIGKILLed and restarted during a freeze), with non-UTF-8 Kafka keys, binary
 Redis fields, Kafka messages and Redis entries over ``max_value_bytes`` mixed into the stream,
-and Kafka messages the fan-out route raises on (tests/support/queue_chaos.py over the events
-chaos harness, tests/support/events_chaos.py). Airflow's own ``MessageQueueTrigger`` watches
-the same brokers under the same faults.
+and Kafka messages and Redis entries the routes raise on (tests/support/queue_chaos.py over
+the events chaos harness, tests/support/events_chaos.py). Airflow's own
+``MessageQueueTrigger`` watches the same brokers under the same faults.
 
 Asserted, for each of localstate's watched assets: every produced message has exactly one
 ``asset_event``, the one the documented policy gives it (an oversize message's event flagged
 ``"omitted": "too_large"``, where its route sends it; a message whose route raises, whole with
-``route_error``, in the dead-letter asset), no duplicate, none missing, in order within a Kafka
+``route_error``, in the Kafka trigger's dead-letter asset or, with none named, the Redis
+trigger's own asset), no duplicate, none missing, in order within a Kafka
 partition and the Redis stream. Airflow's own triggers' duplicates and missing messages are
 measured and printed (Airflow promises at least once there, and less for Redis pub/sub); they
 only have to have run.

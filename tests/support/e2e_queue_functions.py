@@ -1,5 +1,6 @@
 """Functions the queue chaos DAG names by dotted path (tests/support/queue_chaos.py): localstate's
-route (fan-out by parity) and the ``apply_function`` of Airflow's own Kafka trigger."""
+routes (Kafka fan-out by parity, a check of each Redis entry) and the ``apply_function`` of
+Airflow's own Kafka trigger."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ def by_parity(message: QueueMessage) -> str:
     anything else (``#<n>``, a malformed message) raises."""
     n = int(str(message.payload["value"]).split(":", 1)[0])
     return "emit_kafka_even" if n % 2 == 0 else "emit_kafka_odd"
+
+
+def checked_entry(message: QueueMessage) -> str:
+    """The Redis stream's entries go to ``emit_redis`` once their ``n`` is checked: a
+    malformed one (``#<n>``) raises."""
+    int(message.payload["fields"]["n"])
+    return "emit_redis"
 
 
 def kafka_item(message: Any) -> dict[str, int]:

@@ -12,7 +12,7 @@ Item n is produced, once, into each source:
   ``MessageQueueTrigger(scheme="kafka")`` (the provider's ``AwaitMessageTrigger``, its own
   consumer group) into ``plain_kafka``;
 * Redis: stream ``numbers``, each entry with a binary field beside ``n`` (localstate's
-  `RedisStreamTrigger` into ``emit_redis``, in order)
+  `RedisStreamTrigger`, its route checking ``n``, into ``emit_redis``, in order)
   and channel ``numbers`` (Airflow's ``redis+pubsub`` trigger into ``plain_redis``: Airflow has
   no Redis Streams trigger);
 * SQS: queue ``numbers`` (localstate's `SqsQueueTrigger` into ``emit_sqs``; SQS promises no
@@ -27,8 +27,10 @@ Some items are bad messages, each with the event the documented policy (``on_bad
   (Kafka: by n's parity), has the message's coordinates and ``"omitted": "too_large"``,
   not its content; the item is known by its coordinates (the offset or the entry id the
   producer got back);
-* `malformed` items (n % 20 == 13): the Kafka value is ``#<n>``, on which the route raises:
-  the event, whole, with ``route_error``, goes to the dead-letter asset, not to even/odd.
+* `malformed` items (n % 20 == 13): the Kafka value and the Redis field ``n`` are ``#<n>``,
+  on which the route raises: the event, whole, with ``route_error``, goes to the Kafka
+  trigger's dead-letter asset, not to even/odd; the Redis trigger (a route that checks each
+  entry, no ``dead_letter``) gives it to its own record, its one asset ``emit_redis``.
 
 An event whose flags do not match its item's kind counts as a bad extra.
 
@@ -91,7 +93,7 @@ emit = [
           watchers=[AssetWatcher(name="emit_kafka_dead_watcher", trigger=kafka)]),
     Asset(name="emit_redis", uri="localstate-e2e://redis/numbers",
           watchers=[AssetWatcher(name="emit_redis_watcher", trigger=RedisStreamTrigger(
-              stream="numbers", block_ms=500))]),
+              stream="numbers", block_ms=500, route="e2e_queue_functions.checked_entry"))]),
     Asset(name="emit_sqs", uri="localstate-e2e://sqs/numbers",
           watchers=[AssetWatcher(name="emit_sqs_watcher", trigger=SqsQueueTrigger(
               queue_url={sqs_url!r}, wait_seconds=1, visibility_timeout=20))]),
@@ -138,6 +140,10 @@ def _kafka_value(n: int) -> bytes:
     if malformed(n):
         return f"#{n}".encode()
     return f"{n}:".encode() + b"x" * PAD if oversize(n) else str(n).encode()
+
+
+def _redis_n(n: int) -> str:
+    return f"#{n}" if malformed(n) else str(n)
 
 
 def _too_large(payload: dict[str, Any], content: str) -> bool:
@@ -189,10 +195,14 @@ class _Coordinates:
             return None
         if oversize(n):
             return [n] if _too_large(payload, "fields") else None
-        if not _sent(payload, "fields") or int(payload["fields"]["n"]) != n:
+        if not _sent(payload, "fields") or payload["fields"]["n"] != _redis_n(n):
             return None
         raw = {"base64": base64.b64encode(b"\xfe\x00" + str(n).encode()).decode()}
-        return [n] if payload["fields"]["raw"] == raw else None
+        if payload["fields"]["raw"] != raw:
+            return None
+        # the route raised on a malformed one: its event, whole, to the trigger's own record
+        raised = str(payload.get("route_error", "")).startswith("ValueError: ")
+        return [n] if raised == malformed(n) else None
 
 
 def _sqs_and_plain_items(name: str, payload: dict[str, Any]) -> list[int] | None:
@@ -276,7 +286,8 @@ def queue_scenario(log_dir: Any) -> Iterator[QueueChaos]:
             producer.produce("numbers", value=_kafka_value(n), key=b"\xff" + str(n).encode(),
                              partition=n % PARTITIONS, on_delivery=delivered)
             assert producer.flush(30) == 0, f"Kafka did not take item {n}"
-            fields: dict[str, str | bytes] = {"n": str(n), "raw": b"\xfe\x00" + str(n).encode()}
+            fields: dict[str, str | bytes] = {"n": _redis_n(n),
+                                              "raw": b"\xfe\x00" + str(n).encode()}
             if oversize(n):
                 fields["pad"] = "x" * PAD
             with red.pipeline(transaction=True) as pipe:
