@@ -132,7 +132,7 @@ def oversize(n: int) -> bool:
 
 
 def malformed(n: int) -> bool:
-    """Item n's Kafka message is one the route raises on."""
+    """Item n's Kafka message and Redis entry are ones the routes raise on."""
     return n % 20 == 13
 
 
@@ -248,6 +248,8 @@ def _reach_lines(log: Any, start: int) -> int:
 
 @dataclass
 class QueueChaos:
+    """What `queue_scenario` gives: the scenario, its brokers, and what its faults saw."""
+
     scenario: Scenario
     brokers: dict[str, QueueBroker]
     #: per "Kafka broker frozen, its watcher's triggerer restarted" fault run, the lines the
@@ -320,16 +322,17 @@ def queue_scenario(log_dir: Any) -> Iterator[QueueChaos]:
             """The Kafka watcher's trigger starts while the broker does not answer."""
             async with fault:
                 assert kafka.process is not None
-                logs = sorted(run.d.logs.glob("triggerer-*.log"))
-                marks = {p: p.stat().st_size for p in logs}
                 said, started = 0, time.monotonic()
                 os.killpg(kafka.process.pid, signal.SIGSTOP)
                 try:
                     await run.restart_triggerer_of("emit_kafka_even")
+                    # what the triggerers log from here on: from the trigger's new start
+                    logs = sorted(run.d.logs.glob("triggerer-*.log"))
+                    marks = {p: p.stat().st_size for p in logs}
                     # until the watcher says so (its partition list's request times out
-                    # after 10 s), at most 30 s
+                    # after 10 s: 13.5 s after the trigger's start in a run), at most 45 s
                     started = time.monotonic()
-                    for _ in range(60):
+                    for _ in range(90):
                         said = sum(_reach_lines(p, marks[p]) for p in logs)
                         if said:
                             break
