@@ -28,8 +28,8 @@ from queue_chaos import queue_scenario  # noqa: E402
 
 @contextmanager
 def _queues(tmp: Path, schedule: Schedule) -> Iterator[Scenario | None]:
-    with queue_scenario(tmp) as (scenario, _brokers):
-        yield scenario
+    with queue_scenario(tmp) as q:
+        yield q.scenario
 
 
 if __name__ == "__main__":

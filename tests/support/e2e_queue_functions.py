@@ -1,5 +1,6 @@
 """Functions the queue chaos DAG names by dotted path (tests/support/queue_chaos.py): localstate's
-route (fan-out by parity) and the ``apply_function`` of Airflow's own Kafka trigger."""
+routes (Kafka fan-out by parity, a check of each Redis entry) and the ``apply_function`` of
+Airflow's own Kafka trigger."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ from localstate.airflow.queues import QueueMessage
 
 
 def by_parity(message: QueueMessage) -> str:
-    """Message n goes to ``emit_kafka_even`` or ``emit_kafka_odd``."""
-    return "emit_kafka_even" if int(message.payload["value"]) % 2 == 0 else "emit_kafka_odd"
+    """Message ``<n>`` or ``<n>:<padding>`` goes to ``emit_kafka_even`` or ``emit_kafka_odd``;
+    anything else (``#<n>``, a malformed message) raises."""
+    n = int(str(message.payload["value"]).split(":", 1)[0])
+    return "emit_kafka_even" if n % 2 == 0 else "emit_kafka_odd"
+
+
+def checked_entry(message: QueueMessage) -> str:
+    """The Redis stream's entries go to ``emit_redis`` once their ``n`` is checked: a
+    malformed one (``#<n>``) raises."""
+    int(message.payload["fields"]["n"])
+    return "emit_redis"
 
 
 def kafka_item(message: Any) -> dict[str, int]:
-    """Airflow's Kafka trigger: the event's payload is the message's number."""
-    return {"n": int(message.value())}
+    """Airflow's Kafka trigger: the event's payload is the message's number (of ``<n>``,
+    ``<n>:<padding>`` or ``#<n>``)."""
+    return {"n": int(message.value().lstrip(b"#").split(b":", 1)[0])}
 
 
 def by_leading_number(message: QueueMessage) -> str:

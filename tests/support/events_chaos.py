@@ -118,8 +118,9 @@ class Scenario:
     #: source promises no order
     lane: Callable[[str, int], int | None]
     env: dict[str, str] = field(default_factory=dict)
-    #: faults of the sources (a broker restart, ...), each run once, shuffled with the rest
-    source_faults: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
+    #: faults of the sources (a broker restart, ...), each run once, shuffled with the rest;
+    #: each is given the run (`Run`: a fault may restart a triggerer while its source is down)
+    source_faults: dict[str, Callable[[Run], Awaitable[None]]] = field(default_factory=dict)
     #: look up the emit watchers' missing items in localstate's tables (item n's key is "n")
     explain_missing: bool = False
 
@@ -346,6 +347,33 @@ class _Run:
         self.outcome.zombies += 1
         self.note(f"SIGCONT {t.name}")
 
+    async def restart_triggerer_of(self, asset: str) -> str:
+        """SIGKILL the triggerer running `asset`'s watcher's trigger and restart it (same
+        ``triggerer_id``); return the triggerer that runs the trigger next, once it does: the
+        trigger has started again, in the restarted process or in the other one. Not counted
+        as one of the schedule's kills."""
+        [trigger] = set(await self.watcher_triggers(asset))
+
+        async def holder() -> _Triggerer | None:
+            job = await self.db.fetchval("SELECT triggerer_id FROM trigger WHERE id = $1",
+                                         trigger)
+            return next((t for t in self.triggerers.values() if t.job_id == job), None)
+
+        deadline = time.monotonic() + self.s.health_threshold + 60
+        while (t := await holder()) is None:  # after a kill: until a running one holds it
+            assert time.monotonic() < deadline, f"no triggerer runs {asset}'s trigger"
+            await asyncio.sleep(0.5)
+        dead = t.job_id
+        stop(t.process, signal.SIGKILL)
+        await self.start_triggerer(t.name)
+        deadline = time.monotonic() + self.s.health_threshold + 60
+        while (now := await holder()) is None or now.job_id == dead:
+            assert time.monotonic() < deadline, f"{asset}'s trigger did not start again"
+            await asyncio.sleep(0.25)
+        self.note(f"SIGKILL {t.name}, restarted: {asset}'s trigger started again in "
+                  f"{now.name}")
+        return now.name
+
     async def watcher_triggers(self, asset: str) -> list[int]:
         rows = await self.db.fetch(
             "SELECT w.trigger_id FROM asset_watcher w JOIN asset a ON a.id = w.asset_id "
@@ -566,7 +594,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         for i, fault in enumerate(faults):
             await asyncio.sleep(r.rng.uniform(*schedule.gap))
             if fault in scenario.source_faults:
-                await scenario.source_faults[fault]()
+                await scenario.source_faults[fault](r)
                 r.outcome.source_faults.append(fault)
                 r.note(fault)
             else:
@@ -635,3 +663,7 @@ async def run(pg_server: PostgresServer, tmp: Path, schedule: Schedule,
         await db.close()
     r.outcome.seconds = time.monotonic() - started
     return r.outcome
+
+
+#: what a source fault is given: the run, its processes and its database
+Run = _Run
