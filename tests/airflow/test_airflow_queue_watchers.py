@@ -70,7 +70,9 @@ def documented_policy(tmp_path: Path) -> str | dict[str, str]:
     policies = [*_ini_policies(ROOT / "README.md", tmp_path),
                 *_ini_policies(ROOT / "docs" / "deploy.md", tmp_path)]
     values = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "values.yaml").read_text())
-    env = {e["name"]: e["value"] for e in values["triggerer"]["env"] if "value" in e}
+    # the policy's own entry: the others (a token read from the pod's file by _CMD) need a pod
+    env = {e["name"]: e["value"] for e in values["triggerer"]["env"]
+           if e["name"] == "AIRFLOW__LOCALSTATE__CONFLICT_POLICY"}
     (tmp_path / "empty.cfg").write_text("")
     policies.append(Settings.resolve(environ=env,
                                      config_file=tmp_path / "empty.cfg").conflict_policy)
