@@ -86,8 +86,8 @@ def test_settings_read_through_airflows_conf(home: Path) -> None:
     )
     before_batch, before_tokens, batch, roles, token_source, batch_source = json.loads(
         run(home=home, code=code))
-    # without Airflow the file is parsed directly: _cmd options mean nothing there
-    assert (before_batch, before_tokens) == (77, 0)
+    # without Airflow the file is parsed directly, and localstate runs its _cmd options itself
+    assert (before_batch, before_tokens) == (77, 1)
     # through Airflow's conf the command runs; the file's own values still apply
     assert batch == 77
     assert roles == ["read"]
