@@ -26,7 +26,7 @@ plain Airflow code and the mixin. Where an asset call lands depends on the proce
   later writes refused by the central DB and raises `OwnerLost`, and, since every central
   transaction is bounded by ``central_transaction_timeout``, a frozen zombie cannot stall the
   takeover. A triggerer that lost an asset claims it again only when Airflow assigns the
-  asset's watcher back to it (to a triggerer of its host, the only one running there). The store
+  asset's watcher back to it (to a triggerer of its host, the only live one there). The store
   is closed (flushed) when the process exits normally.
 * **Elsewhere** (the API server serving tasks): a task's asset write goes into the request's
   transaction twice: Airflow's ``asset_state_store`` row (with the task as its writer), and
@@ -56,7 +56,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 # the writer kind is defined only in Airflow's shared package (airflow.state re-exports the rest)
@@ -204,10 +204,8 @@ class LocalStateBackend(MetastoreBackend):
 
     def _assigned_here(self, scope: AssetScope, session: Session) -> bool:
         """Whether Airflow runs `scope`'s watchers on this triggerer: each is assigned to a
-        triggerer of this host, and this host has one triggerer job running. Two on one host
-        cannot be told apart (nor can a zombie, whose own heartbeat is stale, be told from
-        the triggerer it lost the asset to): then never, and the owner stays lost until this
-        triggerer restarts."""
+        triggerer of this host, and this host has one live triggerer (two on one host cannot
+        be told apart: then never, and the owner stays lost until this triggerer restarts)."""
         if scope.asset_id is None:
             return False
         hosts = set(session.scalars(
@@ -217,10 +215,13 @@ class LocalStateBackend(MetastoreBackend):
         me = get_hostname()
         if hosts != {me}:
             return False
-        running = session.scalar(
+        threshold = conf.getfloat("triggerer", "triggerer_health_check_threshold")
+        since = datetime.now(timezone.utc) - timedelta(seconds=threshold)
+        live = session.scalar(
             select(func.count()).select_from(Job).where(
-                Job.job_type == "TriggererJob", Job.state == "running", Job.hostname == me))
-        return running == 1
+                Job.job_type == "TriggererJob", Job.state == "running",
+                Job.hostname == me, Job.latest_heartbeat > since))
+        return live == 1
 
     # -- scopes -------------------------------------------------------------------------
 

@@ -9,8 +9,7 @@ counts it got acknowledged. Two triggerers, A and B (each its own ``triggerer_id
   started again at once; the next round waits until every count has moved on;
 * twice (`FREEZES`), the triggerer writing ``c0`` is frozen (SIGSTOP) past the 4 s health
   threshold, the other triggerer takes its watchers over, then it is resumed (a zombie), and
-  then SIGKILLed and restarted (two triggerers on one host: one that lost an asset refuses
-  it until it restarts).
+  then SIGKILLed and restarted (a triggerer that lost an asset refuses it until it restarts).
 
 Sampling localstate's table and Airflow's ``asset_state_store`` every 0.1 s throughout, the
 test checks that no stored count ever goes down (no value goes back past one a flush
@@ -123,9 +122,9 @@ async def _scenario(d: Deployment, db: asyncpg.Connection) -> None:
             if round_ in FREEZES:
                 zombie = await _freeze(d, db, samples, fleet)
                 takeovers += 1
-                # two triggerers on one host: the zombie cannot tell that Airflow moved an
-                # asset back to it, and refuses it until it restarts (a documented limit):
-                # restart it, as an operator would, before Airflow moves watchers back to it
+                # a triggerer that lost an asset refuses it until it restarts (a documented
+                # limit): restart the zombie, as an operator would, before Airflow moves
+                # watchers back to it
                 os.killpg(fleet.procs[zombie].pid, signal.SIGKILL)
                 fleet.procs[zombie].wait(30)
                 kills += 1

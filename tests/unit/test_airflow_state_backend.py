@@ -174,10 +174,9 @@ def _insert(conn: Connection, table: Table, **values: Any) -> int:
     return int(key[0])
 
 
-def _assign(engine: Engine, *hosts: str, stale: tuple[str, ...] = ()) -> None:
+def _assign(engine: Engine, *hosts: str) -> None:
     """Airflow's assignment: the watcher of ``orders`` runs on a live triggerer of the first
-    of `hosts`; each of the others has a live triggerer too, and each of `stale` a running
-    triggerer whose heartbeat stopped long ago (frozen: a zombie)."""
+    of `hosts`; each of the others has a live triggerer too."""
     tables = Base.metadata.tables
     now = datetime.now(timezone.utc)
     with engine.begin() as conn:
@@ -185,9 +184,6 @@ def _assign(engine: Engine, *hosts: str, stale: tuple[str, ...] = ()) -> None:
             conn.execute(tables[table].delete())
         jobs = [_insert(conn, tables["job"], job_type="TriggererJob", state="running",
                         hostname=host, start_date=now, latest_heartbeat=now) for host in hosts]
-        for host in stale:
-            _insert(conn, tables["job"], job_type="TriggererJob", state="running",
-                    hostname=host, start_date=now, latest_heartbeat=now - timedelta(hours=1))
         trigger = _insert(conn, tables["trigger"], classpath="x.CountingWatcher",
                           kwargs="{}", created_date=now, triggerer_id=jobs[0])
         conn.execute(tables["asset_watcher"].insert().values(
@@ -211,11 +207,6 @@ def test_a_triggerer_claims_an_asset_again_only_when_airflow_assigns_it_back(
         _watcher_set(here, airflow_db, "watermark", 4)
     # on this host, but two live triggerers here: which one cannot be told, so still refused
     _assign(airflow_db, me, me)
-    with pytest.raises(OwnerLost):
-        _watcher_set(here, airflow_db, "watermark", 4)
-    # the other triggerer of this host runs it, and this one is the frozen zombie whose
-    # heartbeat went stale: still two here, still refused
-    _assign(airflow_db, me, stale=(me,))
     with pytest.raises(OwnerLost):
         _watcher_set(here, airflow_db, "watermark", 4)
     assert _central(airflow_db, "watermark") == (2, 2, "there")
