@@ -631,7 +631,6 @@ def benchmarks_page(docs_dir: Path) -> str:
     lines += _exit_section(docs_dir)
     lines += _history_section(docs_dir)
     lines += _queues_section(docs_dir)
-    lines += _state_backend_section(docs_dir)
     return "\n".join(lines)
 
 
@@ -963,39 +962,3 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             files.remove(existing)
         files.append(File.generated(config, uri, content=content))
     return files
-
-
-def _state_backend_section(docs_dir: Path) -> list[str]:
-    """Airflow's ``[state_store] backend``: the default, localstate's backend, the mixin."""
-    path = docs_dir / "bench-state-backend.json"
-    data = json.loads(path.read_text())
-    results = data["results"]
-    lines = ["## Airflow's state-store backend: the default, localstate's, and the mixin", "",
-             f"*`docs/{path.name}`, {_dated(path)}; {data['hardware']}; Airflow "
-             f"{data['airflow_version']} on {data['central_db']}; `python "
-             "benches/bench_airflow_state_backend.py --json docs/bench-state-backend.json`. One "
-             f"`airflow triggerer` runs {data['watchers']} watchers of the same trigger code, "
-             "each calling `self.asset_state_store.aset` as fast as it answers, for "
-             f"{data['seconds']:g} s after a checkpoint; `flush_interval` "
-             f"{data['flush_interval']:g} s. Statements, commits, WAL and rows are the whole "
-             "metadata database's, whoever made them, divided by the `aset` calls.*", "",
-             "| variant | `aset`/s | × default | statements | commits | WAL bytes | "
-             "× default | rows written | × default | latency p50 | latency p99 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    names = {"default": "Airflow's default backend",
-             "backend": "`LocalStateBackend` (`[state_store] backend`)",
-             "mixin": "`StateEnabledTrigger` (the mixin)"}
-    base = results["default"]
-    for key, label in names.items():
-        r = results[key]
-        lines.append(
-            f"| {label} | {r['aset_per_s']:,.1f} | {r['aset_per_s'] / base['aset_per_s']:.2f}× "
-            f"| {r['statements_per_aset']:.3f} | {r['commits_per_aset']:.3f} | "
-            f"{r['wal_bytes_per_aset']:,.1f} | "
-            f"{r['wal_bytes_per_aset'] / base['wal_bytes_per_aset']:.2f}× | "
-            f"{r['rows_per_aset']:.3f} | {r['rows_per_aset'] / base['rows_per_aset']:.2f}× | "
-            f"{r['latency_p50_ms']:.1f} ms | {r['latency_p99_ms']:.1f} ms |")
-    lines += ["", "Why the backend cannot make unchanged code much faster, and the mixin can: "
-              "[Airflow-native code on localstate]"
-              "(guides/airflow-native.md#why-speed-needs-the-mixin).", ""]
-    return lines

@@ -47,30 +47,20 @@ _ACTIVE_ASSET: Final = f"FROM {ACTIVE_ASSETS} WHERE a.name = :name"
 _COLUMNS: Final = ("asset_id, key, value, updated_at, last_updated_by_kind, "
                    "last_updated_by_dag_id, last_updated_by_run_id, last_updated_by_task_id, "
                    "last_updated_by_map_index")
-
-
-def _insert(key: str) -> str:
-    """The insert of a mirrored row, `key` the key column as the dialect quotes it (a
-    reserved word in MySQL and MariaDB)."""
-    columns = _COLUMNS.replace("key,", f"{key},", 1)
-    return (f"INSERT INTO asset_state_store ({columns}) SELECT a.id, :key, :value, :at, "
-            f"'watcher', NULL, NULL, NULL, NULL {_ACTIVE_ASSET}")
-
-
+_INSERT: Final = (f"INSERT INTO asset_state_store ({_COLUMNS}) SELECT a.id, :key, :value, :at, "
+                  f"'watcher', NULL, NULL, NULL, NULL {_ACTIVE_ASSET}")
 _WATCHER: Final = ("last_updated_by_kind = 'watcher', last_updated_by_dag_id = NULL, "
                    "last_updated_by_run_id = NULL, last_updated_by_task_id = NULL, "
                    "last_updated_by_map_index = NULL")
 #: PostgreSQL and SQLite (3.24+; the WHERE before it keeps SQLite's parser from reading the
 #: ON of ON CONFLICT as a join's)
-_UPSERT: Final = text(f"{_insert('key')} ON CONFLICT (asset_id, key) DO UPDATE SET "
+_UPSERT: Final = text(f"{_INSERT} ON CONFLICT (asset_id, key) DO UPDATE SET "
                       f"value = excluded.value, updated_at = excluded.updated_at, {_WATCHER}")
 #: MySQL: the parameters again, not VALUES() (deprecated in MySQL 8)
-_UPSERT_MYSQL: Final = text(f"{_insert('`key`')} ON DUPLICATE KEY UPDATE value = :value, "
+_UPSERT_MYSQL: Final = text(f"{_INSERT} ON DUPLICATE KEY UPDATE value = :value, "
                             f"updated_at = :at, {_WATCHER}")
 _DELETE: Final = text("DELETE FROM asset_state_store WHERE key = :key AND asset_id IN "
                       f"(SELECT a.id {_ACTIVE_ASSET})")
-_DELETE_MYSQL: Final = text("DELETE FROM asset_state_store WHERE `key` = :key AND asset_id IN "
-                            f"(SELECT a.id {_ACTIVE_ASSET})")
 
 
 def _has_airflow_tables(conn: Connection) -> bool:
@@ -120,9 +110,9 @@ class AssetMirror:
                      "mirrored there" if self._active else "not mirrored")
             if not self._active:
                 return
-        mysql = conn.dialect.name in ("mysql", "mariadb")
         if upserts:
+            mysql = conn.dialect.name in ("mysql", "mariadb")
             await conn.execute(_UPSERT_MYSQL if mysql else _UPSERT, upserts)
         if deletes:
-            await conn.execute(_DELETE_MYSQL if mysql else _DELETE, deletes)
+            await conn.execute(_DELETE, deletes)
         self.rows_mirrored += len(upserts) + len(deletes)

@@ -64,7 +64,6 @@ PUBLIC_MODULES = ("localstate", "localstate.errors", "localstate.blocking", "loc
                   "localstate.airflow.queues",
                   "localstate.airflow.plugin",
                   "localstate.airflow.provider", "localstate.airflow.db_manager",
-                  "localstate.airflow.state_backend",
                   "localstate.api", "localstate.cli", "localstate.examples.*")
 _IMPORT = re.compile(r"^\s*(?:from\s+(localstate[\w.]*)\s+import|import\s+(localstate[\w.]*))",
                      re.MULTILINE)

@@ -44,9 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
     ("localstate.airflow.trigger", "inner._by_uri"):
         "Airflow's AssetStateStoreAccessors keeps a task's accessors only in these dicts",
-    ("localstate.airflow.state_backend", "import airflow._shared.state"):
-        "Airflow 3.3 defines the state store's writer kind (AssetStateStoreWriterKind) only in "
-        "its shared package; airflow.state re-exports the scopes and BaseStoreBackend only",
     ("localstate._cache.cache_file", 'getattr(connection, "_thread")'):
         "aiosqlite gives no public handle on its worker thread: made a daemon before it starts "
         "(an unclosed store must not keep the interpreter alive), joined after a failed connect",
