@@ -158,13 +158,8 @@ def _require_backend(request: pytest.FixtureRequest, backend: str) -> None:
 LONGEST_FIRST = [
     "tests/airflow/test_airflow_events_chaos.py",  # 232-508 s
     "tests/airflow/test_airflow_queue_chaos.py",  # 477-634 s alone (load 7-23)
-    # about 300 (22 SIGKILLs, 2 zombie takeovers)
-    "tests/airflow/test_airflow_state_backend_crash.py",
     "tests/packaging/test_wheel.py",  # 90-170 (both tests share one build)
     "tests/airflow/test_airflow_queue_watchers.py",  # 81 for the module on 2 workers
-    "tests/airflow/test_airflow_state_backend_takeover.py",  # 77
-    "tests/airflow/test_airflow_state_backend_e2e.py",  # 82 with its setup
-    "tests/airflow/test_airflow_state_backend_kinesis.py",  # 28
     # 36-335 each: the docs' installs, the two with Airflow 280-335
     "tests/packaging/test_docs_install.py",
     # 96
